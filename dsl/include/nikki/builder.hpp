@@ -1,0 +1,174 @@
+// KernelBuilder: the one way IR gets built, by the C++ DSL and by the Python tracer alike.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <source_location>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "nikki/ir.hpp"
+
+namespace nikki {
+
+/** @brief SPMD launch context of one traced program instance (kernel[g0, g1](...)). */
+struct ProgramGrid {
+  std::vector<int64_t> dims;         // grid extents; empty = no grid (one instance)
+  std::vector<int64_t> program_ids;  // this instance's coordinates, one per grid dim
+};
+
+/**
+ * @brief Accumulates a Kernel: storages, registers, instructions with interned source locations.
+ *
+ * The builder checks only what it needs to build well-formed IR (operands belong to this
+ * kernel, slot kinds match the opcode); hardware rules are the verifier's job (jit/verify).
+ */
+class KernelBuilder {
+ public:
+  explicit KernelBuilder(std::string name, TargetId target = default_target(), ProgramGrid grid = {})
+      : grid_(std::move(grid)) {
+    kernel_.name = std::move(name);
+    kernel_.target = target;
+    kernel_.locations.emplace_back();  // LocId 0: unknown
+  }
+  KernelBuilder(const KernelBuilder&) = delete;
+  KernelBuilder& operator=(const KernelBuilder&) = delete;
+
+  const TargetConfig& config() const { return target_config(kernel_.target); }
+  TargetId target() const { return kernel_.target; }
+  const ProgramGrid& grid() const { return grid_; }
+  const Kernel& kernel() const { return kernel_; }
+
+  /** @brief Interns a C++ call site. Cheap: keyed by the file-name pointer, line and column. */
+  LocId location(const std::source_location& loc) {
+    CppKey key{loc.file_name(), loc.line(), loc.column()};
+    auto it = cpp_locations_.find(key);
+    if (it != cpp_locations_.end()) return it->second;
+    LocId id = location(SourceLocation::from(loc));
+    cpp_locations_.emplace(key, id);
+    return id;
+  }
+  /** @brief Interns a source location given by value (the Python tracer's frames). */
+  LocId location(const SourceLocation& loc) {
+    std::string key = fmt::format("{}\n{}\n{}", loc.file, loc.line, loc.column);
+    auto it = locations_.find(key);
+    if (it != locations_.end()) return it->second;
+    LocId id = static_cast<LocId>(kernel_.locations.size());
+    kernel_.locations.push_back(loc);
+    locations_.emplace(std::move(key), id);
+    return id;
+  }
+  const SourceLocation& source(LocId id) const { return kernel_.location(id); }
+
+  /** @brief Adds a storage; names are made unique ("x", "x_1", ...) so the text form is unambiguous. */
+  StorageId add_storage(std::string_view name, Buffer buffer, DType dtype, const Shape& shape,
+                        StorageRole role, LocId loc, std::optional<Address> address = std::nullopt) {
+    Storage s;
+    s.name = unique_name(name.empty() ? std::string_view("t") : name);
+    s.buffer = buffer;
+    s.dtype = dtype;
+    s.shape = shape;
+    s.role = role;
+    s.loc = loc;
+    s.address = address;
+    s.user_address = address.has_value();
+    s.defined_at = static_cast<uint32_t>(kernel_.instructions.size());
+    auto id = static_cast<StorageId>(kernel_.storages.size());
+    kernel_.storages.push_back(std::move(s));
+    if (role == StorageRole::input) kernel_.inputs.push_back(id);
+    return id;
+  }
+  Storage& storage(StorageId id) { return kernel_.storages.at(id); }
+  const Storage& storage(StorageId id) const { return kernel_.storages.at(id); }
+
+  RegisterId new_register() { return kernel_.num_registers++; }
+
+  /** @brief Appends an instruction after checking its operands fit the opcode's slots. */
+  Instruction& append(Instruction inst) {
+    const OpcodeSpec& spec = inst.spec();
+    for (int s = 0; s < kMaxSlots; ++s) {
+      const Operand& o = inst.operands[s];
+      if (s >= spec.num_slots) {
+        internal_check(o.is_none(), "operand given for a slot the opcode does not have");
+        continue;
+      }
+      const SlotSpec& slot = spec.slots[s];
+      if (o.is_none()) {
+        internal_check(slot.optional, "required operand slot left empty");
+        continue;
+      }
+      uint8_t kind = o.is_tensor() ? kTensor : o.is_imm() ? kImm : kReg;
+      internal_check((slot.kinds & kind) != 0, "operand kind not allowed in this slot");
+      if (o.is_tensor())
+        internal_check(o.ap.storage < kernel_.storages.size(), "operand names a storage of another kernel");
+    }
+    if (inst.engine == Engine::unknown) inst.engine = spec.default_engine;
+    kernel_.instructions.push_back(std::move(inst));
+    return kernel_.instructions.back();
+  }
+
+  /** @brief Marks a storage as a kernel output (in return order). */
+  void add_output(StorageId id) { kernel_.outputs.push_back(id); }
+
+  /** @brief Hands over the finished kernel; the builder is empty afterwards. */
+  Kernel finish() { return std::move(kernel_); }
+
+  /** @brief The builder of the kernel being traced on this thread, or null. */
+  static KernelBuilder*& current_slot() {
+    thread_local KernelBuilder* current = nullptr;
+    return current;
+  }
+  /** @brief The builder of the kernel being traced; a KernelError if no kernel is being traced. */
+  static KernelBuilder& current(const std::source_location& where) {
+    KernelBuilder* b = current_slot();
+    if (!b)
+      throw KernelError("NKI API called outside of a kernel", SourceLocation::from(where), {}, {},
+                        "call nl/isa functions only inside a function traced by nikki::trace "
+                        "(or an @nki.jit kernel)");
+    return *b;
+  }
+
+ private:
+  struct CppKey {
+    const char* file;
+    uint32_t line;
+    uint32_t column;
+    bool operator==(const CppKey&) const = default;
+  };
+  struct CppKeyHash {
+    size_t operator()(const CppKey& k) const {
+      return std::hash<const void*>()(k.file) ^ (size_t(k.line) << 20) ^ k.column;
+    }
+  };
+
+  std::string unique_name(std::string_view base) {
+    std::string name(base);
+    for (int n = 1; !names_.insert(name).second; ++n) name = fmt::format("{}_{}", base, n);
+    return name;
+  }
+
+  Kernel kernel_;
+  ProgramGrid grid_;
+  std::unordered_map<CppKey, LocId, CppKeyHash> cpp_locations_;
+  std::unordered_map<std::string, LocId> locations_;
+  std::unordered_set<std::string> names_;
+};
+
+/** @brief Makes a builder the current one for the lifetime of the scope (nests). */
+class BuilderScope {
+ public:
+  explicit BuilderScope(KernelBuilder& b) : previous_(KernelBuilder::current_slot()) {
+    KernelBuilder::current_slot() = &b;
+  }
+  ~BuilderScope() { KernelBuilder::current_slot() = previous_; }
+  BuilderScope(const BuilderScope&) = delete;
+  BuilderScope& operator=(const BuilderScope&) = delete;
+
+ private:
+  KernelBuilder* previous_;
+};
+
+}  // namespace nikki

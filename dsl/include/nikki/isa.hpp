@@ -1,0 +1,374 @@
+// nikki::isa — the C++ spelling of nki.isa in its current destination-passing form:
+// every instruction writes `dst`, the first parameter. Parameter names and defaults follow NKI.
+//
+// These functions only record instructions; the hardware rules (buffers, partition limits,
+// dtypes, shapes) are checked by the verifier when the kernel is compiled, with the same errors
+// for C++ and Python kernels.
+#pragma once
+
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "nikki/nl.hpp"
+
+namespace nikki::isa {
+
+inline constexpr Engine unknown_engine = Engine::unknown;
+inline constexpr Engine tensor_engine = Engine::tensor;
+inline constexpr Engine vector_engine = Engine::vector;
+inline constexpr Engine scalar_engine = Engine::scalar;
+inline constexpr Engine gpsimd_engine = Engine::gpsimd;
+
+/** @brief An operand that is either an immediate or a tensor (scale=, operand0=, ...). */
+class Scalar {
+ public:
+  Scalar(double v) : value_(v) {}
+  Scalar(float v) : value_(double(v)) {}
+  Scalar(int v) : value_(double(v)) {}
+  Scalar(int64_t v) : value_(double(v)) {}
+  Scalar(Tensor t) : value_(std::move(t)) {}
+  bool is_tensor() const { return std::holds_alternative<Tensor>(value_); }
+  const Tensor& tensor() const { return std::get<Tensor>(value_); }
+  double value() const { return std::get<double>(value_); }
+
+ private:
+  std::variant<double, Tensor> value_;
+};
+
+namespace detail {
+
+/** @brief Collects operands of one instruction and appends it to their kernel. */
+class Emitter {
+ public:
+  Emitter(Opcode op, const Tensor& anchor, const Loc& loc) {
+    if (!anchor.valid())
+      throw KernelError(fmt::format("{}: dst is an empty tensor handle", opcode_name(op)), SourceLocation::from(loc));
+    builder_ = &anchor.builder();
+    inst_.opcode = op;
+    inst_.loc = builder_->location(loc);
+  }
+  Emitter& tensor(int slot, const Tensor& t) {
+    check_same_kernel(slot, t);
+    inst_.operands[slot] = Operand::tensor(t.access());
+    return *this;
+  }
+  Emitter& tensor(int slot, const std::optional<Tensor>& t) {
+    if (t) tensor(slot, *t);
+    return *this;
+  }
+  Emitter& scalar(int slot, const Scalar& s) {
+    if (s.is_tensor()) return tensor(slot, s.tensor());
+    inst_.operands[slot] = Operand::immediate(s.value());
+    return *this;
+  }
+  Emitter& scalar(int slot, const std::optional<Scalar>& s) {
+    if (s) scalar(slot, *s);
+    return *this;
+  }
+  Emitter& imm(int slot, double v) {
+    inst_.operands[slot] = Operand::immediate(v);
+    return *this;
+  }
+  Emitter& engine(Engine e) {
+    inst_.engine = e;
+    return *this;
+  }
+  Attributes& attrs() { return inst_.attrs; }
+
+  /** @brief The ALU role of an operator name, or an error naming the parameter. */
+  AluOp alu(const nl::Op& op, const char* param) const {
+    if (!op.has_alu())
+      fail(fmt::format("{}={} is an activation function, not an ALU operator", param, op.name),
+           "use an ALU operator such as nl.add, nl.multiply or nl.maximum");
+    return op.alu_op();
+  }
+  /** @brief The activation role of an operator name, or an error naming the parameter. */
+  ActFunc act(const nl::Op& op, const char* param) const {
+    if (!op.has_act())
+      fail(fmt::format("{}={} is an ALU operator, not an activation function", param, op.name),
+           "use an activation function such as nl.exp, nl.copy or nl.gelu");
+    return op.act_func();
+  }
+  [[noreturn]] void fail(std::string what, std::string hint) const {
+    throw KernelError(fmt::format("{}: {}", opcode_name(inst_.opcode), what), builder_->source(inst_.loc),
+                      std::string(opcode_name(inst_.opcode)), {}, std::move(hint));
+  }
+
+  void emit() { builder_->append(std::move(inst_)); }
+
+ private:
+  void check_same_kernel(int slot, const Tensor& t) const {
+    if (!t.valid())
+      fail(fmt::format("operand '{}' is an empty tensor handle", inst_.spec().slots[slot].name), {});
+    if (&t.builder() != builder_)
+      fail(fmt::format("operand '{}' (tensor '{}') belongs to a different kernel", inst_.spec().slots[slot].name,
+                       t.name()),
+           "tensors cannot be shared between kernels");
+  }
+
+  KernelBuilder* builder_ = nullptr;
+  Instruction inst_;
+};
+
+}  // namespace detail
+
+// --- data movement ------------------------------------------------------------------------
+
+/** @brief Copies src to dst through a DMA queue; dtypes convert through fp32. */
+inline void dma_copy(const Tensor& dst, const Tensor& src, Loc loc = Loc::current()) {
+  detail::Emitter(Opcode::dma_copy, dst, loc).tensor(0, dst).tensor(1, src).emit();
+}
+
+/** @brief Element-wise copy on an engine (bit-exact when dtypes match). */
+inline void tensor_copy(const Tensor& dst, const Tensor& src, Engine engine = unknown_engine,
+                        Loc loc = Loc::current()) {
+  detail::Emitter(Opcode::tensor_copy, dst, loc).tensor(0, dst).tensor(1, src).engine(engine).emit();
+}
+
+// --- element-wise -------------------------------------------------------------------------
+
+/** @brief dst = op(data1, data2). */
+inline void tensor_tensor(const Tensor& dst, const Tensor& data1, const Tensor& data2, const nl::Op& op,
+                          Engine engine = unknown_engine, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::tensor_tensor, dst, loc);
+  e.attrs().op0 = e.alu(op, "op");
+  e.tensor(0, dst).tensor(1, data1).tensor(2, data2).engine(engine).emit();
+}
+
+/** @brief Optional parameters of tensor_scalar. */
+struct TensorScalarOptions {
+  bool reverse0 = false;
+  std::optional<nl::Op> op1;
+  std::optional<Scalar> operand1;
+  bool reverse1 = false;
+  Engine engine = unknown_engine;
+};
+
+/** @brief dst = (data op0 operand0) op1 operand1; reverse swaps an operator's operands. */
+inline void tensor_scalar(const Tensor& dst, const Tensor& data, const nl::Op& op0, const Scalar& operand0,
+                          const TensorScalarOptions& o = {}, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::tensor_scalar, dst, loc);
+  e.attrs().op0 = e.alu(op0, "op0");
+  e.attrs().reverse0 = o.reverse0;
+  if (o.op1.has_value() != o.operand1.has_value())
+    e.fail("op1 and operand1 must be given together", "pass both op1= and operand1=, or neither");
+  if (o.op1) e.attrs().op1 = e.alu(*o.op1, "op1");
+  e.attrs().reverse1 = o.reverse1;
+  e.tensor(0, dst).tensor(1, data).scalar(2, operand0).scalar(3, o.operand1).engine(o.engine).emit();
+}
+
+/** @brief dst = (data op0 operand0) op1 operand1, where operand1 is a full tile. */
+inline void scalar_tensor_tensor(const Tensor& dst, const Tensor& data, const nl::Op& op0, const Scalar& operand0,
+                                 const nl::Op& op1, const Tensor& operand1, bool reverse0 = false,
+                                 bool reverse1 = false, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::scalar_tensor_tensor, dst, loc);
+  e.attrs().op0 = e.alu(op0, "op0");
+  e.attrs().op1 = e.alu(op1, "op1");
+  e.attrs().reverse0 = reverse0;
+  e.attrs().reverse1 = reverse1;
+  e.tensor(0, dst).tensor(1, data).scalar(2, operand0).tensor(3, operand1).emit();
+}
+
+/** @brief Optional parameters of activation. */
+struct ActivationOptions {
+  std::optional<Tensor> bias;  // [P, 1]
+  Scalar scale = 1.0;          // immediate or [P, 1]
+  std::optional<nl::Op> reduce_op;
+  std::optional<Tensor> reduce_res;  // [P, 1]
+  ReduceCmd reduce_cmd = ReduceCmd::idle;
+};
+
+/** @brief dst = op(data * scale + bias) on the Scalar engine, with an optional free-dim reduction. */
+inline void activation(const Tensor& dst, const nl::Op& op, const Tensor& data, const ActivationOptions& o = {},
+                       Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::activation, dst, loc);
+  e.attrs().func = e.act(op, "op");
+  if (o.reduce_op) e.attrs().reduce_op = e.alu(*o.reduce_op, "reduce_op");
+  e.attrs().reduce_cmd = o.reduce_cmd;
+  if (o.reduce_res && !o.reduce_op) e.fail("reduce_res needs reduce_op", "pass reduce_op=nl.add");
+  if (o.reduce_res && o.reduce_cmd == ReduceCmd::idle) e.attrs().reduce_cmd = ReduceCmd::reset_reduce;
+  e.tensor(0, dst).tensor(1, data).tensor(2, o.bias).scalar(3, o.scale).tensor(4, o.reduce_res).emit();
+}
+
+/** @brief activation followed by a free-dim reduction of its output into reduce_res ([P, 1]). */
+inline void activation_reduce(const Tensor& dst, const nl::Op& op, const Tensor& data, const nl::Op& reduce_op,
+                              const Tensor& reduce_res, std::optional<Tensor> bias = std::nullopt,
+                              Scalar scale = 1.0, Loc loc = Loc::current()) {
+  activation(dst, op, data,
+             {.bias = std::move(bias), .scale = std::move(scale), .reduce_op = reduce_op, .reduce_res = reduce_res,
+              .reduce_cmd = ReduceCmd::reset_reduce},
+             loc);
+}
+
+/** @brief 1 / data on the Vector engine. */
+inline void reciprocal(const Tensor& dst, const Tensor& data, Loc loc = Loc::current()) {
+  detail::Emitter(Opcode::reciprocal, dst, loc).tensor(0, dst).tensor(1, data).emit();
+}
+
+// --- reductions and scans -----------------------------------------------------------------
+
+/** @brief Reduces `data` with `op` over the view dims listed in `axis` (never the partition dim). */
+inline void tensor_reduce(const Tensor& dst, const nl::Op& op, const Tensor& data, std::vector<int> axis,
+                          bool negate = false, bool keepdims = false, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::tensor_reduce, dst, loc);
+  e.attrs().op0 = e.alu(op, "op");
+  e.attrs().negate = negate;
+  e.attrs().keepdims = keepdims;
+  for (int a : axis) {
+    int d = a < 0 ? a + data.ndim() : a;
+    if (d < 0 || d >= data.ndim())
+      e.fail(fmt::format("axis {} is out of range for data of rank {}", a, data.ndim()), {});
+    e.attrs().axes |= 1u << d;
+  }
+  e.tensor(0, dst).tensor(1, data).emit();
+}
+
+/** @brief dst = data op0 operand0, and reduce_res = reduce_op over the free dims of dst. */
+inline void tensor_scalar_reduce(const Tensor& dst, const Tensor& data, const nl::Op& op0, const Scalar& operand0,
+                                 const nl::Op& reduce_op, const Tensor& reduce_res, bool reverse0 = false,
+                                 Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::tensor_scalar_reduce, dst, loc);
+  e.attrs().op0 = e.alu(op0, "op0");
+  e.attrs().reduce_op = e.alu(reduce_op, "reduce_op");
+  e.attrs().reverse0 = reverse0;
+  e.tensor(0, dst).tensor(1, data).scalar(2, operand0).tensor(3, reduce_res).emit();
+}
+
+/** @brief Scan along the free dim: res[i] = (data0[i] op0 res[i-1]) op1 data1[i], res[-1] = initial. */
+inline void tensor_tensor_scan(const Tensor& dst, const Tensor& data0, const Tensor& data1, const Scalar& initial,
+                               const nl::Op& op0, const nl::Op& op1, bool reverse0 = false, bool reverse1 = false,
+                               Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::tensor_tensor_scan, dst, loc);
+  e.attrs().op0 = e.alu(op0, "op0");
+  e.attrs().op1 = e.alu(op1, "op1");
+  e.attrs().reverse0 = reverse0;
+  e.attrs().reverse1 = reverse1;
+  e.tensor(0, dst).tensor(1, data0).tensor(2, data1).scalar(3, initial).emit();
+}
+
+/** @brief Reduces across partitions (GpSimd). */
+inline void tensor_partition_reduce(const Tensor& dst, const nl::Op& op, const Tensor& data,
+                                    Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::tensor_partition_reduce, dst, loc);
+  e.attrs().op0 = e.alu(op, "op");
+  e.tensor(0, dst).tensor(1, data).emit();
+}
+
+// --- Tensor engine ------------------------------------------------------------------------
+
+/** @brief Optional parameters of nc_matmul. */
+struct MatmulOptions {
+  bool is_stationary_onezero = false;
+  bool is_moving_onezero = false;
+  bool is_transpose = false;
+  std::optional<bool> accumulate;  // nullopt: the first matmul into a PSUM location overwrites
+};
+
+/** @brief dst[m, n] (+)= sum_k stationary[k, m] * moving[k, n], accumulated in fp32 PSUM. */
+inline void nc_matmul(const Tensor& dst, const Tensor& stationary, const Tensor& moving,
+                      const MatmulOptions& o = {}, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::nc_matmul, dst, loc);
+  e.attrs().accumulate = !o.accumulate ? Accumulate::automatic
+                         : *o.accumulate ? Accumulate::accumulate
+                                         : Accumulate::overwrite;
+  e.attrs().is_transpose = o.is_transpose;
+  e.attrs().is_stationary_onezero = o.is_stationary_onezero;
+  e.attrs().is_moving_onezero = o.is_moving_onezero;
+  e.tensor(0, dst).tensor(1, stationary).tensor(2, moving).emit();
+}
+
+/** @brief 2-D transpose (partition <-> free) on the Tensor engine (<= 128x128) or Vector engine (<= 32x32). */
+inline void nc_transpose(const Tensor& dst, const Tensor& data, Engine engine = unknown_engine,
+                         Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::nc_transpose, dst, loc);
+  e.tensor(0, dst).tensor(1, data);
+  if (engine == Engine::unknown)
+    engine = is_on_chip(dst.buffer()) && dst.buffer() == Buffer::psum ? Engine::tensor : Engine::vector;
+  e.engine(engine).emit();
+}
+
+// --- initialization and index generation --------------------------------------------------
+
+/** @brief Fills dst with `value` (its type must suit dst's dtype). */
+inline void memset(const Tensor& dst, double value, Engine engine = unknown_engine, Loc loc = Loc::current()) {
+  detail::Emitter(Opcode::memset, dst, loc).tensor(0, dst).imm(1, value).engine(engine).emit();
+}
+
+/** @brief dst[c, i...] = offset + c * channel_multiplier + sum(step_k * i_k), computed in int32. */
+inline void iota(const Tensor& dst, std::vector<Dim> pattern, int64_t offset = 0, int64_t channel_multiplier = 0,
+                 Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::iota, dst, loc);
+  e.attrs().pattern = std::move(pattern);
+  e.attrs().offset = offset;
+  e.attrs().channel_multiplier = channel_multiplier;
+  e.tensor(0, dst).emit();
+}
+
+/** @brief dst = cmp_op(affine value, 0) ? on_true_tile : on_false_value (affine value as in iota). */
+inline void affine_select(const Tensor& dst, std::vector<Dim> pattern, int64_t channel_multiplier,
+                          const Tensor& on_true_tile, double on_false_value, const nl::Op& cmp_op = nl::equal,
+                          int64_t offset = 0, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::affine_select, dst, loc);
+  e.attrs().pattern = std::move(pattern);
+  e.attrs().channel_multiplier = channel_multiplier;
+  e.attrs().offset = offset;
+  e.attrs().cmp_op = e.alu(cmp_op, "cmp_op");
+  e.tensor(0, dst).tensor(1, on_true_tile).imm(2, on_false_value).emit();
+}
+
+// --- statistics ---------------------------------------------------------------------------
+
+/** @brief Per-partition statistics (count, mean, count*variance for the even and odd elements). */
+inline void bn_stats(const Tensor& dst, const Tensor& data, Loc loc = Loc::current()) {
+  detail::Emitter(Opcode::bn_stats, dst, loc).tensor(0, dst).tensor(1, data).emit();
+}
+
+/** @brief Aggregates bn_stats outputs into (mean, variance) per partition. */
+inline void bn_aggr(const Tensor& dst, const Tensor& data, Loc loc = Loc::current()) {
+  detail::Emitter(Opcode::bn_aggr, dst, loc).tensor(0, dst).tensor(1, data).emit();
+}
+
+// --- predication and selection ------------------------------------------------------------
+
+/** @brief dst = predicate ? src : dst, element-wise (reverse_pred inverts the predicate). */
+inline void tensor_copy_predicated(const Tensor& dst, const Scalar& src, const Tensor& predicate,
+                                   bool reverse_pred = false, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::tensor_copy_predicated, dst, loc);
+  e.attrs().reverse_pred = reverse_pred;
+  e.tensor(0, dst).scalar(1, src).tensor(2, predicate).emit();
+}
+
+/** @brief Optional parameters of select_reduce. */
+struct SelectReduceOptions {
+  std::optional<Tensor> reduce_res;
+  ReduceCmd reduce_cmd = ReduceCmd::idle;
+  nl::Op reduce_op = nl::maximum;
+  bool reverse_pred = false;
+};
+
+/** @brief dst = predicate ? on_true : on_false, with an optional reduction of dst into reduce_res. */
+inline void select_reduce(const Tensor& dst, const Tensor& predicate, const Tensor& on_true, const Scalar& on_false,
+                          const SelectReduceOptions& o = {}, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::select_reduce, dst, loc);
+  e.attrs().reduce_op = e.alu(o.reduce_op, "reduce_op");
+  e.attrs().reduce_cmd = o.reduce_cmd;
+  if (o.reduce_res && o.reduce_cmd == ReduceCmd::idle) e.attrs().reduce_cmd = ReduceCmd::reset_reduce;
+  e.attrs().reverse_pred = o.reverse_pred;
+  e.tensor(0, dst).tensor(1, predicate).tensor(2, on_true).scalar(3, on_false).tensor(4, o.reduce_res).emit();
+}
+
+/** @brief The 8 largest values of each partition, in descending order. */
+inline void max8(const Tensor& dst, const Tensor& src, Loc loc = Loc::current()) {
+  detail::Emitter(Opcode::max8, dst, loc).tensor(0, dst).tensor(1, src).emit();
+}
+
+/** @brief Index of the first occurrence of each of the 8 values `vals` in each partition of `data`. */
+inline void nc_find_index8(const Tensor& dst, const Tensor& data, const Tensor& vals, Loc loc = Loc::current()) {
+  detail::Emitter(Opcode::nc_find_index8, dst, loc).tensor(0, dst).tensor(1, data).tensor(2, vals).emit();
+}
+
+}  // namespace nikki::isa

@@ -1,0 +1,262 @@
+// Tensor: the C++ counterpart of NKI's NkiTensor, a view of a storage inside a kernel being built.
+#pragma once
+
+#include <initializer_list>
+#include <optional>
+#include <source_location>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "nikki/access_pattern.hpp"
+#include "nikki/builder.hpp"
+
+namespace nikki {
+
+using Loc = std::source_location;
+
+/** @brief A Python-style slice (start:stop:step); missing bounds mean the whole dim. */
+struct Slice {
+  std::optional<int64_t> start;
+  std::optional<int64_t> stop;
+  int64_t step = 1;
+};
+
+/**
+ * @brief One subscript of Tensor::operator(): an integer or a Slice.
+ * Its constructors record the caller's line, so indexing errors point at user code.
+ */
+class Index {
+ public:
+  Index(int64_t i, Loc loc = Loc::current()) : value_(i), loc_(loc) {}
+  Index(int i, Loc loc = Loc::current()) : value_(int64_t(i)), loc_(loc) {}
+  Index(Slice s, Loc loc = Loc::current()) : value_(s), loc_(loc) {}
+  bool is_int() const { return std::holds_alternative<int64_t>(value_); }
+  int64_t integer() const { return std::get<int64_t>(value_); }
+  const Slice& slice() const { return std::get<Slice>(value_); }
+  const Loc& loc() const { return loc_; }
+
+ private:
+  std::variant<int64_t, Slice> value_;
+  Loc loc_;
+};
+
+struct ApOptions;
+
+/**
+ * @brief A view of a tensor in the kernel being built (NkiTensor).
+ *
+ * Views are free: every method returns a new Tensor over the same storage with a different
+ * access pattern. Mistakes (out-of-bounds slices, impossible reshapes) throw KernelError naming
+ * the caller's line.
+ */
+class Tensor {
+ public:
+  Tensor() = default;
+  Tensor(KernelBuilder* builder, AccessPattern ap) : builder_(builder), ap_(std::move(ap)) {}
+
+  bool valid() const { return builder_ != nullptr; }
+  KernelBuilder& builder() const { return *builder_; }
+  const AccessPattern& access() const { return ap_; }
+  const Storage& storage() const { return builder_->storage(ap_.storage); }
+
+  Shape shape() const { return ap_.shape(); }
+  DType dtype() const { return ap_.dtype; }
+  Buffer buffer() const { return storage().buffer; }
+  int ndim() const { return ap_.rank; }
+  int64_t size() const { return ap_.num_elements(); }
+  const std::string& name() const { return storage().name; }
+  int64_t offset() const { return ap_.offset; }
+  std::vector<Dim> pattern() const { return {ap_.dims.begin(), ap_.dims.begin() + ap_.rank}; }
+  std::vector<int64_t> strides() const {
+    std::vector<int64_t> s;
+    for (int d = 0; d < ap_.rank; ++d) s.push_back(ap_.dims[d].stride);
+    return s;
+  }
+  bool is_contiguous() const { return nikki::is_contiguous(ap_); }
+
+  /**
+   * @brief NumPy-style indexing: t(0, Slice{0, 64}). Integer subscripts drop their dim, except
+   * that SBUF/PSUM views keep the partition dim (size 1) and never drop below 2 dims (NKI rule).
+   */
+  template <class... I>
+  Tensor operator()(I&&... idx) const {
+    return index({Index(std::forward<I>(idx))...});
+  }
+  Tensor index(std::initializer_list<Index> subscripts) const {
+    return index(std::span<const Index>(subscripts.begin(), subscripts.size()));
+  }
+  Tensor index(std::span<const Index> subscripts) const {
+    Loc loc = subscripts.empty() ? Loc::current() : subscripts.begin()->loc();
+    return guarded(loc, [&] {
+      if (static_cast<int>(subscripts.size()) > ap_.rank)
+        throw ViewError{fmt::format("too many indices ({}) for a tensor of rank {}", subscripts.size(), int(ap_.rank)),
+                        {}, {}};
+      const bool on_chip = is_on_chip(buffer());
+      AccessPattern ap = ap_;
+      int dim = 0;
+      std::vector<int> int_dims;  // dims to drop, as positions in `ap`
+      for (const Index& ix : subscripts) {
+        if (ix.is_int()) {
+          check_index_bounds(ap, dim, ix.integer());
+          int64_t i = ix.integer() < 0 ? ix.integer() + ap.dims[dim].count : ix.integer();
+          ap = view::ds(ap, dim, i, 1);
+          int_dims.push_back(dim);
+        } else {
+          const Slice& s = ix.slice();
+          ap = strict_slice(ap, dim, s);
+        }
+        ++dim;
+      }
+      // Drop integer-indexed dims from the back so positions stay valid.
+      int rank = ap.rank;
+      for (auto it = int_dims.rbegin(); it != int_dims.rend(); ++it) {
+        int d = *it;
+        if (on_chip && (d == 0 || rank <= 2)) continue;  // keep partition dim / 2-D minimum
+        ap = view::select(ap, d, 0);
+        --rank;
+      }
+      return ap;
+    });
+  }
+
+  Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1, Loc loc = Loc::current()) const {
+    return guarded(loc, [&] {
+      int d = view::normalize_dim(ap_, dim, "slice");
+      return strict_slice(ap_, d, Slice{start, end, step});
+    });
+  }
+  Tensor select(int64_t dim, int64_t index, Loc loc = Loc::current()) const {
+    return guarded(loc, [&] { return view::select(ap_, dim, index); });
+  }
+  Tensor permute(std::vector<int64_t> dims, Loc loc = Loc::current()) const {
+    return guarded(loc, [&] { return view::permute(ap_, dims); });
+  }
+  Tensor broadcast(int64_t dim, int64_t size, Loc loc = Loc::current()) const {
+    return guarded(loc, [&] { return view::broadcast(ap_, dim, size); });
+  }
+  Tensor expand_dim(int64_t dim, Loc loc = Loc::current()) const {
+    return guarded(loc, [&] { return view::expand_dim(ap_, dim); });
+  }
+  Tensor squeeze_dim(int64_t dim, Loc loc = Loc::current()) const {
+    return guarded(loc, [&] { return view::squeeze_dim(ap_, dim); });
+  }
+  Tensor reshape(const Shape& shape, Loc loc = Loc::current()) const {
+    return guarded(loc, [&] { return view::reshape(ap_, shape); });
+  }
+  Tensor reshape_dim(int64_t dim, const Shape& shape, Loc loc = Loc::current()) const {
+    return guarded(loc, [&] { return view::reshape_dim(ap_, dim, shape); });
+  }
+  Tensor flatten_dims(int64_t start, int64_t end, Loc loc = Loc::current()) const {
+    return guarded(loc, [&] { return view::flatten_dims(ap_, start, end); });
+  }
+  /** @brief Bit reinterpretation as another dtype (NKI view(dtype)). */
+  Tensor view(DType dtype, Loc loc = Loc::current()) const {
+    return guarded(loc, [&] { return view::reinterpret(ap_, dtype); });
+  }
+
+  /**
+   * @brief A raw access pattern over this tensor's storage ([[stride, count], ...] plus offset),
+   * ignoring the current view, as NKI's .ap() does. Runtime offsets are scaled by the product of
+   * the storage dims after indirect_dim.
+   */
+  Tensor ap(std::vector<Dim> pattern, Loc loc = Loc::current()) const;
+  Tensor ap(std::vector<Dim> pattern, const ApOptions& opts, Loc loc = Loc::current()) const;
+
+ private:
+  template <class F>
+  Tensor guarded(const Loc& loc, F&& make) const {
+    if (!builder_) throw KernelError("operation on an empty tensor handle", SourceLocation::from(loc));
+    try {
+      return Tensor(builder_, make());
+    } catch (const ViewError& e) {
+      throw KernelError(fmt::format("tensor '{}': {}", name(), e.what), builder_->source(builder_->location(loc)),
+                        {}, e.limit, e.hint);
+    }
+  }
+
+  /** @brief A slice that must lie within the dim (NKI rejects out-of-bound access). */
+  static AccessPattern strict_slice(const AccessPattern& ap, int d, const Slice& s) {
+    const int64_t n = ap.dims[d].count;
+    auto norm = [n](int64_t v) { return v < 0 ? v + n : v; };
+    int64_t lo = s.start ? norm(*s.start) : 0;
+    int64_t hi = s.stop ? norm(*s.stop) : n;
+    if (lo < 0 || hi > n || lo >= hi)
+      throw ViewError{fmt::format("out-of-bound access on dim {}: index range [{}, {}] exceeds dimension size {}",
+                                  d, lo, hi - 1, n),
+                      fmt::format("dim {} has {} elements", d, n), "shrink the slice or pad the tensor"};
+    return view::slice(ap, d, lo, hi, s.step);
+  }
+  static void check_index_bounds(const AccessPattern& ap, int d, int64_t i) {
+    const int64_t n = ap.dims[d].count;
+    if (i < -n || i >= n)
+      throw ViewError{fmt::format("index {} is out of bounds for dim {} of size {}", i, d, n),
+                      fmt::format("dim {} has {} elements", d, n), {}};
+  }
+
+  KernelBuilder* builder_ = nullptr;
+  AccessPattern ap_;
+};
+
+/** @brief Options of the raw access pattern escape hatch (NKI .ap()). */
+struct ApOptions {
+  std::optional<int64_t> offset;
+  std::optional<Tensor> scalar_offset_tensor;  // 1x1 tensor holding the runtime offset
+  RegisterId scalar_offset_register = -1;
+  std::optional<Tensor> vector_offset;  // per-partition index tensor
+  int indirect_dim = 0;
+  std::optional<DType> dtype;
+};
+
+inline Tensor Tensor::ap(std::vector<Dim> pattern, Loc loc) const { return ap(std::move(pattern), ApOptions{}, loc); }
+
+inline Tensor Tensor::ap(std::vector<Dim> pattern, const ApOptions& opts, Loc loc) const {
+  return guarded(loc, [&] {
+    const Storage& st = storage();
+    if (pattern.empty() || static_cast<int>(pattern.size()) > kMaxRank)
+      throw ViewError{fmt::format("ap(): pattern needs 1 to {} [stride, count] pairs, got {}", kMaxRank,
+                                  pattern.size()), {}, {}};
+    AccessPattern out;
+    out.storage = ap_.storage;
+    out.dtype = opts.dtype.value_or(st.dtype);
+    out.rank = static_cast<uint8_t>(pattern.size());
+    out.offset = opts.offset.value_or(0);
+    for (size_t d = 0; d < pattern.size(); ++d) {
+      if (pattern[d].count < 1)
+        throw ViewError{fmt::format("ap(): count {} of pattern entry {} must be positive", pattern[d].count, d),
+                        {}, {}};
+      out.dims[d] = pattern[d];
+    }
+    const bool scalar = opts.scalar_offset_tensor.has_value() || opts.scalar_offset_register >= 0;
+    if (scalar || opts.vector_offset) {
+      if (opts.indirect_dim < 0 || opts.indirect_dim >= st.shape.rank())
+        throw ViewError{fmt::format("ap(): indirect_dim {} is out of range for a tensor of rank {}",
+                                    opts.indirect_dim, st.shape.rank()), {}, {}};
+      int64_t multiplier = 1;
+      for (int d = opts.indirect_dim + 1; d < st.shape.rank(); ++d) multiplier *= st.shape[d];
+      auto ind = std::make_shared<Indirection>();
+      if (opts.scalar_offset_tensor) {
+        const Tensor& t = *opts.scalar_offset_tensor;
+        if (t.size() != 1)
+          throw ViewError{fmt::format("ap(): scalar_offset must be a 1x1 tensor, got shape {}", t.shape().str()),
+                          {}, "pass a [1, 1] SBUF tensor or a register"};
+        ind->scalar_tensor = t.access();
+      }
+      ind->scalar_register = opts.scalar_offset_register;
+      ind->scalar_multiplier = multiplier;
+      if (opts.vector_offset) {
+        if (opts.indirect_dim != 0)
+          throw ViewError{"ap(): vector_offset supports only indirect_dim=0", "indirect_dim must be 0",
+                          "move the gathered dim first"};
+        ind->vector_offset = opts.vector_offset->access();
+        ind->indirect_dim = 0;
+        ind->vector_multiplier = multiplier;
+      }
+      out.indirection = std::move(ind);
+    }
+    return out;
+  });
+}
+
+}  // namespace nikki

@@ -1,0 +1,30 @@
+// Live ranges of storages in program order, shared by the allocator and the executors (which fill
+// fresh allocations with sentinels when their range begins).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "nikki/ir.hpp"
+
+namespace nikki::jit {
+
+/** @brief Inclusive range of instruction indices during which a storage holds live data. */
+struct LiveRange {
+  uint32_t begin = std::numeric_limits<uint32_t>::max();
+  uint32_t end = 0;
+  bool used() const { return begin <= end; }
+  bool overlaps(const LiveRange& o) const { return used() && o.used() && begin <= o.end && o.begin <= end; }
+};
+
+/**
+ * @brief Live range of every storage (indexed by StorageId).
+ *
+ * A storage is live from the first to the last instruction that touches it (as an operand or as
+ * an index tensor of a runtime offset). A storage created before a runtime loop and touched inside
+ * it stays live for the whole loop, since later iterations see earlier iterations' values.
+ */
+std::vector<LiveRange> live_ranges(const Kernel& kernel);
+
+}  // namespace nikki::jit

@@ -1,0 +1,154 @@
+#include "nikki/jit/allocate.hpp"
+
+#include <algorithm>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "nikki/ir_printer.hpp"
+#include "nikki/jit/liveness.hpp"
+
+namespace nikki::jit {
+
+namespace {
+
+constexpr int64_t kSbufAlignment = 4;
+
+int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+
+std::string bytes_str(int64_t b) {
+  if (b >= 1024 && b % 1024 == 0) return fmt::format("{} KiB", b / 1024);
+  return fmt::format("{} B", b);
+}
+
+/** A placed tensor: partitions [p0, p1) x bytes [b0, b1) during a live range. */
+struct Box {
+  StorageId id;
+  int64_t p0, p1, b0, b1;
+  LiveRange live;
+  bool conflicts(const Box& o) const {
+    return live.overlaps(o.live) && p0 < o.p1 && o.p0 < p1 && b0 < o.b1 && o.b0 < b1;
+  }
+};
+
+class Allocator {
+ public:
+  Allocator(Kernel& k, Buffer buffer)
+      : k_(k), t_(k.config()), buffer_(buffer), ranges_(live_ranges(k)),
+        capacity_(buffer == Buffer::sbuf ? t_.sbuf_bytes_per_partition : t_.psum_bytes_per_partition()),
+        granule_(buffer == Buffer::sbuf ? kSbufAlignment : t_.psum_bank_bytes) {}
+
+  void run() {
+    std::vector<StorageId> automatic;
+    for (StorageId id = 0; id < k_.storages.size(); ++id) {
+      Storage& s = k_.storages[id];
+      if (s.buffer != buffer_) continue;
+      if (s.user_address) place_manual(id);
+      else if (ranges_[id].used()) automatic.push_back(id);
+      else s.address = Address{0, 0};  // never touched: any address will do
+    }
+    std::stable_sort(automatic.begin(), automatic.end(), [&](StorageId a, StorageId b) {
+      if (ranges_[a].begin != ranges_[b].begin) return ranges_[a].begin < ranges_[b].begin;
+      return k_.storages[a].partition_bytes() > k_.storages[b].partition_bytes();
+    });
+    for (StorageId id : automatic) place_automatic(id);
+  }
+
+ private:
+  int64_t footprint(const Storage& s) const { return align_up(s.partition_bytes(), granule_); }
+
+  void place_manual(StorageId id) {
+    const Storage& s = k_.storages[id];
+    Box box{id, s.address->partition, s.address->partition + s.partitions(), s.address->byte_offset,
+            s.address->byte_offset + s.partition_bytes(), ranges_[id]};
+    for (const Box& other : placed_)
+      if (box.conflicts(other)) {
+        const Storage& o = k_.storages[other.id];
+        throw KernelError(fmt::format("tensor '{}' at address ({}, {}) overlaps tensor '{}' while both are live",
+                                      s.name, s.address->partition, s.address->byte_offset, o.name),
+                          k_.location(s.loc), "ndarray",
+                          fmt::format("'{}' occupies partitions [{}, {}) bytes [{}, {}) (created at {})", o.name,
+                                      other.p0, other.p1, other.b0, other.b1, k_.location(o.loc).str()),
+                          "move one of the tensors, or let nikki place it (omit address=)");
+      }
+    placed_.push_back(box);
+  }
+
+  void place_automatic(StorageId id) {
+    Storage& s = k_.storages[id];
+    const int64_t size = footprint(s);
+    Box box{id, 0, s.partitions(), 0, size, ranges_[id]};
+    // Live boxes that share partitions with this one, by start offset.
+    std::vector<const Box*> blockers;
+    for (const Box& b : placed_)
+      if (b.live.overlaps(box.live) && b.p0 < box.p1 && box.p0 < b.p1) blockers.push_back(&b);
+    std::sort(blockers.begin(), blockers.end(), [](const Box* a, const Box* b) { return a->b0 < b->b0; });
+    int64_t offset = 0;
+    for (const Box* b : blockers) {
+      if (offset + size <= b->b0) break;
+      offset = std::max(offset, align_up(b->b1, granule_));
+    }
+    if (offset + size > capacity_) report_overflow(id);
+    box.b0 = offset;
+    box.b1 = offset + size;
+    s.address = Address{0, static_cast<uint32_t>(offset)};
+    placed_.push_back(box);
+  }
+
+  [[noreturn]] void report_overflow(StorageId failing) const {
+    const uint32_t at = ranges_[failing].begin;
+    // Everything live at the point where the failing tensor becomes live.
+    std::vector<StorageId> live;
+    for (StorageId id = 0; id < k_.storages.size(); ++id)
+      if (k_.storages[id].buffer == buffer_ && ranges_[id].used() && ranges_[id].begin <= at && at <= ranges_[id].end)
+        live.push_back(id);
+    int64_t total = 0;
+    for (StorageId id : live) total += footprint(k_.storages[id]);
+    std::sort(live.begin(), live.end(), [&](StorageId a, StorageId b) {
+      return k_.storages[a].partition_bytes() > k_.storages[b].partition_bytes();
+    });
+    std::string largest;
+    for (size_t i = 0; i < live.size() && i < 5; ++i) {
+      const Storage& s = k_.storages[live[i]];
+      largest += fmt::format("\n    '{}' {}{} {} per partition (created at {})", s.name, info(s.dtype).short_name,
+                             s.shape.str(), bytes_str(footprint(s)), k_.location(s.loc).str());
+    }
+    const std::string mem = buffer_ == Buffer::sbuf ? "SBUF" : "PSUM";
+    const std::string unit = buffer_ == Buffer::sbuf
+                                 ? ""
+                                 : fmt::format(" ({} banks of {})", t_.psum_num_banks, bytes_str(t_.psum_bank_bytes));
+    const Instruction& inst = k_.instructions[at];
+    std::string what = total > capacity_
+                           ? fmt::format("{} capacity exceeded: {} live tensors need {} per partition, {} has {}{}",
+                                         mem, live.size(), bytes_str(total), t_.name, bytes_str(capacity_), unit)
+                           : fmt::format("{} is too fragmented to place '{}' ({}): {} of {} per partition are live",
+                                         mem, k_.storages[failing].name, bytes_str(footprint(k_.storages[failing])),
+                                         bytes_str(total), bytes_str(capacity_));
+    throw KernelError(what + "\n  largest live tensors:" + largest, k_.location(inst.loc), to_string(k_, inst),
+                      fmt::format("{} per partition on {} ({})", bytes_str(capacity_), t_.name, t_.core),
+                      buffer_ == Buffer::sbuf
+                          ? "use smaller tiles, or end the live range of large tensors earlier (reuse buffers)"
+                          : "accumulate into fewer PSUM tiles at once (each tile takes whole 2 KiB banks); copy "
+                            "results out of PSUM sooner");
+  }
+
+  Kernel& k_;
+  const TargetConfig& t_;
+  Buffer buffer_;
+  std::vector<LiveRange> ranges_;
+  int64_t capacity_;
+  int64_t granule_;
+  std::vector<Box> placed_;
+};
+
+}  // namespace
+
+void allocate(Kernel& kernel) {
+  Allocator(kernel, Buffer::sbuf).run();
+  Allocator(kernel, Buffer::psum).run();
+  kernel.allocated = true;
+}
+
+}  // namespace nikki::jit

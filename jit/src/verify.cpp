@@ -1,0 +1,754 @@
+#include "nikki/jit/verify.hpp"
+
+#include <cmath>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "nikki/ir_printer.hpp"
+#include "nikki/layout.hpp"
+
+namespace nikki::jit {
+
+namespace {
+
+std::string shape_of(const AccessPattern& ap) { return ap.shape().str(); }
+
+bool is_comparison(AluOp op) {
+  return op == AluOp::equal || op == AluOp::not_equal || op == AluOp::greater ||
+         op == AluOp::greater_equal || op == AluOp::less || op == AluOp::less_equal;
+}
+
+/** Checks one kernel; each method covers one family of rules. */
+class Verifier {
+ public:
+  explicit Verifier(const Kernel& k) : k_(k), t_(k.config()) {}
+
+  void run() {
+    for (StorageId id = 0; id < k_.storages.size(); ++id) check_storage(id);
+    std::vector<bool> written(k_.storages.size(), false);
+    int loop_depth = 0;
+    for (const Instruction& inst : k_.instructions) {
+      check_instruction(inst);
+      for (int s = 0; s < inst.spec().num_slots; ++s)
+        if (inst.operands[s].is_tensor() && inst.access(s) != Access::read) written[inst.operands[s].ap.storage] = true;
+      if (inst.opcode == Opcode::loop_begin) ++loop_depth;
+      if (inst.opcode == Opcode::loop_end) --loop_depth;
+      internal_check(loop_depth >= 0, "loop_end without loop_begin");
+    }
+    internal_check(loop_depth == 0, "loop_begin without loop_end");
+    for (StorageId id : k_.outputs)
+      if (!written[id]) {
+        const Storage& s = k_.storage(id);
+        throw KernelError(fmt::format("output tensor '{}' is never written", s.name), k_.location(s.loc),
+                          "return", "every returned tensor must be written by the kernel",
+                          "write it with nisa.dma_copy (or nl.store) before returning it");
+      }
+  }
+
+ private:
+  // --- reporting --------------------------------------------------------------------------
+  [[noreturn]] void fail(const Instruction& inst, std::string what, std::string limit = {},
+                         std::string hint = {}) const {
+    throw KernelError(fmt::format("{}: {}", opcode_name(inst.opcode), what), k_.location(inst.loc),
+                      to_string(k_, inst), std::move(limit), std::move(hint));
+  }
+  std::string slot_name(const Instruction& inst, int slot) const { return std::string(inst.spec().slots[slot].name); }
+  const Storage& storage_of(const AccessPattern& ap) const { return k_.storage(ap.storage); }
+  std::string describe(const Instruction& inst, int slot) const {
+    const AccessPattern& ap = inst.operands[slot].ap;
+    return fmt::format("{} ('{}' {} {}{})", slot_name(inst, slot), storage_of(ap).name,
+                       buffer_name(storage_of(ap).buffer), info(ap.dtype).short_name, shape_of(ap));
+  }
+  std::string target_name() const { return fmt::format("{} ({})", t_.name, t_.core); }
+
+  // --- storages -----------------------------------------------------------------------------
+  void check_storage(StorageId id) {
+    const Storage& s = k_.storage(id);
+    const SourceLocation& where = k_.location(s.loc);
+    if (!s.on_chip()) return;
+    if (s.shape.rank() < 2)
+      throw KernelError(fmt::format("{} tensor '{}' has shape {}; on-chip tensors need a partition dim and a free dim",
+                                    buffer_name(s.buffer), s.name, s.shape.str()),
+                        where, "ndarray", "SBUF/PSUM tensors are at least 2-D (partition dim first)",
+                        fmt::format("use a shape such as ({}, 1)", s.shape.rank() ? s.shape[0] : 1));
+    if (s.partitions() > t_.num_partitions)
+      throw KernelError(fmt::format("number of partitions {} of tensor '{}' exceeds the architecture limit of {}",
+                                    s.partitions(), s.name, t_.num_partitions),
+                        where, "ndarray", fmt::format("pmax = {} partitions on {}", t_.num_partitions, target_name()),
+                        "tile the partition dim into chunks of at most nl.tile_size.pmax");
+    const int64_t capacity = s.buffer == Buffer::sbuf ? t_.sbuf_bytes_per_partition : t_.psum_bytes_per_partition();
+    if (s.partition_bytes() > capacity)
+      throw KernelError(fmt::format("tensor '{}' needs {} bytes per partition but {} has {} bytes per partition",
+                                    s.name, s.partition_bytes(), buffer_name(s.buffer), capacity),
+                        where, "ndarray",
+                        fmt::format("{} capacity per partition on {}", buffer_name(s.buffer), target_name()),
+                        "tile the free dim into smaller tensors");
+    if (s.user_address) {
+      const Address& a = *s.address;
+      if (s.buffer == Buffer::psum && a.byte_offset % t_.psum_bank_bytes != 0)
+        throw KernelError(fmt::format("PSUM tensor '{}' at address byte {} does not start at a bank boundary",
+                                      s.name, a.byte_offset),
+                          where, "ndarray", fmt::format("PSUM banks are {} bytes per partition", t_.psum_bank_bytes),
+                          fmt::format("use address=(0, k * {}) for bank k", t_.psum_bank_bytes));
+      if (a.partition + s.partitions() > t_.num_partitions || a.byte_offset + s.partition_bytes() > capacity)
+        throw KernelError(fmt::format("tensor '{}' at address ({}, {}) extends past the end of {}", s.name,
+                                      a.partition, a.byte_offset, buffer_name(s.buffer)),
+                          where, "ndarray",
+                          fmt::format("{} partitions x {} bytes", t_.num_partitions, capacity), {});
+      check_start_partition_rule(a.partition, s.partitions(), [&](std::string what, std::string limit) {
+        throw KernelError(fmt::format("tensor '{}': {}", s.name, what), where, "ndarray", limit,
+                          "place tensors of more than 32 partitions at partition 0 (or 64 for up to 64)");
+      });
+    }
+  }
+
+  template <class Fail>
+  void check_start_partition_rule(int64_t start, int64_t count, Fail&& fail_with) const {
+    const int64_t q = t_.partition_quadrant;
+    bool ok;
+    if (count > 2 * q) ok = start == 0;
+    else if (count > q) ok = start == 0 || start == 2 * q;
+    else ok = start % q == 0;
+    if (!ok)
+      fail_with(fmt::format("an access of {} partitions cannot start at partition {}", count, start),
+                fmt::format("start partition must be 0 for > {} partitions, 0 or {} for {}-{}, a multiple of {} "
+                            "for <= {}",
+                            2 * q, 2 * q, q + 1, 2 * q, q, q));
+  }
+
+  // --- operands -----------------------------------------------------------------------------
+  void check_index_tensor(const Instruction& inst, const AccessPattern& idx, const char* role) const {
+    const Storage& s = storage_of(idx);
+    if (!is_integer(idx.dtype) || idx.dtype == DType::bool_)
+      fail(inst, fmt::format("{} tensor '{}' has dtype {}; runtime offsets are integers", role, s.name,
+                             dtype_name(idx.dtype)),
+           {}, "store offsets in an int32 or uint32 tensor");
+    if (s.buffer == Buffer::psum)
+      fail(inst, fmt::format("{} tensor '{}' is in PSUM", role, s.name), "runtime offsets are read from SBUF or HBM",
+           "copy the offsets to SBUF first");
+    check_bounds(inst, idx, role);
+  }
+
+  void check_bounds(const Instruction& inst, const AccessPattern& ap, const std::string& role) const {
+    const Storage& s = storage_of(ap);
+    if ((s.total_bytes() % dtype_size(ap.dtype)) != 0)
+      fail(inst, fmt::format("{} views tensor '{}' as {}, whose size does not divide the tensor's bytes", role, s.name,
+                             dtype_name(ap.dtype)));
+    if (ap.is_dynamic()) return;  // checked at run time, when the offsets are known
+    const LinearExtent e = linear_extent(ap);
+    const int64_t n = storage_elements(s, ap.dtype);
+    if (e.first < 0 || e.last >= n)
+      fail(inst, fmt::format("out-of-bound access for tensor '{}' ({}): elements [{}, {}] of a tensor with {} elements",
+                             s.name, role, e.first, e.last, n),
+           fmt::format("tensor '{}' has shape {}", s.name, s.shape.str()),
+           "check the access pattern's offset, strides and counts");
+  }
+
+  /** Generic checks for every tensor operand; engine operands also get the tile rules. */
+  void check_operand(const Instruction& inst, int slot) const {
+    const Operand& o = inst.operands[slot];
+    if (!o.is_tensor()) return;
+    const AccessPattern& ap = o.ap;
+    const Storage& s = storage_of(ap);
+    check_bounds(inst, ap, slot_name(inst, slot));
+    if (inst.access(slot) != Access::read && s.role == StorageRole::input && !s.writable_input)
+      fail(inst, fmt::format("cannot write to kernel input '{}'", s.name), "kernel parameters are immutable",
+           "allocate an output with nl.ndarray(..., buffer=nl.shared_hbm) and write that, or declare the "
+           "parameter mutable (nt.mutable_tensor)");
+    if (const Indirection* ind = ap.indirection.get()) {
+      if (ind->scalar_tensor) check_index_tensor(inst, *ind->scalar_tensor, "scalar_offset");
+      if (ind->scalar_register >= k_.num_registers) internal_check(false, "register id out of range");
+      if (ind->vector_offset) {
+        if (inst.opcode != Opcode::dma_copy)
+          fail(inst, fmt::format("{} uses a vector_offset (gather/scatter) access", slot_name(inst, slot)),
+               "per-partition vector offsets are only supported by DMA instructions", "gather with nisa.dma_copy");
+        if (!is_hbm(s.buffer))
+          fail(inst, fmt::format("vector_offset indexes tensor '{}' in {}", s.name, buffer_name(s.buffer)),
+               "the gathered/scattered tensor must be in HBM", {});
+        const AccessPattern& idx = *ind->vector_offset;
+        check_index_tensor(inst, idx, "vector_offset");
+        if (storage_of(idx).buffer != Buffer::sbuf)
+          fail(inst, "vector_offset index tensor must be in SBUF", {}, {});
+        if (idx.rank == 0 || idx.dims[0].count != ap.dims[0].count || idx.inner_elements() != 1)
+          fail(inst, fmt::format("vector_offset has shape {} but the access needs one index per row ({}, 1)",
+                                 shape_of(idx), ap.dims[0].count));
+      }
+    }
+    if (inst.engine == Engine::dma || inst.spec().is_control) {
+      if (inst.engine == Engine::dma && s.buffer == Buffer::psum)
+        fail(inst, fmt::format("{} is in PSUM", describe(inst, slot)), "DMA moves data between HBM and SBUF only",
+             "copy PSUM to SBUF with nisa.tensor_copy first");
+      return;
+    }
+    // Compute engines.
+    if (!s.on_chip())
+      fail(inst, fmt::format("{} is in {}; compute engines read and write SBUF/PSUM only", describe(inst, slot),
+                             buffer_name(s.buffer)),
+           {}, "load the data into SBUF with nisa.dma_copy first");
+    if (inst.engine == Engine::gpsimd && s.buffer == Buffer::psum)
+      fail(inst, fmt::format("{} is in PSUM, which the GpSimd engine cannot access", describe(inst, slot)), {},
+           "use the vector engine, or copy the data to SBUF");
+    const TileGeometry g = tile_geometry(s, ap);
+    if (g.partitions > t_.num_partitions)
+      fail(inst, fmt::format("{} partition dimension {} exceeds maximum {}", slot_name(inst, slot), g.partitions,
+                             t_.num_partitions),
+           fmt::format("pmax = {}", t_.num_partitions), "tile the partition dim");
+    if (!g.partition_contiguous)
+      fail(inst, fmt::format("{} steps over partitions with stride {}; engines access consecutive partitions",
+                             slot_name(inst, slot), ap.dims[0].stride / std::max<int64_t>(1, row_elements(s, ap.dtype))),
+           "the first dim of an engine operand is the partition dim, with step 1",
+           "do not slice the partition dim with a step, or permute another dim first");
+    if (!g.rows_in_bounds)
+      fail(inst, fmt::format("{} free-dim access runs outside its partition row", slot_name(inst, slot)),
+           fmt::format("each partition of '{}' holds {} elements", s.name, row_elements(s, ap.dtype)),
+           "keep dim 0 as the partition dim and the other dims within a row");
+    const int64_t max_free = s.buffer == Buffer::sbuf ? t_.max_free_elems_sbuf : t_.max_free_elems_psum;
+    if (g.free_elements > max_free)
+      fail(inst, fmt::format("{} has {} elements per partition", slot_name(inst, slot), g.free_elements),
+           fmt::format("at most {} elements per partition from {}", max_free, buffer_name(s.buffer)),
+           "split the instruction along the free dim");
+    int64_t start = g.first_partition + (s.address ? s.address->partition : 0);
+    check_start_partition_rule(start, g.partitions, [&](std::string what, std::string limit) {
+      fail(inst, fmt::format("{}: {}", slot_name(inst, slot), what), limit,
+           "start accesses of more than 32 partitions at partition 0 (or 64)");
+    });
+  }
+
+  // --- shape helpers ------------------------------------------------------------------------
+  TileGeometry geom(const Instruction& inst, int slot) const {
+    const AccessPattern& ap = inst.operands[slot].ap;
+    return tile_geometry(storage_of(ap), ap);
+  }
+  void same_partitions(const Instruction& inst, int a, int b) const {
+    if (geom(inst, a).partitions != geom(inst, b).partitions)
+      fail(inst, fmt::format("number of partitions mismatch: {} has {}, {} has {}", describe(inst, a),
+                             geom(inst, a).partitions, describe(inst, b), geom(inst, b).partitions),
+           "operands must span the same partitions", {});
+  }
+  void same_tile(const Instruction& inst, int a, int b) const {
+    same_partitions(inst, a, b);
+    if (geom(inst, a).free_elements != geom(inst, b).free_elements)
+      fail(inst, fmt::format("elements per partition mismatch: {} has {}, {} has {}", describe(inst, a),
+                             geom(inst, a).free_elements, describe(inst, b), geom(inst, b).free_elements),
+           "operands must have the same number of elements per partition",
+           "binary operands do not broadcast; use tensor_scalar for a [P, 1] operand");
+  }
+  /** A scalar-or-vector operand: an immediate, or a [P, 1] tile matching `data`'s partitions. */
+  void per_partition(const Instruction& inst, int slot, int data_slot, bool require_fp32) const {
+    const Operand& o = inst.operands[slot];
+    if (!o.is_tensor()) return;
+    TileGeometry g = geom(inst, slot), d = geom(inst, data_slot);
+    if (g.free_elements != 1 || g.partitions != d.partitions)
+      fail(inst, fmt::format("{} must be a scalar or a [{}, 1] vector, got shape {}", slot_name(inst, slot),
+                             d.partitions, shape_of(o.ap)),
+           "per-partition operands have one element per partition", {});
+    if (require_fp32 && o.ap.dtype != DType::float32)
+      fail(inst, fmt::format("{} has dtype {}; vector operands of arithmetic operators must be float32",
+                             slot_name(inst, slot), dtype_name(o.ap.dtype)),
+           {}, "keep per-partition scalars in a float32 [P, 1] tile");
+  }
+  void not_both_psum(const Instruction& inst, int a, int b) const {
+    const Operand &oa = inst.operands[a], &ob = inst.operands[b];
+    if (oa.is_tensor() && ob.is_tensor() && storage_of(oa.ap).buffer == Buffer::psum &&
+        storage_of(ob.ap).buffer == Buffer::psum)
+      fail(inst, fmt::format("{} and {} are both in PSUM", slot_name(inst, a), slot_name(inst, b)),
+           "at most one tensor input may be read from PSUM", "copy one of them to SBUF first");
+  }
+  void engine_in(const Instruction& inst, std::initializer_list<Engine> allowed) const {
+    for (Engine e : allowed)
+      if (e == inst.engine) return;
+    std::string names;
+    for (Engine e : allowed) names += (names.empty() ? "" : ", ") + std::string(engine_name(e));
+    fail(inst, fmt::format("cannot run on the {} engine", engine_name(inst.engine)), fmt::format("runs on: {}", names),
+         {});
+  }
+  void integer_operands_for_bitvec(const Instruction& inst, AluOp op) const {
+    if (!is_bitvec_op(op)) return;
+    for (int s = 0; s < inst.spec().num_slots; ++s) {
+      const Operand& o = inst.operands[s];
+      if (o.is_tensor() && !is_integer(o.ap.dtype))
+        fail(inst, fmt::format("bitwise operator {} needs integer tiles, but {} is {}", alu_op_name(op),
+                               slot_name(inst, s), dtype_name(o.ap.dtype)),
+             "bitvec operators act on integer bit patterns", "use .view() to reinterpret float bits as an integer dtype");
+      if (o.is_imm() && o.imm != std::floor(o.imm))
+        fail(inst, fmt::format("bitwise operator {} needs an integer operand, got {}", alu_op_name(op), o.imm));
+    }
+    if (inst.engine != Engine::vector)
+      fail(inst, fmt::format("bitwise operator {} runs on the vector engine only", alu_op_name(op)));
+  }
+  void hardware_alu_op(const Instruction& inst, AluOp op, const char* param) const {
+    if (op == AluOp::divide || op == AluOp::mod || op == AluOp::fmod)
+      fail(inst, fmt::format("{}={} is not a NeuronCore ALU operator", param, alu_op_name(op)), {},
+           op == AluOp::divide ? "multiply by the reciprocal (nisa.reciprocal or activation(op=nl.reciprocal))"
+                               : "compute the remainder with subtract/multiply");
+    if (op == AluOp::average || op == AluOp::bypass)
+      fail(inst, fmt::format("{}={} is not an element-wise operator", param, alu_op_name(op)));
+    if (op == AluOp::arith_shift_right)
+      fail(inst, "arithmetic shift right is not supported by the hardware", {}, "use nl.right_shift (logical)");
+    if ((op == AluOp::abs_max || op == AluOp::abs_min) && t_.generation < 4)
+      fail(inst, fmt::format("{} needs NeuronCore-v4; {} does not have it", alu_op_name(op), target_name()));
+  }
+  void binary_op(const Instruction& inst, AluOp op, const char* param) const {
+    hardware_alu_op(inst, op, param);
+    if (is_unary_op(op))
+      fail(inst, fmt::format("{}={} is a unary operator", param, alu_op_name(op)), {},
+           "apply unary operators with tensor_scalar (operand0=0) or activation");
+  }
+  void reduce_op(const Instruction& inst, AluOp op, const char* param) const {
+    if (!is_reduce_op(op) || op == AluOp::abs_max || op == AluOp::abs_min)
+      fail(inst, fmt::format("{}={} is not a legal reduction operator", param, alu_op_name(op)),
+           "reductions use add, subtract, multiply, maximum, minimum, bitwise_and/or/xor or logical_and/or/xor", {});
+  }
+
+  // --- instructions -------------------------------------------------------------------------
+  void check_instruction(const Instruction& inst) {
+    for (int s = 0; s < inst.spec().num_slots; ++s) check_operand(inst, s);
+    switch (inst.opcode) {
+      case Opcode::dma_copy: return check_dma_copy(inst);
+      case Opcode::tensor_copy: return check_tensor_copy(inst);
+      case Opcode::tensor_tensor: return check_tensor_tensor(inst);
+      case Opcode::tensor_scalar: return check_tensor_scalar(inst);
+      case Opcode::scalar_tensor_tensor: return check_scalar_tensor_tensor(inst);
+      case Opcode::activation: return check_activation(inst);
+      case Opcode::tensor_reduce: return check_tensor_reduce(inst);
+      case Opcode::tensor_scalar_reduce: return check_tensor_scalar_reduce(inst);
+      case Opcode::nc_matmul: return check_matmul(inst);
+      case Opcode::nc_transpose: return check_transpose(inst);
+      case Opcode::memset: return check_memset(inst);
+      case Opcode::iota:
+      case Opcode::affine_select: return check_affine(inst);
+      case Opcode::bn_stats: return check_bn_stats(inst);
+      case Opcode::bn_aggr: return check_bn_aggr(inst);
+      case Opcode::tensor_tensor_scan: return check_scan(inst);
+      case Opcode::reciprocal:
+        engine_in(inst, {Engine::vector});
+        return same_tile(inst, 0, 1);
+      case Opcode::tensor_copy_predicated: return check_copy_predicated(inst);
+      case Opcode::select_reduce: return check_select_reduce(inst);
+      case Opcode::max8: return check_max8(inst);
+      case Opcode::nc_find_index8: return check_find_index8(inst);
+      case Opcode::tensor_partition_reduce: return check_partition_reduce(inst);
+      case Opcode::register_move:
+      case Opcode::register_load:
+      case Opcode::register_store:
+      case Opcode::loop_begin:
+      case Opcode::loop_end:
+      case Opcode::device_print: return check_control(inst);
+    }
+  }
+
+  void check_dma_copy(const Instruction& inst) const {
+    const AccessPattern &dst = inst.operands[0].ap, &src = inst.operands[1].ap;
+    if (dst.num_elements() != src.num_elements())
+      fail(inst, fmt::format("dst has {} elements {} but src has {} {}", dst.num_elements(), shape_of(dst),
+                             src.num_elements(), shape_of(src)),
+           "dma_copy moves the same number of elements", "slice dst or src so their sizes agree");
+  }
+
+  void check_tensor_copy(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector, Engine::scalar, Engine::gpsimd});
+    if (inst.engine == Engine::scalar && t_.generation < 3)
+      fail(inst, fmt::format("tensor_copy cannot run on the scalar engine of {}", target_name()), {},
+           "use nisa.activation(op=nl.copy) on the scalar engine, or the vector engine");
+    same_tile(inst, 0, 1);
+  }
+
+  void check_tensor_tensor(const Instruction& inst) const {
+    const AluOp op = inst.attrs.op0;
+    binary_op(inst, op, "op");
+    engine_in(inst, {Engine::vector, Engine::gpsimd});
+    if (op == AluOp::power && inst.engine != Engine::gpsimd)
+      fail(inst, "power runs on the GpSimd engine only", {}, "pass engine=gpsimd (or leave engine unset)");
+    integer_operands_for_bitvec(inst, op);
+    same_tile(inst, 1, 2);
+    same_tile(inst, 0, 1);
+    not_both_psum(inst, 1, 2);
+  }
+
+  void check_tensor_scalar(const Instruction& inst) const {
+    const Attributes& a = inst.attrs;
+    engine_in(inst, {Engine::vector, Engine::scalar, Engine::gpsimd});
+    hardware_alu_op(inst, a.op0, "op0");
+    const bool two_ops = !inst.operands[3].is_none();
+    if (two_ops) hardware_alu_op(inst, a.op1, "op1");
+    if (two_ops && is_bitvec_op(a.op0) != is_bitvec_op(a.op1))
+      fail(inst, "op0 and op1 must both be bitwise or both be arithmetic operators");
+    integer_operands_for_bitvec(inst, a.op0);
+    if (two_ops) integer_operands_for_bitvec(inst, a.op1);
+    if (inst.engine == Engine::scalar) {
+      const bool ok = (a.op0 == AluOp::multiply && (!two_ops || a.op1 == AluOp::add)) ||
+                      (a.op0 == AluOp::add && !two_ops);
+      if (!ok)
+        fail(inst, "the scalar engine runs tensor_scalar only as (multiply, add), (multiply) or (add)", {},
+             "use the vector engine");
+    }
+    if (inst.engine == Engine::gpsimd && a.op0 != AluOp::rsqrt)
+      fail(inst, "tensor_scalar runs on the GpSimd engine only for rsqrt", {}, "use the vector engine");
+    for (int slot : {2, 3}) {
+      AluOp op = slot == 2 ? a.op0 : a.op1;
+      if (slot == 3 && !two_ops) continue;
+      if (is_unary_op(op) && op != AluOp::invert) {
+        const Operand& o = inst.operands[slot];
+        if (!(o.is_imm() && o.imm == 0.0))
+          fail(inst, fmt::format("{} is unary; {} must be 0", alu_op_name(op), slot_name(inst, slot)), {},
+               fmt::format("pass {}=0.0", slot_name(inst, slot)));
+      }
+      per_partition(inst, slot, 1, !is_bitvec_op(op));
+    }
+    same_tile(inst, 0, 1);
+  }
+
+  void check_scalar_tensor_tensor(const Instruction& inst) const {
+    const Attributes& a = inst.attrs;
+    engine_in(inst, {Engine::vector});
+    binary_op(inst, a.op0, "op0");
+    binary_op(inst, a.op1, "op1");
+    if (is_bitvec_op(a.op0) || is_bitvec_op(a.op1))
+      fail(inst, "scalar_tensor_tensor takes arithmetic operators only", {}, "use tensor_tensor for bitwise operators");
+    per_partition(inst, 2, 1, true);
+    same_tile(inst, 0, 1);
+    same_tile(inst, 1, 3);
+    not_both_psum(inst, 1, 3);
+  }
+
+  void check_activation(const Instruction& inst) const {
+    const Attributes& a = inst.attrs;
+    engine_in(inst, {Engine::scalar});
+    same_tile(inst, 0, 1);
+    const Operand& bias = inst.operands[2];
+    if (bias.is_tensor()) {
+      per_partition(inst, 2, 1, false);
+      if (!is_float(bias.ap.dtype) || bias.ap.dtype == DType::tfloat32)
+        fail(inst, fmt::format("bias has dtype {}", dtype_name(bias.ap.dtype)),
+             "bias must be a float32, float16 or bfloat16 [P, 1] vector", {});
+    }
+    per_partition(inst, 3, 1, true);
+    const Operand& res = inst.operands[4];
+    if (res.is_tensor()) {
+      per_partition(inst, 4, 1, false);
+    }
+    if (a.reduce_cmd != ReduceCmd::idle || res.is_tensor()) {
+      if (a.reduce_op != AluOp::add)
+        fail(inst, fmt::format("reduce_op={} is not supported", alu_op_name(a.reduce_op)),
+             "the scalar engine's accumulators reduce with nl.add only", "pass reduce_op=nl.add");
+    }
+    if (a.reduce_cmd == ReduceCmd::load_reduce)
+      fail(inst, "reduce_cmd=load_reduce is not supported by activation");
+  }
+
+  void check_tensor_reduce(const Instruction& inst) const {
+    const Attributes& a = inst.attrs;
+    engine_in(inst, {Engine::vector, Engine::gpsimd});
+    reduce_op(inst, a.op0, "op");
+    integer_operands_for_bitvec(inst, a.op0);
+    if (a.negate && is_bitvec_op(a.op0)) fail(inst, "negate=True needs an arithmetic operator");
+    const AccessPattern& data = inst.operands[1].ap;
+    if (a.axes == 0) fail(inst, "axis is empty", {}, "pass the free axes to reduce, e.g. axis=[1]");
+    if (a.axes & 1u)
+      fail(inst, "cannot reduce over axis 0, the partition dim", "tensor_reduce reduces free dims only",
+           "reduce across partitions with nisa.tensor_partition_reduce, or transpose first");
+    // The reduced axes must be the last free dims, contiguous up to the final dim.
+    int first = -1;
+    for (int d = 1; d < data.rank; ++d)
+      if (a.axes & (1u << d)) {
+        if (first < 0) first = d;
+      } else if (first >= 0) {
+        fail(inst, fmt::format("axis {} is not reduced but an earlier axis is", d),
+             "the reduced axes must be the last free dims, ending at the final dim", {});
+      }
+    if (a.axes >> data.rank) fail(inst, fmt::format("axis out of range for data of rank {}", int(data.rank)));
+    int64_t kept = 1;
+    for (int d = 1; d < first; ++d) kept *= data.dims[d].count;
+    same_partitions(inst, 0, 1);
+    if (geom(inst, 0).free_elements != kept)
+      fail(inst, fmt::format("dst has {} elements per partition; reducing {} over axis {} leaves {}",
+                             geom(inst, 0).free_elements, shape_of(data), print_detail::axes(a.axes), kept),
+           {}, "size dst as data's shape with the reduced axes removed (or kept as 1)");
+  }
+
+  void check_tensor_scalar_reduce(const Instruction& inst) const {
+    const Attributes& a = inst.attrs;
+    engine_in(inst, {Engine::vector});
+    binary_op(inst, a.op0, "op0");
+    if (is_bitvec_op(a.op0)) fail(inst, "op0 must be an arithmetic operator");
+    if (a.reduce_op != AluOp::add && a.reduce_op != AluOp::multiply && a.reduce_op != AluOp::maximum &&
+        a.reduce_op != AluOp::minimum)
+      fail(inst, fmt::format("reduce_op={} is not supported", alu_op_name(a.reduce_op)),
+           "reduce_op is one of add, multiply, maximum, minimum", {});
+    if (a.reverse0) fail(inst, "reverse0=True is not supported by tensor_scalar_reduce");
+    per_partition(inst, 2, 1, true);
+    same_tile(inst, 0, 1);
+    if (inst.operands[3].is_tensor()) per_partition(inst, 3, 1, false);
+  }
+
+  void check_matmul(const Instruction& inst) const {
+    engine_in(inst, {Engine::tensor});
+    const AccessPattern &dst = inst.operands[0].ap, &st = inst.operands[1].ap, &mv = inst.operands[2].ap;
+    const Storage &dst_s = storage_of(dst), &st_s = storage_of(st), &mv_s = storage_of(mv);
+    if (st_s.buffer != Buffer::sbuf || mv_s.buffer != Buffer::sbuf)
+      fail(inst, fmt::format("{} must be in SBUF", st_s.buffer != Buffer::sbuf ? describe(inst, 1) : describe(inst, 2)),
+           "nc_matmul reads stationary and moving from SBUF", "copy the operand to SBUF");
+    if (dst_s.buffer != Buffer::psum)
+      fail(inst, fmt::format("{} must be in PSUM", describe(inst, 0)), "the tensor engine writes PSUM only",
+           "allocate dst with buffer=nl.psum, then copy it to SBUF");
+    auto legal_input = [&](DType d) {
+      return d == DType::float8_e4m3 || d == DType::float8_e5m2 || d == DType::bfloat16 || d == DType::float16 ||
+             d == DType::tfloat32 || d == DType::float32;
+    };
+    for (int s : {1, 2}) {
+      DType d = inst.operands[s].ap.dtype;
+      if (!legal_input(d))
+        fail(inst, fmt::format("{} has dtype {}", slot_name(inst, s), dtype_name(d)),
+             fmt::format("matmul inputs on {} are float8_e4m3, float8_e5m2, bfloat16, float16, tfloat32 or float32",
+                         target_name()),
+             "cast the operand (tensor_copy into a tile of a supported dtype)");
+    }
+    auto wide = [](DType d) { return d == DType::float32 || d == DType::tfloat32; };
+    if (wide(st.dtype) != wide(mv.dtype))
+      fail(inst, fmt::format("stationary is {} but moving is {}", dtype_name(st.dtype), dtype_name(mv.dtype)),
+           "float32/tfloat32 inputs must be paired with float32/tfloat32", "cast both operands to the same precision");
+    if (inst.attrs.is_transpose) {
+      if (dst.dtype != mv.dtype)
+        fail(inst, "is_transpose=True needs dst to have the dtype of moving", {}, {});
+    } else if (dst.dtype != DType::float32) {
+      fail(inst, fmt::format("dst has dtype {}", dtype_name(dst.dtype)),
+           fmt::format("matmul results are float32 on {}", target_name()), "allocate the PSUM tile as nl.float32");
+    }
+    TileGeometry gs = geom(inst, 1), gm = geom(inst, 2), gd = geom(inst, 0);
+    if (gs.partitions != gm.partitions)
+      fail(inst, fmt::format("contraction sizes differ: stationary has {} partitions, moving has {}", gs.partitions,
+                             gm.partitions),
+           "stationary and moving share the partition (contraction) dim", {});
+    if (gs.free_elements > t_.gemm_stationary_fmax)
+      fail(inst, fmt::format("stationary free size {} exceeds {}", gs.free_elements, t_.gemm_stationary_fmax),
+           fmt::format("gemm_stationary_fmax = {}", t_.gemm_stationary_fmax), "tile the stationary free dim");
+    if (gm.free_elements > t_.gemm_moving_fmax)
+      fail(inst, fmt::format("moving free size {} exceeds {}", gm.free_elements, t_.gemm_moving_fmax),
+           fmt::format("gemm_moving_fmax = {}", t_.gemm_moving_fmax), "tile the moving free dim");
+    if (gd.partitions != gs.free_elements || gd.free_elements != gm.free_elements)
+      fail(inst, fmt::format("dst {} does not match stationary.T @ moving = [{}, {}]", shape_of(dst),
+                             gs.free_elements, gm.free_elements));
+    check_within_bank(inst, 0);
+  }
+
+  /** The matmul output of one instruction accumulates within a single PSUM bank. */
+  void check_within_bank(const Instruction& inst, int slot) const {
+    const AccessPattern& ap = inst.operands[slot].ap;
+    const Storage& s = storage_of(ap);
+    ByteRange r = partition_byte_range(s, ap);
+    const int64_t base = s.address ? s.address->byte_offset : 0;  // auto placement starts PSUM tensors on a bank
+    const int64_t bank = t_.psum_bank_bytes;
+    if ((base + r.begin) / bank != (base + r.end - 1) / bank)
+      fail(inst, fmt::format("dst spans bytes [{}, {}) of each partition, crossing a PSUM bank boundary",
+                             base + r.begin, base + r.end),
+           fmt::format("one matmul accumulates within one PSUM bank of {} bytes ({} float32) per partition", bank,
+                       bank / 4),
+           "split the moving free dim so each matmul writes at most one bank");
+  }
+
+  void check_transpose(const Instruction& inst) const {
+    engine_in(inst, {Engine::tensor, Engine::vector});
+    const AccessPattern &dst = inst.operands[0].ap, &data = inst.operands[1].ap;
+    if (dst.dtype != data.dtype)
+      fail(inst, fmt::format("dst is {} but data is {}", dtype_name(dst.dtype), dtype_name(data.dtype)),
+           "nc_transpose does not convert dtypes", "transpose into a tile of data's dtype, then copy");
+    TileGeometry gd = geom(inst, 0), gs = geom(inst, 1);
+    if (gd.partitions != gs.free_elements || gd.free_elements != gs.partitions)
+      fail(inst, fmt::format("dst {} is not the transpose of data {}", shape_of(dst), shape_of(data)));
+    if (inst.engine == Engine::tensor) {
+      if (storage_of(data).buffer != Buffer::sbuf || storage_of(dst).buffer != Buffer::psum)
+        fail(inst, "the tensor engine transposes from SBUF into PSUM", {}, "allocate dst in PSUM");
+      if (gs.partitions > t_.num_partitions || gs.free_elements > t_.gemm_stationary_fmax)
+        fail(inst, fmt::format("data {} exceeds the tensor engine transpose limit", shape_of(data)),
+             fmt::format("at most [{}, {}]", t_.num_partitions, t_.gemm_stationary_fmax), "transpose in tiles");
+      check_within_bank(inst, 0);
+    } else {
+      const int64_t m = t_.vector_transpose_max;
+      if (gs.partitions > m || gs.free_elements > m)
+        fail(inst, fmt::format("data {} exceeds the vector engine transpose limit", shape_of(data)),
+             fmt::format("at most [{}, {}] on the vector engine", m, m), "use the tensor engine (dst in PSUM)");
+    }
+  }
+
+  void check_memset(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector, Engine::gpsimd});
+    const double v = inst.operands[1].imm;
+    const DType d = inst.operands[0].ap.dtype;
+    if (is_integer(d)) {
+      if (v != std::floor(v) || !std::isfinite(v))
+        fail(inst, fmt::format("value {} does not match the integer dtype {}", v, dtype_name(d)),
+             "memset's value must have the dst dtype's type", "pass an integer value for integer tiles");
+      const int bits = 8 * int(dtype_size(d));
+      const double lo = info(d).is_signed ? -std::ldexp(1.0, bits - 1) : 0.0;
+      const double hi = d == DType::bool_ ? 1.0 : info(d).is_signed ? std::ldexp(1.0, bits - 1) - 1 : std::ldexp(1.0, bits) - 1;
+      if (v < lo || v > hi)
+        fail(inst, fmt::format("value {} is outside the range of {} [{}, {}]", v, dtype_name(d), lo, hi));
+    }
+  }
+
+  void check_affine(const Instruction& inst) const {
+    engine_in(inst, {Engine::gpsimd});
+    const Attributes& a = inst.attrs;
+    if (storage_of(inst.operands[0].ap).buffer != Buffer::sbuf)
+      fail(inst, fmt::format("{} must be in SBUF", describe(inst, 0)));
+    if (a.pattern.empty() || a.pattern.size() > 4)
+      fail(inst, fmt::format("pattern has {} [step, num] pairs", a.pattern.size()), "1 to 4 pairs", {});
+    int64_t n = 1;
+    for (const Dim& d : a.pattern) {
+      if (d.count < 1) fail(inst, fmt::format("pattern num {} must be positive", d.count));
+      n *= d.count;
+    }
+    if (n != geom(inst, 0).free_elements)
+      fail(inst, fmt::format("pattern generates {} elements per partition but dst has {}", n,
+                             geom(inst, 0).free_elements),
+           "the pattern's element count must equal dst's elements per partition", {});
+    if (inst.opcode == Opcode::affine_select) {
+      if (!is_comparison(a.cmp_op))
+        fail(inst, fmt::format("cmp_op={} is not a comparison operator", alu_op_name(a.cmp_op)));
+      if (storage_of(inst.operands[1].ap).buffer != Buffer::sbuf)
+        fail(inst, fmt::format("{} must be in SBUF", describe(inst, 1)));
+      same_tile(inst, 0, 1);
+    }
+  }
+
+  void check_bn_stats(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector});
+    same_partitions(inst, 0, 1);
+    if (geom(inst, 1).free_elements > t_.bn_stats_fmax)
+      fail(inst, fmt::format("data has {} elements per partition", geom(inst, 1).free_elements),
+           fmt::format("bn_stats_fmax = {}", t_.bn_stats_fmax),
+           "split the row into chunks of nl.tile_size.bn_stats_fmax and aggregate with bn_aggr");
+    if (geom(inst, 0).free_elements != 6)
+      fail(inst, fmt::format("dst has {} elements per partition", geom(inst, 0).free_elements),
+           "bn_stats writes 6 values per partition", "allocate dst as [P, 6]");
+  }
+
+  void check_bn_aggr(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector});
+    same_partitions(inst, 0, 1);
+    if (geom(inst, 1).free_elements % 3 != 0)
+      fail(inst, fmt::format("data has {} elements per partition", geom(inst, 1).free_elements),
+           "bn_aggr reads (count, mean, variance*count) triples", "pass concatenated bn_stats outputs");
+    if (geom(inst, 0).free_elements != 2)
+      fail(inst, fmt::format("dst has {} elements per partition", geom(inst, 0).free_elements),
+           "bn_aggr writes (mean, variance) per partition", "allocate dst as [P, 2]");
+  }
+
+  void check_scan(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector});
+    binary_op(inst, inst.attrs.op0, "op0");
+    binary_op(inst, inst.attrs.op1, "op1");
+    if (is_bitvec_op(inst.attrs.op0) || is_bitvec_op(inst.attrs.op1))
+      fail(inst, "tensor_tensor_scan takes arithmetic operators only");
+    same_tile(inst, 1, 2);
+    same_tile(inst, 0, 1);
+    not_both_psum(inst, 1, 2);
+    per_partition(inst, 3, 1, true);
+  }
+
+  void check_copy_predicated(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector});
+    const AccessPattern& pred = inst.operands[2].ap;
+    if (pred.dtype != DType::uint8 && pred.dtype != DType::uint16 && pred.dtype != DType::uint32 &&
+        pred.dtype != DType::bool_)
+      fail(inst, fmt::format("predicate has dtype {}", dtype_name(pred.dtype)),
+           "predicates are uint8, uint16 or uint32 (nonzero = true)", "produce the predicate with a comparison into a uint8 tile");
+    same_tile(inst, 0, 2);
+    if (inst.operands[1].is_tensor()) {
+      same_tile(inst, 0, 1);
+      if (inst.operands[1].ap.dtype != inst.operands[0].ap.dtype)
+        fail(inst, "src and dst must have the same dtype", {}, {});
+      not_both_psum(inst, 1, 2);
+    }
+  }
+
+  void check_select_reduce(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector});
+    const DType p = inst.operands[1].ap.dtype;
+    if (p != DType::int8 && p != DType::uint8 && p != DType::int16 && p != DType::uint16 && p != DType::bool_)
+      fail(inst, fmt::format("predicate has dtype {}", dtype_name(p)), "predicates are int8, uint8, int16 or uint16",
+           {});
+    const DType ot = inst.operands[2].ap.dtype;
+    if (ot == DType::tfloat32 || ot == DType::int32 || ot == DType::uint32)
+      fail(inst, fmt::format("on_true has dtype {}", dtype_name(ot)), "on_true cannot be tfloat32, int32 or uint32", {});
+    same_tile(inst, 0, 1);
+    same_tile(inst, 0, 2);
+    not_both_psum(inst, 1, 2);
+    per_partition(inst, 3, 1, true);
+    if (inst.operands[4].is_tensor()) {
+      per_partition(inst, 4, 1, false);
+      if (!is_float(inst.operands[4].ap.dtype)) fail(inst, "reduce_res must have a float dtype");
+    }
+    if (inst.attrs.reduce_cmd != ReduceCmd::idle && inst.attrs.reduce_op != AluOp::maximum)
+      fail(inst, fmt::format("reduce_op={} is not supported", alu_op_name(inst.attrs.reduce_op)),
+           "select_reduce reduces with nl.maximum only", {});
+  }
+
+  void check_max8(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector});
+    same_partitions(inst, 0, 1);
+    const int64_t n = geom(inst, 1).free_elements;
+    if (n < t_.max8_min_elems || n > t_.max8_max_elems)
+      fail(inst, fmt::format("src has {} elements per partition", n),
+           fmt::format("max8 reads {} to {} elements per partition", t_.max8_min_elems, t_.max8_max_elems), {});
+    if (geom(inst, 0).free_elements != 8)
+      fail(inst, fmt::format("dst has {} elements per partition", geom(inst, 0).free_elements),
+           "max8 writes 8 values per partition", "allocate dst as [P, 8]");
+  }
+
+  void check_find_index8(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector});
+    same_partitions(inst, 0, 1);
+    same_partitions(inst, 0, 2);
+    const int64_t n = geom(inst, 1).free_elements;
+    if (n < t_.max8_min_elems || n > t_.max8_max_elems)
+      fail(inst, fmt::format("data has {} elements per partition", n),
+           fmt::format("nc_find_index8 reads {} to {} elements per partition", t_.max8_min_elems, t_.max8_max_elems),
+           {});
+    if (geom(inst, 2).free_elements != 8 || geom(inst, 0).free_elements != 8)
+      fail(inst, "vals and dst must have 8 elements per partition", {}, "allocate them as [P, 8]");
+    const DType d = inst.operands[0].ap.dtype;
+    if (d != DType::uint16 && d != DType::uint32)
+      fail(inst, fmt::format("dst has dtype {}", dtype_name(d)), "indices are written as uint16 or uint32", {});
+  }
+
+  void check_partition_reduce(const Instruction& inst) const {
+    engine_in(inst, {Engine::gpsimd});
+    const AluOp op = inst.attrs.op0;
+    if (op != AluOp::add && op != AluOp::maximum && op != AluOp::bitwise_or && op != AluOp::bitwise_and &&
+        op != AluOp::average)
+      fail(inst, fmt::format("op={} is not supported", alu_op_name(op)),
+           "tensor_partition_reduce reduces with add, average, maximum, bitwise_or or bitwise_and", {});
+    if (is_bitvec_op(op)) {
+      for (int s : {0, 1})
+        if (!is_integer(inst.operands[s].ap.dtype)) fail(inst, "bitwise reductions need integer tiles");
+    }
+    if (geom(inst, 0).partitions != 1 || geom(inst, 0).free_elements != geom(inst, 1).free_elements)
+      fail(inst, fmt::format("dst {} must be [1, {}]", shape_of(inst.operands[0].ap), geom(inst, 1).free_elements));
+  }
+
+  void check_control(const Instruction& inst) const {
+    for (int s = 0; s < inst.spec().num_slots; ++s) {
+      const Operand& o = inst.operands[s];
+      if (o.is_reg()) internal_check(o.reg >= 0 && o.reg < k_.num_registers, "register id out of range");
+      if (o.is_tensor() && (inst.opcode == Opcode::register_load || inst.opcode == Opcode::register_store)) {
+        if (o.ap.num_elements() != 1)
+          fail(inst, fmt::format("{} must be a single element, got shape {}", slot_name(inst, s), shape_of(o.ap)),
+               "registers load from and store to 1x1 tensors", {});
+        if (storage_of(o.ap).buffer == Buffer::psum) fail(inst, "registers cannot access PSUM");
+      }
+    }
+    if (inst.opcode == Opcode::loop_begin && inst.attrs.step <= 0)
+      fail(inst, fmt::format("loop step {} must be a positive compile-time integer", inst.attrs.step));
+  }
+
+  const Kernel& k_;
+  const TargetConfig& t_;
+};
+
+}  // namespace
+
+void verify(const Kernel& kernel) { Verifier(kernel).run(); }
+
+}  // namespace nikki::jit
