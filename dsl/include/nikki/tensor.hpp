@@ -23,23 +23,18 @@ struct Slice {
   int64_t step = 1;
 };
 
-/**
- * @brief One subscript of Tensor::operator(): an integer or a Slice.
- * Its constructors record the caller's line, so indexing errors point at user code.
- */
+/** @brief One subscript of Tensor::operator(): an integer or a Slice. */
 class Index {
  public:
-  Index(int64_t i, Loc loc = Loc::current()) : value_(i), loc_(loc) {}
-  Index(int i, Loc loc = Loc::current()) : value_(int64_t(i)), loc_(loc) {}
-  Index(Slice s, Loc loc = Loc::current()) : value_(s), loc_(loc) {}
+  Index(int64_t i) : value_(i) {}
+  Index(int i) : value_(int64_t(i)) {}
+  Index(Slice s) : value_(s) {}
   bool is_int() const { return std::holds_alternative<int64_t>(value_); }
   int64_t integer() const { return std::get<int64_t>(value_); }
   const Slice& slice() const { return std::get<Slice>(value_); }
-  const Loc& loc() const { return loc_; }
 
  private:
   std::variant<int64_t, Slice> value_;
-  Loc loc_;
 };
 
 struct ApOptions;
@@ -80,15 +75,21 @@ class Tensor {
    * @brief NumPy-style indexing: t(0, Slice{0, 64}). Integer subscripts drop their dim, except
    * that SBUF/PSUM views keep the partition dim (size 1) and never drop below 2 dims (NKI rule).
    */
-  template <class... I>
-  Tensor operator()(I&&... idx) const {
-    return index({Index(std::forward<I>(idx))...});
+  Tensor operator()(Index i0, Loc loc = Loc::current()) const { return index({i0}, loc); }
+  Tensor operator()(Index i0, Index i1, Loc loc = Loc::current()) const { return index({i0, i1}, loc); }
+  Tensor operator()(Index i0, Index i1, Index i2, Loc loc = Loc::current()) const {
+    return index({i0, i1, i2}, loc);
   }
-  Tensor index(std::initializer_list<Index> subscripts) const {
-    return index(std::span<const Index>(subscripts.begin(), subscripts.size()));
+  Tensor operator()(Index i0, Index i1, Index i2, Index i3, Loc loc = Loc::current()) const {
+    return index({i0, i1, i2, i3}, loc);
   }
-  Tensor index(std::span<const Index> subscripts) const {
-    Loc loc = subscripts.empty() ? Loc::current() : subscripts.begin()->loc();
+  Tensor operator()(Index i0, Index i1, Index i2, Index i3, Index i4, Loc loc = Loc::current()) const {
+    return index({i0, i1, i2, i3, i4}, loc);
+  }
+  Tensor index(std::initializer_list<Index> subscripts, Loc loc = Loc::current()) const {
+    return index(std::span<const Index>(subscripts.begin(), subscripts.size()), loc);
+  }
+  Tensor index(std::span<const Index> subscripts, Loc loc = Loc::current()) const {
     return guarded(loc, [&] {
       if (static_cast<int>(subscripts.size()) > ap_.rank)
         throw ViewError{fmt::format("too many indices ({}) for a tensor of rank {}", subscripts.size(), int(ap_.rank)),
