@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include <fmt/format.h>
@@ -44,6 +45,27 @@ struct ViewError {
 };
 
 struct Indirection;
+
+/** @brief A Python-style slice (start:stop:step); missing bounds mean the whole dim. */
+struct Slice {
+  std::optional<int64_t> start;
+  std::optional<int64_t> stop;
+  int64_t step = 1;
+};
+
+/** @brief One subscript of a view: an integer or a Slice. */
+class Index {
+ public:
+  Index(int64_t i) : value_(i) {}
+  Index(int i) : value_(int64_t(i)) {}
+  Index(Slice s) : value_(s) {}
+  bool is_int() const { return std::holds_alternative<int64_t>(value_); }
+  int64_t integer() const { return std::get<int64_t>(value_); }
+  const Slice& slice() const { return std::get<Slice>(value_); }
+
+ private:
+  std::variant<int64_t, Slice> value_;
+};
 
 /** @brief A strided view of one storage (NKI access pattern). */
 struct AccessPattern {
@@ -345,6 +367,54 @@ inline AccessPattern reinterpret(AccessPattern ap, DType dtype) {
   for (int d = 0; d + 1 < ap.rank; ++d) ap.dims[d].stride = rescale(ap.dims[d].stride, "stride");
   ap.dims[ap.rank - 1].count = rescale(ap.dims[ap.rank - 1].count, "last dim");
   ap.dtype = dtype;
+  return ap;
+}
+
+/** @brief A slice that must lie within the dim: NKI rejects out-of-bound access instead of clipping. */
+inline AccessPattern strict_slice(const AccessPattern& ap, int d, const Slice& s) {
+  const int64_t n = ap.dims[d].count;
+  auto norm = [n](int64_t v) { return v < 0 ? v + n : v; };
+  int64_t lo = s.start ? norm(*s.start) : 0;
+  int64_t hi = s.stop ? norm(*s.stop) : n;
+  if (lo < 0 || hi > n || lo >= hi)
+    throw ViewError{fmt::format("out-of-bound access on dim {}: index range [{}, {}] exceeds dimension size {}", d,
+                                lo, hi - 1, n),
+                    fmt::format("dim {} has {} elements", d, n), "shrink the slice or pad the tensor"};
+  return slice(ap, d, lo, hi, s.step);
+}
+
+/**
+ * @brief NumPy-style subscripts. Integer subscripts drop their dim, except that on-chip
+ * (SBUF/PSUM) views keep the partition dim (size 1) and never drop below 2 dims (NKI's rule).
+ */
+inline AccessPattern subscript(const AccessPattern& base, std::span<const Index> subscripts, bool on_chip) {
+  if (static_cast<int>(subscripts.size()) > base.rank)
+    throw ViewError{fmt::format("too many indices ({}) for a tensor of rank {}", subscripts.size(), int(base.rank)),
+                    {}, {}};
+  AccessPattern ap = base;
+  int dim = 0;
+  std::vector<int> int_dims;  // dims to drop, as positions in `ap`
+  for (const Index& ix : subscripts) {
+    if (ix.is_int()) {
+      const int64_t n = ap.dims[dim].count, i = ix.integer();
+      if (i < -n || i >= n)
+        throw ViewError{fmt::format("index {} is out of bounds for dim {} of size {}", i, dim, n),
+                        fmt::format("dim {} has {} elements", dim, n), {}};
+      ap = ds(ap, dim, i < 0 ? i + n : i, 1);
+      int_dims.push_back(dim);
+    } else {
+      ap = strict_slice(ap, dim, ix.slice());
+    }
+    ++dim;
+  }
+  // Drop integer-indexed dims from the back so positions stay valid.
+  int rank = ap.rank;
+  for (auto it = int_dims.rbegin(); it != int_dims.rend(); ++it) {
+    const int d = *it;
+    if (on_chip && (d == 0 || rank <= 2)) continue;
+    ap = select(ap, d, 0);
+    --rank;
+  }
   return ap;
 }
 

@@ -17,6 +17,7 @@ struct SourceLocation {
   uint32_t line = 0;
   uint32_t column = 0;
   std::string function;
+  uint32_t end_column = 0;  // one past the last column of the expression, when known (Python)
 
   static SourceLocation from(const std::source_location& loc) {
     return {loc.file_name(), loc.line(), loc.column(), loc.function_name()};

@@ -6,7 +6,6 @@
 #include <source_location>
 #include <span>
 #include <string>
-#include <variant>
 #include <vector>
 
 #include "nikki/access_pattern.hpp"
@@ -15,27 +14,6 @@
 namespace nikki {
 
 using Loc = std::source_location;
-
-/** @brief A Python-style slice (start:stop:step); missing bounds mean the whole dim. */
-struct Slice {
-  std::optional<int64_t> start;
-  std::optional<int64_t> stop;
-  int64_t step = 1;
-};
-
-/** @brief One subscript of Tensor::operator(): an integer or a Slice. */
-class Index {
- public:
-  Index(int64_t i) : value_(i) {}
-  Index(int i) : value_(int64_t(i)) {}
-  Index(Slice s) : value_(s) {}
-  bool is_int() const { return std::holds_alternative<int64_t>(value_); }
-  int64_t integer() const { return std::get<int64_t>(value_); }
-  const Slice& slice() const { return std::get<Slice>(value_); }
-
- private:
-  std::variant<int64_t, Slice> value_;
-};
 
 struct ApOptions;
 
@@ -90,42 +68,13 @@ class Tensor {
     return index(std::span<const Index>(subscripts.begin(), subscripts.size()), loc);
   }
   Tensor index(std::span<const Index> subscripts, Loc loc = Loc::current()) const {
-    return guarded(loc, [&] {
-      if (static_cast<int>(subscripts.size()) > ap_.rank)
-        throw ViewError{fmt::format("too many indices ({}) for a tensor of rank {}", subscripts.size(), int(ap_.rank)),
-                        {}, {}};
-      const bool on_chip = is_on_chip(buffer());
-      AccessPattern ap = ap_;
-      int dim = 0;
-      std::vector<int> int_dims;  // dims to drop, as positions in `ap`
-      for (const Index& ix : subscripts) {
-        if (ix.is_int()) {
-          check_index_bounds(ap, dim, ix.integer());
-          int64_t i = ix.integer() < 0 ? ix.integer() + ap.dims[dim].count : ix.integer();
-          ap = view::ds(ap, dim, i, 1);
-          int_dims.push_back(dim);
-        } else {
-          const Slice& s = ix.slice();
-          ap = strict_slice(ap, dim, s);
-        }
-        ++dim;
-      }
-      // Drop integer-indexed dims from the back so positions stay valid.
-      int rank = ap.rank;
-      for (auto it = int_dims.rbegin(); it != int_dims.rend(); ++it) {
-        int d = *it;
-        if (on_chip && (d == 0 || rank <= 2)) continue;  // keep partition dim / 2-D minimum
-        ap = view::select(ap, d, 0);
-        --rank;
-      }
-      return ap;
-    });
+    return guarded(loc, [&] { return view::subscript(ap_, subscripts, is_on_chip(buffer())); });
   }
 
   Tensor slice(int64_t dim, int64_t start, int64_t end, int64_t step = 1, Loc loc = Loc::current()) const {
     return guarded(loc, [&] {
       int d = view::normalize_dim(ap_, dim, "slice");
-      return strict_slice(ap_, d, Slice{start, end, step});
+      return view::strict_slice(ap_, d, Slice{start, end, step});
     });
   }
   Tensor select(int64_t dim, int64_t index, Loc loc = Loc::current()) const {
@@ -175,25 +124,6 @@ class Tensor {
       throw KernelError(fmt::format("tensor '{}': {}", name(), e.what), builder_->source(builder_->location(loc)),
                         {}, e.limit, e.hint);
     }
-  }
-
-  /** @brief A slice that must lie within the dim (NKI rejects out-of-bound access). */
-  static AccessPattern strict_slice(const AccessPattern& ap, int d, const Slice& s) {
-    const int64_t n = ap.dims[d].count;
-    auto norm = [n](int64_t v) { return v < 0 ? v + n : v; };
-    int64_t lo = s.start ? norm(*s.start) : 0;
-    int64_t hi = s.stop ? norm(*s.stop) : n;
-    if (lo < 0 || hi > n || lo >= hi)
-      throw ViewError{fmt::format("out-of-bound access on dim {}: index range [{}, {}] exceeds dimension size {}",
-                                  d, lo, hi - 1, n),
-                      fmt::format("dim {} has {} elements", d, n), "shrink the slice or pad the tensor"};
-    return view::slice(ap, d, lo, hi, s.step);
-  }
-  static void check_index_bounds(const AccessPattern& ap, int d, int64_t i) {
-    const int64_t n = ap.dims[d].count;
-    if (i < -n || i >= n)
-      throw ViewError{fmt::format("index {} is out of bounds for dim {} of size {}", i, d, n),
-                      fmt::format("dim {} has {} elements", d, n), {}};
   }
 
   KernelBuilder* builder_ = nullptr;

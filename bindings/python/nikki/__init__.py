@@ -1,0 +1,26 @@
+"""nikki: an NKI-compatible kernel language and simulator for AWS NeuronCore.
+
+``import nikki as nki`` (with ``nikki.language as nl`` and ``nikki.isa as nisa``) runs NKI
+kernels on numpy arrays or torch CPU tensors, on a simulated NeuronCore with NKI's numerics.
+"""
+
+from __future__ import annotations
+
+from . import _core
+from .errors import KernelError, ViewError
+
+_core._set_error_classes(KernelError, ViewError)
+
+from . import isa, language  # noqa: E402
+from . import typing  # noqa: E402
+from .dtypes import dtype  # noqa: E402
+from .entry import baremetal, benchmark, profile, simulate, simulate_kernel  # noqa: E402
+from .kernel import Kernel, jit  # noqa: E402
+from .spec import TensorSpec, spec  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "jit", "simulate", "simulate_kernel", "baremetal", "benchmark", "profile", "Kernel", "KernelError", "spec",
+    "TensorSpec", "dtype", "language", "isa", "typing", "__version__",
+]

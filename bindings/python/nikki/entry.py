@@ -1,0 +1,61 @@
+"""NKI's entry points besides @nki.jit: simulate (current API) and the legacy decorators."""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+from .kernel import Kernel
+
+__all__ = ["simulate", "simulate_kernel", "baremetal", "benchmark", "profile"]
+
+
+def _as_kernel(kernel) -> Kernel:
+    return kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+
+
+def simulate(kernel):
+    """``nki.simulate(kernel)(*args)``: runs the kernel on the simulated NeuronCore with numpy arrays
+    or torch tensors (nikki always simulates, so this is the kernel itself)."""
+    return _as_kernel(kernel)
+
+
+def simulate_kernel(kernel, *args, **kwargs):
+    """Legacy ``nki.simulate_kernel(kernel, *args)``: runs the kernel once and returns its outputs."""
+    return _as_kernel(kernel)(*args, **kwargs)
+
+
+_said_baremetal = False
+
+
+def baremetal(kernel=None, **kwargs):
+    """Legacy ``@nki.baremetal``: there is no device here, so the kernel runs on the simulated
+    NeuronCore (said once on stderr). save_neff_name / save_trace_name and friends are ignored."""
+
+    def wrap(fn):
+        k = _as_kernel(fn)
+
+        @functools.wraps(fn)
+        def run(*args, **kw):
+            global _said_baremetal
+            if not _said_baremetal:
+                print("nikki: nki.baremetal runs on nikki's simulated NeuronCore (no Neuron device is used)",
+                      file=sys.stderr)
+                _said_baremetal = True
+            return k(*args, **kw)
+
+        return run
+
+    return wrap if kernel is None else wrap(kernel)
+
+
+def benchmark(kernel=None, **kwargs):
+    """Legacy ``@nki.benchmark``: needs the timing model, which this nikki build does not have yet."""
+    raise NotImplementedError("nki.benchmark needs nikki's timing model, which is not available yet "
+                              "(see docs/api-coverage.md)")
+
+
+def profile(func=None, **kwargs):
+    """Legacy ``@nki.profile``: needs the timing model, which this nikki build does not have yet."""
+    raise NotImplementedError("nki.profile needs nikki's timing model, which is not available yet "
+                              "(see docs/api-coverage.md)")

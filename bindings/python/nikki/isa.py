@@ -1,0 +1,837 @@
+"""nki.isa: the NeuronCore instructions.
+
+Every instruction accepts the current destination-passing form (``nisa.op(dst, ...)``, NKI 0.2+)
+and the legacy functional form (``tile = nisa.op(...)``, with ``dtype=`` and ``mask=``), told
+apart by their arguments. Hardware rules are checked when the kernel is compiled, with the user's
+file and line.
+"""
+
+from __future__ import annotations
+
+import enum
+
+from . import _core
+from .dtypes import to_dtype
+from .errors import kernel_error_at, user_frame
+from .ops import act_func, alu_op
+from .tensor import NkiTensor, psum, sbuf
+from .tracing import current
+
+__all__ = [
+    "engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine",
+    "tensor_engine", "vector_engine", "scalar_engine", "gpsimd_engine", "unknown_engine",
+    "VirtualRegister", "NkiValidationError",
+    "dma_copy", "tensor_copy", "tensor_tensor", "tensor_scalar", "scalar_tensor_tensor", "activation",
+    "activation_reduce", "tensor_reduce", "tensor_scalar_reduce", "nc_matmul", "nc_transpose", "memset",
+    "iota", "affine_select", "bn_stats", "bn_aggr", "tensor_tensor_scan", "reciprocal",
+    "tensor_copy_predicated", "select_reduce", "max8", "nc_find_index8", "tensor_partition_reduce",
+    "register_alloc", "register_move", "register_load", "register_store", "get_nc_version",
+    "get_nc_sub_version",
+]
+
+
+class engine(enum.IntEnum):
+    """Engines an instruction may be placed on (nisa.engine)."""
+
+    unknown = 0
+    tensor = 1
+    scalar = 2
+    gpsimd = 3
+    dma = 4
+    vector = 5
+    sync = 6
+
+
+_Engine = engine  # the enum, for functions whose `engine` parameter shadows it
+
+tensor_engine = engine.tensor
+vector_engine = engine.vector
+scalar_engine = engine.scalar
+gpsimd_engine = engine.gpsimd
+unknown_engine = engine.unknown
+
+_ENGINES = {
+    engine.unknown: _core.Engine.unknown, engine.tensor: _core.Engine.tensor, engine.scalar: _core.Engine.scalar,
+    engine.gpsimd: _core.Engine.gpsimd, engine.dma: _core.Engine.dma, engine.vector: _core.Engine.vector,
+    engine.sync: _core.Engine.sync,
+}
+
+
+class reduce_cmd(enum.IntEnum):
+    """Accumulator control of activation / select_reduce (nisa.reduce_cmd)."""
+
+    idle = 0
+    reset = 1
+    reduce = 2
+    reset_reduce = 3
+    load_reduce = 4
+
+
+_ReduceCmd = reduce_cmd
+
+
+class dge_mode(enum.IntEnum):
+    unknown = 0
+    swdge = 1
+    hwdge = 2
+    none = 3
+
+
+class oob_mode(enum.IntEnum):
+    error = 0
+    skip = 1
+
+
+class matmul_perf_mode(enum.Enum):
+    none = "none"
+    double_row = "double_row"
+
+
+class nc_version(enum.IntEnum):
+    gen2 = 2
+    gen3 = 3
+    gen4 = 4
+
+
+class dma_engine(enum.IntEnum):
+    dma = 1
+    gpsimd_dma = 2
+
+
+class NkiValidationError(ValueError):
+    """Kept for source compatibility; nikki raises nikki.KernelError (also a ValueError)."""
+
+
+class VirtualRegister:
+    """A 32-bit sequencer register (nisa.register_alloc)."""
+
+    __slots__ = ("_reg",)
+
+    def __init__(self, reg):
+        self._reg = reg
+
+    def __repr__(self) -> str:
+        return f"VirtualRegister(r{self._reg.id})"
+
+    def __bool__(self):
+        raise kernel_error_at(user_frame(2), "a register's value is only known at run time",
+                              hint="loop on registers with nl.fori_loop / nl.while_loop")
+
+
+# --- emission helpers -----------------------------------------------------------------------
+
+def _operand(x):
+    if x is None:
+        return None
+    if isinstance(x, NkiTensor):
+        return x._view
+    if isinstance(x, VirtualRegister):
+        return x._reg
+    if isinstance(x, bool):
+        return float(x)
+    if isinstance(x, (int, float)):
+        return x
+    if hasattr(x, "__float__"):
+        return float(x)
+    raise kernel_error_at(user_frame(3), f"unsupported operand {x!r}", hint="pass a tensor, a number or a register")
+
+
+def _emit(opcode, operands, eng=engine.unknown, name=None, **attrs) -> int:
+    ctx = current()
+    loc = ctx.location()
+    return ctx.builder.emit(opcode, _engine(eng), loc, [_operand(o) for o in operands], name or "", **attrs)
+
+
+def _engine(e) -> _core.Engine:
+    if isinstance(e, _core.Engine):
+        return e
+    try:
+        return _ENGINES[engine(e)]
+    except ValueError:
+        raise kernel_error_at(user_frame(3), f"engine={e!r} is not an engine", hint="use nisa.engine.vector, ...") from None
+
+
+def _check_tensor(x, param: str) -> NkiTensor:
+    if not isinstance(x, NkiTensor):
+        raise kernel_error_at(user_frame(3), f"{param} must be a tensor, got {type(x).__name__}")
+    return x
+
+
+def _not_implemented(what: str):
+    raise NotImplementedError(f"{what} is not supported by nikki yet (see docs/api-coverage.md)")
+
+
+def _new_tile(shape, dt, buffer=sbuf, name="") -> NkiTensor:
+    from . import language as nl
+
+    return nl.ndarray(tuple(shape), dtype=dt, buffer=buffer, name=name)
+
+
+def _tile_shape(data: NkiTensor) -> tuple:
+    """Shape of a legacy result tile for `data`: SBUF/PSUM views keep their shape, HBM views too."""
+    return tuple(data.shape)
+
+
+def _wider(a, b):
+    """The higher-precision dtype of two (legacy default output dtype of two-input ops)."""
+    a, b = to_dtype(a), to_dtype(b)
+    if a == b:
+        return a
+    if a.is_float != b.is_float:
+        return a if a.is_float else b
+    if a.itemsize != b.itemsize:
+        return a if a.itemsize > b.itemsize else b
+    from . import language as nl
+
+    return nl.float32 if a.is_float else (a if a.name.startswith("int") else b)
+
+
+def _legacy(kwargs, is_legacy: bool) -> bool:
+    return "dst" not in kwargs and is_legacy
+
+
+def _masked(mask, dst, *operands):
+    """Applies a legacy mask= predicate: the operands restricted to the masked iteration space,
+    or None when the mask selects nothing (the instruction is skipped)."""
+    if mask is None:
+        return (dst, *operands)
+    from . import index_expr
+
+    return index_expr.apply_mask(mask, dst, *operands)
+
+
+# --- data movement --------------------------------------------------------------------------
+
+def dma_copy(dst=None, src=None, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
+             engine=engine.unknown, name=None, mask=None, dst_rmw_op=None):
+    """Copies src to dst through a DMA queue (HBM/SBUF on both sides); dtypes convert through fp32."""
+    _check_tensor(dst, "dst")
+    _check_tensor(src, "src")
+    if dst_rmw_op is not None:
+        _not_implemented("dma_copy(dst_rmw_op=...) (use nisa.dma_compute in current NKI)")
+    if int(oob_mode) == 1:
+        _not_implemented("dma_copy(oob_mode=oob_mode.skip)")
+    ops = _masked(mask, dst, src)
+    if ops is None:
+        return None
+    _emit(_core.Opcode.dma_copy, ops, _core.Engine.dma, name)
+    return None
+
+
+def tensor_copy(*args, **kwargs):
+    """``tensor_copy(dst, src, engine=...)``; legacy ``tile = tensor_copy(src, dtype=..., mask=...)``."""
+    if _legacy(kwargs, len(args) + ("src" in kwargs) < 2):
+        return _legacy_unary(_tensor_copy, *args, **kwargs)
+    return _tensor_copy(*args, **kwargs)
+
+
+def _tensor_copy(dst, src, engine=engine.unknown, name=None, mask=None):
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(src, "src"))
+    if ops is not None:
+        _emit(_core.Opcode.tensor_copy, ops, engine, name)
+
+
+def _legacy_unary(fn, src=None, *, dtype=None, mask=None, **kwargs):
+    src = _check_tensor(src if src is not None else kwargs.pop("data", None), "src")
+    out = _new_tile(_tile_shape(src), to_dtype(dtype) if dtype is not None else src.dtype)
+    fn(out, src, mask=mask, **kwargs)
+    return out
+
+
+# --- element-wise ---------------------------------------------------------------------------
+
+def tensor_tensor(*args, **kwargs):
+    """``tensor_tensor(dst, data1, data2, op)``: dst = op(data1, data2)."""
+    if _legacy(kwargs, len(args) < 3 or not isinstance(args[2], NkiTensor)):
+        return _legacy_tensor_tensor(*args, **kwargs)
+    return _tensor_tensor(*args, **kwargs)
+
+
+def _tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None, mask=None):
+    alu = alu_op(op, "op")
+    eng = engine
+    if int(eng) == 0 and alu == _core.AluOp.power:
+        eng = _Engine.gpsimd
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data1, "data1"), _check_tensor(data2, "data2"))
+    if ops is not None:
+        _emit(_core.Opcode.tensor_tensor, ops, eng, name, op0=alu)
+
+
+def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, name=None):
+    out = _new_tile(_tile_shape(data1), to_dtype(dtype) if dtype is not None else _wider(data1.dtype, data2.dtype))
+    _tensor_tensor(out, data1, data2, op, engine=engine, name=name, mask=mask)
+    return out
+
+
+def tensor_scalar(*args, **kwargs):
+    """``tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False)``:
+    dst = (data op0 operand0) op1 operand1; operands are numbers or [P, 1] tensors."""
+    if _legacy(kwargs, len(args) < 2 or not isinstance(args[1], NkiTensor)):
+        return _legacy_tensor_scalar(*args, **kwargs)
+    return _tensor_scalar(*args, **kwargs)
+
+
+def _tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
+                   engine=engine.unknown, name=None, mask=None):
+    attrs = {"op0": alu_op(op0, "op0"), "reverse0": bool(reverse0), "reverse1": bool(reverse1)}
+    if (op1 is None) != (operand1 is None):
+        raise kernel_error_at(user_frame(2), "tensor_scalar: op1 and operand1 must be given together",
+                              hint="pass both op1= and operand1=, or neither")
+    if op1 is not None:
+        attrs["op1"] = alu_op(op1, "op1")
+    if operand0 is None:
+        operand0 = 0.0  # unary operators take no operand
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
+    if ops is not None:
+        _emit(_core.Opcode.tensor_scalar, (*ops, operand0, operand1), engine, name, **attrs)
+
+
+def _legacy_tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False, *,
+                          dtype=None, mask=None, engine=engine.unknown, name=None):
+    out = _new_tile(_tile_shape(data), to_dtype(dtype) if dtype is not None else data.dtype)
+    _tensor_scalar(out, data, op0, operand0, reverse0, op1, operand1, reverse1, engine=engine, name=name, mask=mask)
+    return out
+
+
+def scalar_tensor_tensor(*args, **kwargs):
+    """``scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1)``:
+    dst = (data op0 operand0) op1 operand1, operand1 a full tile."""
+    if _legacy(kwargs, len(args) == 0 and "data" in kwargs or len(args) >= 2 and not isinstance(args[1], NkiTensor)):
+        return _legacy_scalar_tensor_tensor(*args, **kwargs)
+    return _scalar_tensor_tensor(*args, **kwargs)
+
+
+def _scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None,
+                          mask=None):
+    attrs = {"op0": alu_op(op0, "op0"), "op1": alu_op(op1, "op1"), "reverse0": bool(reverse0),
+             "reverse1": bool(reverse1)}
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"), _check_tensor(operand1, "operand1"))
+    if ops is not None:
+        d, x, y = ops
+        _emit(_core.Opcode.scalar_tensor_tensor, (d, x, operand0, y), engine.vector, name, **attrs)
+
+
+def _legacy_scalar_tensor_tensor(data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, *, dtype=None,
+                                 mask=None, name=None):
+    out = _new_tile(_tile_shape(data), to_dtype(dtype) if dtype is not None else _wider(data.dtype, operand1.dtype))
+    _scalar_tensor_tensor(out, data, op0, operand0, op1, operand1, reverse0, reverse1, name=name, mask=mask)
+    return out
+
+
+def activation(*args, **kwargs):
+    """``activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=idle)``:
+    dst = op(data * scale + bias) on the Scalar engine."""
+    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+        return _legacy_activation(*args, **kwargs)
+    return _activation(*args, **kwargs)
+
+
+def _activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
+                name=None, mask=None):
+    attrs = {"func": act_func(op, "op"), "reduce_cmd": _core.ReduceCmd(int(reduce_cmd))}
+    if reduce_op is not None:
+        attrs["reduce_op"] = alu_op(reduce_op, "reduce_op")
+    if reduce_res is not None and reduce_op is None:
+        raise kernel_error_at(user_frame(2), "activation: reduce_res needs reduce_op", hint="pass reduce_op=nl.add")
+    if reduce_res is not None and int(reduce_cmd) == 0:
+        attrs["reduce_cmd"] = _core.ReduceCmd.reset_reduce
+    if isinstance(bias, (int, float)) and not isinstance(bias, bool):
+        bias = _constant_bias(data, float(bias))
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
+    if ops is not None:
+        _emit(_core.Opcode.activation, (*ops, bias, scale, reduce_res), engine.scalar, name, **attrs)
+
+
+def _constant_bias(data: NkiTensor, value: float):
+    """A [P, 1] fp32 tile holding a compile-time bias (NeuronCore-v3 accepts scalar biases)."""
+    from . import language as nl
+
+    return nl.full((data.shape[0], 1), value, dtype=nl.float32, buffer=sbuf)
+
+
+def _legacy_activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
+                       reduce_cmd=reduce_cmd.idle, mask=None, dtype=None, name=None):
+    out = _new_tile(_tile_shape(data), to_dtype(dtype) if dtype is not None else data.dtype)
+    _activation(out, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd, name=name, mask=mask)
+    return out
+
+
+def activation_reduce(*args, **kwargs):
+    """``activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0)``: activation plus a
+    reduction of each partition of the result into reduce_res ([P, 1])."""
+    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+        return _legacy_activation_reduce(*args, **kwargs)
+    return _activation_reduce(*args, **kwargs)
+
+
+def _activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0, name=None, mask=None):
+    _activation(dst, op, data, bias, scale, reduce_op, reduce_res, reduce_cmd.reset_reduce, name=name, mask=mask)
+
+
+def _legacy_activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, scale=1.0, mask=None, dtype=None,
+                              name=None):
+    out = _new_tile(_tile_shape(data), to_dtype(dtype) if dtype is not None else data.dtype)
+    _activation_reduce(out, op, data, reduce_op, reduce_res, bias, scale, name=name, mask=mask)
+    return out
+
+
+def reciprocal(*args, **kwargs):
+    """``reciprocal(dst, data)``: dst = 1 / data on the Vector engine."""
+    if _legacy(kwargs, len(args) + ("data" in kwargs) < 2):
+        return _legacy_unary(_reciprocal, *args, **kwargs)
+    return _reciprocal(*args, **kwargs)
+
+
+def _reciprocal(dst, data, name=None, mask=None, engine=engine.unknown):
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
+    if ops is not None:
+        _emit(_core.Opcode.reciprocal, ops, _Engine.vector, name)
+
+
+# --- reductions and scans -------------------------------------------------------------------
+
+def _axes_mask(axis, rank: int) -> int:
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    mask = 0
+    for a in axes:
+        d = a + rank if a < 0 else a
+        if not 0 <= d < rank:
+            raise kernel_error_at(user_frame(3), f"axis {a} is out of range for data of rank {rank}")
+        mask |= 1 << d
+    return mask
+
+
+def tensor_reduce(*args, **kwargs):
+    """``tensor_reduce(dst, op, data, axis, negate=False, keepdims=False)``: reduces the last free axes."""
+    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+        return _legacy_tensor_reduce(*args, **kwargs)
+    return _tensor_reduce(*args, **kwargs)
+
+
+def _tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None, mask=None):
+    data = _check_tensor(data, "data")
+    attrs = {"op0": alu_op(op, "op"), "axes": _axes_mask(axis, data.ndim), "negate": bool(negate),
+             "keepdims": bool(keepdims)}
+    ops = _masked(mask, _check_tensor(dst, "dst"), data)
+    if ops is not None:
+        _emit(_core.Opcode.tensor_reduce, ops, engine.vector, name, **attrs)
+
+
+def _legacy_tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdims=False, name=None):
+    data = _check_tensor(data, "data")
+    axes = _axes_mask(axis, data.ndim)
+    shape = [1 if axes & (1 << d) else n for d, n in enumerate(data.shape)]
+    if not keepdims:
+        shape = [n for d, n in enumerate(data.shape) if not axes & (1 << d)]
+        if len(shape) < 2:
+            shape = shape + [1] * (2 - len(shape))
+    out = _new_tile(shape, to_dtype(dtype) if dtype is not None else data.dtype)
+    _tensor_reduce(out, op, data, axis, negate, keepdims, name=name, mask=mask)
+    return out
+
+
+def tensor_scalar_reduce(*args, **kwargs):
+    """``tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False)``."""
+    if _legacy(kwargs, len(args) == 0 and "data" in kwargs or len(args) >= 2 and not isinstance(args[1], NkiTensor)):
+        return _legacy_tensor_scalar_reduce(*args, **kwargs)
+    return _tensor_scalar_reduce(*args, **kwargs)
+
+
+def _tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
+                          reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None,
+                          mask=None):
+    if int(reduce_cmd) != int(_ReduceCmd.reset_reduce) or reduce_init is not None or reduce_res_negate:
+        _not_implemented("tensor_scalar_reduce with reduce_cmd other than reset_reduce, reduce_init or "
+                         "reduce_res_negate")
+    if reduce_res is None:
+        _not_implemented("tensor_scalar_reduce(reduce_res=None) (accumulator-only reductions)")
+    attrs = {"op0": alu_op(op0, "op0"), "reduce_op": alu_op(reduce_op, "reduce_op"), "reverse0": bool(reverse0)}
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
+    if ops is not None:
+        _emit(_core.Opcode.tensor_scalar_reduce, (*ops, operand0, reduce_res), engine.vector, name, **attrs)
+
+
+def _legacy_tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, reverse0=False, dtype=None,
+                                 mask=None, name=None):
+    out = _new_tile(_tile_shape(data), to_dtype(dtype) if dtype is not None else data.dtype)
+    _tensor_scalar_reduce(out, data, op0, operand0, reduce_op, reduce_res, reverse0, name=name, mask=mask)
+    return out
+
+
+def tensor_tensor_scan(*args, **kwargs):
+    """``tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False)``:
+    res[i] = (data0[i] op0 res[i-1]) op1 data1[i] along each partition, res[-1] = initial."""
+    if _legacy(kwargs, len(args) < 3 or not isinstance(args[2], NkiTensor)):
+        return _legacy_tensor_tensor_scan(*args, **kwargs)
+    return _tensor_tensor_scan(*args, **kwargs)
+
+
+def _tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None, mask=None):
+    attrs = {"op0": alu_op(op0, "op0"), "op1": alu_op(op1, "op1"), "reverse0": bool(reverse0),
+             "reverse1": bool(reverse1)}
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data0, "data0"), _check_tensor(data1, "data1"))
+    if ops is not None:
+        _emit(_core.Opcode.tensor_tensor_scan, (*ops, initial), engine.vector, name, **attrs)
+
+
+def _legacy_tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, reverse1=False, *, dtype=None,
+                               mask=None, name=None):
+    out = _new_tile(_tile_shape(data0), to_dtype(dtype) if dtype is not None else _wider(data0.dtype, data1.dtype))
+    _tensor_tensor_scan(out, data0, data1, initial, op0, op1, reverse0, reverse1, name=name, mask=mask)
+    return out
+
+
+def tensor_partition_reduce(*args, **kwargs):
+    """``tensor_partition_reduce(dst, op, data)``: reduces across partitions on GpSimd."""
+    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+        return _legacy_tensor_partition_reduce(*args, **kwargs)
+    return _tensor_partition_reduce(*args, **kwargs)
+
+
+def _tensor_partition_reduce(dst, op, data, name=None, mask=None):
+    alu = alu_op(op, "op")
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
+    if ops is not None:
+        _emit(_core.Opcode.tensor_partition_reduce, ops, engine.gpsimd, name, op0=alu)
+
+
+def _legacy_tensor_partition_reduce(op, data, *, mask=None, dtype=None, name=None):
+    out = _new_tile((1, *data.shape[1:]), to_dtype(dtype) if dtype is not None else data.dtype)
+    _tensor_partition_reduce(out, op, data, name=name, mask=mask)
+    return out
+
+
+# --- Tensor engine --------------------------------------------------------------------------
+
+def nc_matmul(*args, **kwargs):
+    """``nc_matmul(dst, stationary, moving, ..., accumulate=None)``: dst (+)= stationary.T @ moving, in fp32
+    PSUM. accumulate=None: the first matmul into a PSUM location overwrites, later ones add."""
+    tensors = sum(isinstance(a, NkiTensor) for a in args) + sum(k in kwargs for k in ("stationary", "moving"))
+    if _legacy(kwargs, tensors < 3):
+        return _legacy_nc_matmul(*args, **kwargs)
+    return _nc_matmul(*args, **kwargs)
+
+
+def _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size, perf_mode):
+    if perf_mode not in (None, matmul_perf_mode.none, "none"):
+        _not_implemented("nc_matmul(perf_mode=double_row)")
+    if bool(tile_position) != bool(tile_size):
+        raise kernel_error_at(user_frame(3), "nc_matmul: tile_position and tile_size must be given together",
+                              hint="pass both, e.g. tile_position=(0, 0), tile_size=(64, 128)")
+    for pos, size in zip(tile_position or (), tile_size or ()):
+        if size <= 0 or pos % size != 0 or pos + size > 128:
+            raise kernel_error_at(user_frame(3), f"nc_matmul: tile_position {tuple(tile_position)} / tile_size "
+                                  f"{tuple(tile_size)} is not a legal PE-array tile",
+                                  limit="the start must be a multiple of the tile size and the tile within 128")
+    return {"is_stationary_onezero": bool(is_stationary_onezero), "is_moving_onezero": bool(is_moving_onezero),
+            "is_transpose": bool(is_transpose)}
+
+
+def _nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
+               accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None,
+               mask=None):
+    attrs = _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size, perf_mode)
+    attrs["accumulate"] = (_core.Accumulate.automatic if accumulate is None else
+                           _core.Accumulate.accumulate if accumulate else _core.Accumulate.overwrite)
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(stationary, "stationary"),
+                  _check_tensor(moving, "moving"))
+    if ops is not None:
+        return _emit(_core.Opcode.nc_matmul, ops, engine.tensor, name, **attrs)
+    return None
+
+
+def _legacy_nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False,
+                      is_transpose=False, tile_position=(), tile_size=(), mask=None, name=None):
+    from . import language as nl
+
+    stationary, moving = _check_tensor(stationary, "stationary"), _check_tensor(moving, "moving")
+    m = stationary.size // stationary.shape[0]
+    n = moving.size // moving.shape[0]
+    out = _new_tile((m, n), moving.dtype if is_transpose else nl.float32, psum)
+    index = _nc_matmul(out, stationary, moving, is_stationary_onezero, is_moving_onezero, is_transpose, False,
+                       tile_position, tile_size, name=name, mask=mask)
+    if index is not None:
+        current().pending_matmul[out._view.storage] = index
+    return out
+
+
+def nc_transpose(*args, **kwargs):
+    """``nc_transpose(dst, data, engine=...)``: 2-D transpose on the Tensor engine (into PSUM) or the
+    Vector engine (up to 32x32)."""
+    if _legacy(kwargs, len(args) + ("data" in kwargs) < 2):
+        return _legacy_nc_transpose(*args, **kwargs)
+    return _nc_transpose(*args, **kwargs)
+
+
+def _nc_transpose(dst, data, engine=engine.unknown, name=None, mask=None):
+    dst = _check_tensor(dst, "dst")
+    eng = engine
+    if int(eng) == 0:
+        eng = _Engine.tensor if dst.buffer is psum else _Engine.vector
+    ops = _masked(mask, dst, _check_tensor(data, "data"))
+    if ops is not None:
+        _emit(_core.Opcode.nc_transpose, ops, eng, name)
+
+
+def _legacy_nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, name=None):
+    data = _check_tensor(data, "data")
+    p, f = data.shape[0], data.size // data.shape[0]
+    on_vector = int(engine) == int(_Engine.vector) or (int(engine) == 0 and p <= 32 and f <= 32)
+    out = _new_tile((f, p), data.dtype, sbuf if on_vector else psum)
+    _nc_transpose(out, data, _Engine.vector if on_vector else _Engine.tensor, name=name,
+                  mask=mask)
+    if dtype is not None and to_dtype(dtype) != data.dtype:
+        cast = _new_tile((f, p), to_dtype(dtype))
+        _tensor_copy(cast, out)
+        return cast
+    return out
+
+
+# --- initialization and index generation ----------------------------------------------------
+
+def memset(*args, **kwargs):
+    """``memset(dst, value, engine=...)``: fills dst with value (legacy: ``memset(shape, value, dtype)``)."""
+    if _legacy(kwargs, len(args) >= 1 and not isinstance(args[0], NkiTensor) or "shape" in kwargs):
+        return _legacy_memset(*args, **kwargs)
+    return _memset(*args, **kwargs)
+
+
+def _memset(dst, value, engine=engine.unknown, name=None, mask=None):
+    ops = _masked(mask, _check_tensor(dst, "dst"))
+    if ops is not None:
+        _emit(_core.Opcode.memset, (*ops, value), engine, name)
+
+
+def _legacy_memset(shape, value, dtype, *, mask=None, engine=engine.unknown, name=None):
+    out = _new_tile(tuple(shape), to_dtype(dtype))
+    _memset(out, value, engine, name=name, mask=mask)
+    return out
+
+
+def _pattern(pattern):
+    try:
+        return [(int(step), int(num)) for step, num in pattern]
+    except (TypeError, ValueError):
+        raise kernel_error_at(user_frame(3), "pattern must be a list of [step, num] pairs") from None
+
+
+def iota(*args, **kwargs):
+    """``iota(dst, pattern, offset=0, channel_multiplier=0)``:
+    dst[c, i...] = offset + c * channel_multiplier + sum(step_k * i_k), computed in int32.
+    Legacy: ``tile = iota(expr, dtype)`` with an nl.arange index expression."""
+    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+        from . import index_expr
+
+        return index_expr.legacy_iota(*args, **kwargs)
+    return _iota(*args, **kwargs)
+
+
+def _iota(dst, pattern, offset=0, channel_multiplier=0, name=None, mask=None):
+    ops = _masked(mask, _check_tensor(dst, "dst"))
+    if ops is not None:
+        _emit(_core.Opcode.iota, ops, engine.gpsimd, name, pattern=_pattern(pattern), offset=int(offset),
+              channel_multiplier=int(channel_multiplier))
+
+
+def affine_select(*args, **kwargs):
+    """``affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal, offset=0)``:
+    dst = on_true_tile where cmp_op(affine value, 0), else on_false_value (affine value as in iota).
+    Legacy: ``tile = affine_select(pred, on_true_tile, on_false_value)`` with an index-expression predicate."""
+    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+        from . import index_expr
+
+        return index_expr.legacy_affine_select(*args, **kwargs)
+    return _affine_select(*args, **kwargs)
+
+
+def _affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0, name=None,
+                   mask=None):
+    from . import language as nl
+
+    cmp = alu_op(cmp_op if cmp_op is not None else nl.equal, "cmp_op")
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(on_true_tile, "on_true_tile"))
+    if ops is not None:
+        _emit(_core.Opcode.affine_select, (*ops, float(on_false_value)), engine.gpsimd, name,
+              pattern=_pattern(pattern), channel_multiplier=int(channel_multiplier), cmp_op=cmp, offset=int(offset))
+
+
+# --- statistics -----------------------------------------------------------------------------
+
+def bn_stats(*args, **kwargs):
+    """``bn_stats(dst, data)``: per partition (count, mean, count*variance) of the even and the odd elements."""
+    if _legacy(kwargs, len(args) + ("data" in kwargs) < 2):
+        data = _check_tensor(args[0] if args else kwargs.pop("data"), "data")
+        dtype = kwargs.pop("dtype", None)
+        out = _new_tile((data.shape[0], 6), to_dtype(dtype) if dtype is not None else data.dtype)
+        _bn_stats(out, data, **kwargs)
+        return out
+    return _bn_stats(*args, **kwargs)
+
+
+def _bn_stats(dst, data, name=None, mask=None):
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
+    if ops is not None:
+        _emit(_core.Opcode.bn_stats, ops, engine.vector, name)
+
+
+def bn_aggr(*args, **kwargs):
+    """``bn_aggr(dst, data)``: aggregates bn_stats outputs into (mean, variance) per partition."""
+    if _legacy(kwargs, len(args) + ("data" in kwargs) < 2):
+        data = _check_tensor(args[0] if args else kwargs.pop("data"), "data")
+        dtype = kwargs.pop("dtype", None)
+        out = _new_tile((data.shape[0], 2), to_dtype(dtype) if dtype is not None else data.dtype)
+        _bn_aggr(out, data, **kwargs)
+        return out
+    return _bn_aggr(*args, **kwargs)
+
+
+def _bn_aggr(dst, data, name=None, mask=None):
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
+    if ops is not None:
+        _emit(_core.Opcode.bn_aggr, ops, engine.vector, name)
+
+
+# --- predication and selection --------------------------------------------------------------
+
+def tensor_copy_predicated(dst=None, src=None, predicate=None, reverse_pred=False, name=None, mask=None,
+                           dtype=None):
+    """dst = src where predicate is nonzero (reverse_pred inverts), else unchanged; src a tile or a number."""
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(predicate, "predicate"),
+                  *([src] if isinstance(src, NkiTensor) else []))
+    if ops is not None:
+        d, pred = ops[0], ops[1]
+        s = ops[2] if isinstance(src, NkiTensor) else src
+        _emit(_core.Opcode.tensor_copy_predicated, (d, s, pred), engine.vector, name, reverse_pred=bool(reverse_pred))
+
+
+def select_reduce(dst=None, predicate=None, on_true=None, on_false=None, reduce_res=None,
+                  reduce_cmd=reduce_cmd.idle, reduce_op=None, reverse_pred=False, name=None, mask=None, dtype=None):
+    """dst = where(predicate, on_true, on_false), with an optional max-reduction into reduce_res."""
+    from . import language as nl
+
+    attrs = {"reduce_op": alu_op(reduce_op if reduce_op is not None else nl.maximum, "reduce_op"),
+             "reduce_cmd": _core.ReduceCmd(int(reduce_cmd)), "reverse_pred": bool(reverse_pred)}
+    if reduce_res is not None and int(reduce_cmd) == 0:
+        attrs["reduce_cmd"] = _core.ReduceCmd.reset_reduce
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(predicate, "predicate"),
+                  _check_tensor(on_true, "on_true"))
+    if ops is not None:
+        _emit(_core.Opcode.select_reduce, (*ops, on_false, reduce_res), engine.vector, name, **attrs)
+
+
+def max8(*args, **kwargs):
+    """``max8(dst, src)``: the 8 largest values of each partition, descending."""
+    if _legacy(kwargs, len(args) < 2):
+        src = _check_tensor(args[0] if args else kwargs.pop("src"), "src")
+        dtype = kwargs.pop("dtype", None)
+        out = _new_tile((src.shape[0], 8), to_dtype(dtype) if dtype is not None else src.dtype)
+        _max8(out, src, **kwargs)
+        return out
+    return _max8(*args, **kwargs)
+
+
+def _max8(dst, src, name=None, mask=None):
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(src, "src"))
+    if ops is not None:
+        _emit(_core.Opcode.max8, ops, engine.vector, name)
+
+
+def nc_find_index8(*args, **kwargs):
+    """``nc_find_index8(dst, data, vals)``: index of the first occurrence of each of 8 values per partition."""
+    if _legacy(kwargs, len(args) < 3):
+        from . import language as nl
+
+        data = _check_tensor(args[0] if args else kwargs.pop("data"), "data")
+        vals = args[1] if len(args) > 1 else kwargs.pop("vals")
+        dtype = kwargs.pop("dtype", None)
+        out = _new_tile((data.shape[0], 8), to_dtype(dtype) if dtype is not None else nl.uint32)
+        _nc_find_index8(out, data, vals, **kwargs)
+        return out
+    return _nc_find_index8(*args, **kwargs)
+
+
+def _nc_find_index8(dst, data, vals, name=None, mask=None):
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"), _check_tensor(vals, "vals"))
+    if ops is not None:
+        _emit(_core.Opcode.nc_find_index8, ops, engine.vector, name)
+
+
+# --- registers --------------------------------------------------------------------------------
+
+def register_alloc(x=None) -> VirtualRegister:
+    """A new 32-bit register, optionally initialized with an integer or copied from a register."""
+    ctx = current()
+    reg = VirtualRegister(ctx.builder.new_register())
+    if x is not None:
+        register_move(reg, x)
+    return reg
+
+
+def register_move(dst, src, name=None):
+    """dst = src (a register or an integer)."""
+    _emit(_core.Opcode.register_move, (dst, src), engine.sync, name)
+
+
+def register_load(dst, src, name=None):
+    """dst = the value of a 1x1 tensor."""
+    _emit(_core.Opcode.register_load, (dst, _check_tensor(src, "src")), engine.sync, name)
+
+
+def register_store(dst, src, name=None):
+    """Writes register src into a 1x1 tensor."""
+    _emit(_core.Opcode.register_store, (_check_tensor(dst, "dst"), src), engine.sync, name)
+
+
+def get_nc_version() -> nc_version:
+    """The NeuronCore generation of the target being traced for."""
+    return nc_version(current().builder.generation)
+
+
+def get_nc_sub_version() -> int:
+    return 0
+
+
+# --- helpers for legacy tile assignment and accumulation (used by NkiTensor) ------------------
+
+def _assign(dst: NkiTensor, value: NkiTensor) -> None:
+    """``dst[...] = value``: a DMA when either side is in HBM, otherwise an engine copy."""
+    if dst.buffer.is_hbm or value.buffer.is_hbm:
+        if value.buffer is psum:
+            staged = _new_tile(value.shape, value.dtype)
+            _tensor_copy(staged, value)
+            value = staged
+        dma_copy(dst, value)
+    else:
+        _tensor_copy(dst, value)
+
+
+def _assign_scalar(dst: NkiTensor, value) -> None:
+    if not dst.dtype.is_float:
+        value = int(value)
+    else:
+        value = float(value)
+    _memset(dst, value)
+
+
+def _accumulate_into(dst: NkiTensor, other) -> None:
+    """``dst += other``; a fresh matmul result accumulates straight into a PSUM dst."""
+    ctx = current()
+    if isinstance(other, NkiTensor) and dst.buffer is psum:
+        index = ctx.pending_matmul.pop(other._view.storage, None)
+        if index is not None and ctx.builder.instruction_operand(index, 0).same_as(other._view):
+            ctx.builder.retarget_accumulate(index, dst._view)
+            return
+    _update_in_place(dst, other, "add")
+
+
+def _update_in_place(dst: NkiTensor, other, op: str) -> None:
+    from . import language as nl
+
+    alu = getattr(nl, op)
+    if isinstance(other, NkiTensor):
+        if other.shape[1:] == (1,) * (other.ndim - 1) and dst.size != other.size:
+            _tensor_scalar(dst, dst, alu, other)
+        else:
+            _tensor_tensor(dst, dst, other, alu)
+    else:
+        _tensor_scalar(dst, dst, alu, float(other))

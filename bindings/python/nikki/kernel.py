@@ -1,0 +1,290 @@
+"""@nki.jit kernels: specialization on argument shapes and constants, tracing, compiling, caching,
+and running on the simulated NeuronCore with numpy arrays or torch CPU tensors."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import os
+
+import numpy as np
+
+from . import _core
+from .dtypes import from_numpy, from_torch, numpy_dtype, to_dtype, torch_dtype
+from .errors import KernelError, kernel_error_at, user_frame, without_internal_frames
+from .tensor import NkiTensor, shared_hbm
+from .tracing import TraceContext
+
+__all__ = ["Kernel", "jit"]
+
+
+def _is_torch(x) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+class _TensorArg:
+    """A kernel argument that becomes an HBM tensor."""
+
+    __slots__ = ("shape", "dtype", "is_torch")
+
+    def __init__(self, shape, dtype, is_torch):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = dtype
+        self.is_torch = is_torch
+
+
+class Compiled:
+    """One specialization of a kernel: a compiled program per SPMD program instance."""
+
+    def __init__(self, programs, output_specs, writable_inputs):
+        self.programs = programs
+        self.output_specs = output_specs  # [(shape, dtype)]
+        self.writable_inputs = writable_inputs  # parameter indices the kernel may write
+
+    def text(self, locations: bool = True) -> str:
+        return "\n".join(p.text(locations) for p in self.programs)
+
+
+def _resolve_target(target) -> str:
+    name = target or os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or _core.default_target()
+    try:
+        return _core.target_info(str(name))["name"]
+    except KernelError as err:
+        raise KernelError(err.summary, limit=err.limit, hint=err.hint) from None
+
+
+class Kernel:
+    """A function decorated with @nki.jit.
+
+    Calling it traces the function for the arguments' shapes, dtypes and constant values
+    (compiling once per specialization), runs it on the simulated NeuronCore and returns its
+    outputs as the inputs' kind: numpy arrays for numpy inputs, torch tensors for torch inputs.
+    ``kernel[g0, g1](...)`` launches an SPMD grid (``kernel[2]``: two logical cores).
+    """
+
+    def __init__(self, fn, target=None, grid=(), **options):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.target = target
+        self.grid = tuple(grid)
+        self.options = options
+        self._signature = inspect.signature(fn)
+        self._params = list(self._signature.parameters.values())
+        self._positional_only = all(p.default is inspect.Parameter.empty and p.kind in (
+            p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self._params)
+        self._mutable = {i for i, p in enumerate(self._params) if _is_mutable_annotation(p.annotation)}
+        self._cache: dict = {}
+        for p in self._params:
+            if p.kind is p.KEYWORD_ONLY:
+                raise kernel_error_at(user_frame(2), f"kernel '{fn.__name__}': keyword-only parameter '{p.name}' is "
+                                      "not supported", hint="remove the '*' separator from the kernel signature")
+
+    def __getitem__(self, grid) -> "Kernel":
+        grid = grid if isinstance(grid, tuple) else (grid,)
+        for g in grid:
+            if not isinstance(g, int) or g < 1:
+                raise kernel_error_at(user_frame(2), f"launch grid {grid} must be positive integers")
+        launched = Kernel.__new__(Kernel)
+        launched.__dict__.update(self.__dict__)
+        launched.grid = tuple(grid)
+        launched._cache = self._cache
+        return launched
+
+    def __repr__(self) -> str:
+        return f"<nikki kernel {self.fn.__name__}{list(self.grid) if self.grid else ''}>"
+
+    # --- calling --------------------------------------------------------------------------
+    def __call__(self, *args, **kwargs):
+        try:
+            return self._call(args, kwargs)
+        except KernelError as err:
+            raise err.with_traceback(without_internal_frames(err.__traceback__)) from None
+
+    def _bind(self, args, kwargs) -> tuple:
+        if not kwargs and self._positional_only and len(args) == len(self._params):
+            return args
+        try:
+            bound = self._signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"{self.fn.__name__}(): {err}") from None
+        bound.apply_defaults()
+        return tuple(bound.arguments.values())
+
+    def _grid(self) -> tuple:
+        if self.grid:
+            return self.grid
+        lnc = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
+        return (int(lnc),) if lnc and lnc.isdigit() and int(lnc) > 1 else ()
+
+    def _call(self, args, kwargs):
+        values = self._bind(args, kwargs)
+        key_parts = []
+        for v in values:
+            if isinstance(v, np.ndarray):
+                key_parts.append((v.shape, v.dtype.str, 0))
+            elif _is_torch(v):
+                key_parts.append((tuple(v.shape), v.dtype, 1))
+            else:
+                key_parts.append(("const", _constant_key(v)))
+        grid = self._grid()
+        key = (tuple(key_parts), self.target, os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"), grid)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self.compile_for(values, grid)
+            self._cache[key] = compiled
+        return self._launch(compiled, values)
+
+    # --- compiling ------------------------------------------------------------------------
+    def specialize(self, *args, **kwargs) -> Compiled:
+        """Traces and compiles for these arguments without running (arrays or nikki.spec placeholders)."""
+        try:
+            return self.compile_for(self._bind(args, kwargs), self._grid())
+        except KernelError as err:
+            raise err.with_traceback(without_internal_frames(err.__traceback__)) from None
+
+    def compile_for(self, values, grid) -> Compiled:
+        specs = [self._classify(i, v) for i, v in enumerate(values)]
+        target = _resolve_target(self.target or self.options.get("platform_target"))
+        ids = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
+        programs, outputs = [], None
+        for program_ids in ids:
+            kernel, out_specs = self._trace(specs, target, grid, program_ids)
+            if outputs is None:
+                outputs = out_specs
+            elif out_specs != outputs:
+                raise KernelError(f"kernel '{self.fn.__name__}': program instances {ids[0]} and {program_ids} "
+                                  "return different outputs", hint="all instances must return the same shared_hbm tensors")
+            programs.append(_core.compile(kernel))
+        return Compiled(programs, outputs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
+                                            and i in self._mutable])
+
+    def _classify(self, index, value):
+        from .spec import TensorSpec
+
+        name = self._params[index].name if index < len(self._params) else f"arg{index}"
+        try:
+            if isinstance(value, TensorSpec):
+                return _TensorArg(value.shape, to_dtype(value.dtype), False)
+            if isinstance(value, np.ndarray):
+                return _TensorArg(value.shape, from_numpy(value.dtype), False)
+            if _is_torch(value):
+                if value.device.type != "cpu":
+                    raise KernelError(f"argument '{name}' is a torch tensor on {value.device}; nikki runs on CPU "
+                                      "tensors", hint="move it with .cpu()")
+                return _TensorArg(tuple(value.shape), from_torch(value.dtype), True)
+        except TypeError as err:
+            raise KernelError(f"argument '{name}': {err}") from None
+        if isinstance(value, list):
+            raise KernelError(f"argument '{name}' is a list; kernel arguments are tensors or compile-time constants",
+                              hint="pass a tuple instead of a list")
+        return value
+
+    def _trace(self, specs, target, grid, program_ids):
+        fn = self.fn
+        ctx = TraceContext(fn.__name__, target, grid, program_ids)
+        code = fn.__code__
+        loc = ctx.builder.location(code.co_filename, code.co_firstlineno, 0, 0, fn.__name__)
+        call_args = []
+        with ctx:
+            for i, spec in enumerate(specs):
+                if isinstance(spec, _TensorArg):
+                    name = self._params[i].name if i < len(self._params) else f"arg{i}"
+                    view = ctx.builder.add_storage(name, _core.Buffer.hbm, spec.dtype.core, list(spec.shape), "input",
+                                                   loc, None)
+                    if i in self._mutable:
+                        ctx.builder.set_writable(view.storage)
+                    call_args.append(NkiTensor(ctx, view))
+                else:
+                    call_args.append(spec)
+            result = fn(*call_args)
+        outputs = self._outputs(ctx, result, call_args)
+        return ctx.builder.finish(), outputs
+
+    def _outputs(self, ctx, result, call_args):
+        if result is None:
+            raise KernelError(f"kernel '{self.fn.__name__}' returns no output",
+                              hint="allocate outputs with nl.ndarray(shape, dtype, buffer=nl.shared_hbm), write them "
+                                   "and return them")
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        returned = set()
+        specs = []
+        for r in results:
+            if not isinstance(r, NkiTensor):
+                raise KernelError(f"kernel '{self.fn.__name__}' returns {type(r).__name__}; kernels return tensors")
+            info = ctx.builder.storage(r._view.storage)
+            whole = r._view.offset == 0 and r.shape == info["shape"] and r.is_contiguous() and not r.is_indirect()
+            writable_input = info["role"] == "input" and any(
+                isinstance(a, NkiTensor) and a._view.storage == r._view.storage for i, a in enumerate(call_args)
+                if i in self._mutable)
+            if not whole or not (info["role"] == "output" or writable_input):
+                raise KernelError(f"kernel '{self.fn.__name__}' returns {'' if whole else 'a view of '}tensor "
+                                  f"'{info['name']}' in {info['buffer'].name}",
+                                  limit="kernel outputs are whole tensors allocated in shared_hbm",
+                                  hint="allocate the output with nl.ndarray(shape, dtype, buffer=nl.shared_hbm), "
+                                       "write it and return it")
+            ctx.builder.add_output(r._view.storage)
+            returned.add(r._view.storage)
+            specs.append((info["shape"], to_dtype(info["dtype"])))
+        for storage in range(ctx.builder.num_storages):
+            if storage not in returned and ctx.builder.storage(storage)["role"] == "output":
+                ctx.builder.set_role_scratch(storage)  # a shared_hbm scratch tensor nobody returns
+        return specs
+
+    # --- running --------------------------------------------------------------------------
+    def _launch(self, compiled: Compiled, values):
+        in_ptrs, keep, write_back, torch_out = [], [], [], False
+        for i, v in enumerate(values):
+            if isinstance(v, np.ndarray):
+                arr = v if v.flags.c_contiguous else np.ascontiguousarray(v)
+                if arr is not v and i in compiled.writable_inputs:
+                    write_back.append((v, arr))
+                keep.append(arr)
+                in_ptrs.append(arr.__array_interface__["data"][0] if arr.size else 0)
+            elif _is_torch(v):
+                t = v if v.is_contiguous() else v.contiguous()
+                if t is not v and i in compiled.writable_inputs:
+                    write_back.append((v, t))
+                keep.append(t)
+                in_ptrs.append(t.data_ptr())
+                torch_out = True
+        outputs = []
+        for shape, dt in compiled.output_specs:
+            if torch_out:
+                import torch
+
+                outputs.append(torch.empty(shape, dtype=torch_dtype(dt)))
+            else:
+                outputs.append(np.empty(shape, dtype=numpy_dtype(dt)))
+        out_ptrs = [o.data_ptr() if torch_out else o.__array_interface__["data"][0] for o in outputs]
+        for program in compiled.programs:
+            program.run(in_ptrs, out_ptrs)
+        for original, copy in write_back:
+            original[...] = copy
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+
+
+def _constant_key(v):
+    try:
+        hash(v)
+        return (type(v), v)
+    except TypeError:
+        return (type(v), id(v))
+
+
+def _is_mutable_annotation(annotation) -> bool:
+    from .typing import mutable_tensor
+
+    return annotation is mutable_tensor or getattr(annotation, "_nikki_mutable", False)
+
+
+def jit(fn=None, *, target=None, mode=None, platform_target=None, **kwargs):
+    """Decorates a kernel function: ``@nki.jit`` or ``@nki.jit(target="trn1")``.
+
+    ``mode=`` is accepted and ignored (as in NKI 0.3+); nikki always runs on its simulated
+    NeuronCore. ``platform_target=`` is accepted as an alias of ``target=``.
+    """
+    def wrap(f):
+        return Kernel(f, target=target or platform_target, **kwargs)
+
+    return wrap if fn is None else wrap(fn)

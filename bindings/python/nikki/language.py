@@ -1,0 +1,687 @@
+"""nki.language: dtypes, memories, tensor creation, tile sizes, iterators, SPMD ids, and the
+convenience tile functions (element-wise math, reductions, softmax, matmul, load/store, ...)
+that NKI builds on nki.isa.
+
+Functions that compute return a new SBUF tile (matmul and large transposes: a PSUM tile) and
+take ``dtype=`` for the result; legacy kernels may also pass ``mask=``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import math
+
+from . import _core
+from . import isa as _isa
+from .dtypes import dtype as _dtype_cls
+from .dtypes import to_dtype
+from .errors import kernel_error_at, user_frame
+from .ops import register_op
+from .tensor import DynSlice, MemoryRegion, NkiTensor, hbm, private_hbm, psum, region_of, sbuf, shared_hbm
+from .tracing import current, maybe_current
+
+# --- dtypes ---------------------------------------------------------------------------------
+float32 = to_dtype("float32")
+bfloat16 = to_dtype("bfloat16")
+float16 = to_dtype("float16")
+tfloat32 = to_dtype("tfloat32")
+float8_e4m3 = to_dtype("float8_e4m3")
+float8_e4m3fn = to_dtype("float8_e4m3fn")
+float8_e5m2 = to_dtype("float8_e5m2")
+int8 = to_dtype("int8")
+int16 = to_dtype("int16")
+int32 = to_dtype("int32")
+uint8 = to_dtype("uint8")
+uint16 = to_dtype("uint16")
+uint32 = to_dtype("uint32")
+bool_ = to_dtype("bool_")
+
+# --- memories -------------------------------------------------------------------------------
+__all_memories__ = (sbuf, psum, hbm, shared_hbm, private_hbm)
+
+
+def is_psum(buffer) -> bool:
+    return buffer is psum
+
+
+def is_sbuf(buffer) -> bool:
+    return buffer is sbuf
+
+
+def is_hbm(buffer) -> bool:
+    return isinstance(buffer, MemoryRegion) and buffer.is_hbm
+
+
+def is_on_chip(buffer) -> bool:
+    return isinstance(buffer, MemoryRegion) and buffer.is_on_chip
+
+
+class par_dim(int):
+    """Legacy marker of the partition dim in a shape with leading block dims (Beta 1)."""
+
+
+# --- tensor creation ------------------------------------------------------------------------
+
+def _shape(shape) -> tuple:
+    if isinstance(shape, int):
+        return (shape,)
+    try:
+        return tuple(int(s) for s in shape)
+    except TypeError:
+        raise kernel_error_at(user_frame(3), f"shape {shape!r} is not a tuple of integers") from None
+
+
+def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None, **kwargs) -> NkiTensor:
+    """A new uninitialized tensor (reads before writes see NaN for floats, 4 for integers)."""
+    ctx = current("nl.ndarray")
+    shape_t = _shape(shape)
+    if any(isinstance(s, par_dim) for s in shape) and not isinstance(shape[0], par_dim):
+        from . import index_expr
+
+        return index_expr.block_tensor(shape, dtype, buffer, name)
+    region = region_of(buffer)
+    if not shape_t or any(s < 1 for s in shape_t):
+        raise kernel_error_at(user_frame(2), f"nl.ndarray shape {shape_t} must have positive extents",
+                              hint="give the tensor a shape such as (128, 512)")
+    if address is not None and not region.is_on_chip:
+        raise kernel_error_at(user_frame(2), f"address= is only meaningful for sbuf and psum tensors, not {region.name}")
+    if address is not None:
+        address = (int(address[0]), int(address[1]))
+    role = "output" if region is shared_hbm else "scratch"
+    view = ctx.builder.add_storage(name or "t", region.core, to_dtype(dtype).core, list(shape_t), role,
+                                   ctx.location(), address)
+    return NkiTensor(ctx, view)
+
+
+def full(shape, fill_value, dtype, buffer=sbuf, name: str = "", **kwargs) -> NkiTensor:
+    """A tensor filled with `fill_value` (on-chip memories only)."""
+    region = region_of(buffer)
+    if not region.is_on_chip:
+        raise kernel_error_at(user_frame(2), f"creating an HBM tensor ({region.name}) with an initial value is not "
+                              "supported", hint="create it in nl.sbuf, or allocate with nl.ndarray and dma_copy into it")
+    t = ndarray(shape, dtype, buffer=region, name=name)
+    _isa._assign_scalar(t, fill_value)
+    return t
+
+
+def zeros(shape, dtype, buffer=sbuf, name: str = "", **kwargs) -> NkiTensor:
+    """A tensor of zeros."""
+    return full(shape, 0, dtype, buffer, name)
+
+
+def ones(shape, dtype, buffer=sbuf, name: str = "", **kwargs) -> NkiTensor:
+    """A tensor of ones."""
+    return full(shape, 1, dtype, buffer, name)
+
+
+def zeros_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTensor:
+    return zeros(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else x.buffer, name)
+
+
+def ones_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTensor:
+    return ones(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else x.buffer, name)
+
+
+def empty_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTensor:
+    return ndarray(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else x.buffer,
+                   name)
+
+
+def shared_identity_matrix(n: int, dtype=None, dst=None, **kwargs) -> NkiTensor:
+    """An n x n identity matrix in SBUF (uint8 by default)."""
+    dt = to_dtype(dtype) if dtype is not None else uint8
+    out = dst if dst is not None else ndarray((n, n), dt, buffer=sbuf, name="identity")
+    ones_tile = ones((n, n), dt)
+    _isa._affine_select(out, [[1, n]], -1, ones_tile, 0.0, cmp_op=equal)
+    return out
+
+
+# --- tile sizes -----------------------------------------------------------------------------
+
+class _TileSize:
+    """nl.tile_size: hardware tile limits of the target being traced (or the default target)."""
+
+    def _values(self) -> dict:
+        ctx = maybe_current()
+        target = ctx.target if ctx is not None else _core.default_target()
+        return _core.target_info(target)["tile_size"]
+
+    def __getattr__(self, name):
+        values = self._values()
+        if name in values:
+            return values[name]
+        raise AttributeError(f"nl.tile_size has no attribute {name!r}; it has {', '.join(sorted(values))}")
+
+    def __dir__(self):
+        return sorted(self._values())
+
+
+tile_size = _TileSize()
+
+
+# --- iterators and control flow -------------------------------------------------------------
+
+def affine_range(start, stop=None, step=1):
+    """A loop that unrolls at trace time (as in current NKI)."""
+    return range(start, stop, step) if stop is not None else range(start)
+
+
+sequential_range = affine_range
+static_range = affine_range
+
+
+def ds(start, size) -> DynSlice:
+    """The slice [start, start + size)."""
+    return DynSlice(start, size)
+
+
+def _loop(lower, upper, step: int):
+    if not isinstance(step, int) or step <= 0:
+        raise kernel_error_at(user_frame(3), f"loop step {step!r} must be a positive compile-time integer")
+    ctx = current()
+    counter = ctx.builder.new_register()
+    begin = _isa._emit(_core.Opcode.loop_begin, (_isa.VirtualRegister(counter), lower, upper), _isa.engine.sync,
+                       step=step)
+    return ctx, begin, _isa.VirtualRegister(counter)
+
+
+def _end_loop(ctx, begin: int) -> None:
+    end = _isa._emit(_core.Opcode.loop_end, (), _isa.engine.sync, jump=begin)
+    ctx.builder.set_jump(begin, end)
+
+
+def fori_loop(lower, upper, body_fun, step: int = 1) -> None:
+    """A loop that runs on the device: body_fun(i) is traced once and repeated at run time, with i a
+    register counting from lower to upper. Carry state in tensors; body_fun returns nothing."""
+    ctx, begin, counter = _loop(lower, upper, step)
+    body_fun(counter)
+    _end_loop(ctx, begin)
+
+
+def dynamic_range(start, stop=None, step: int = 1):
+    """Device loop as a Python for-loop (deprecated in NKI 0.6 in favour of fori_loop): the body is
+    traced once with the counter register."""
+    lower, upper = (0, start) if stop is None else (start, stop)
+    ctx, begin, counter = _loop(lower, upper, step)
+    yield counter
+    _end_loop(ctx, begin)
+
+
+def while_loop(init, body_fun):
+    raise NotImplementedError("nl.while_loop is not supported by nikki yet (see docs/api-coverage.md)")
+
+
+def no_reorder():
+    """Scheduling hint; nikki's streams keep program order semantics anyway."""
+    return contextlib.nullcontext()
+
+
+# --- SPMD -----------------------------------------------------------------------------------
+
+def program_id(axis: int = 0) -> int:
+    """This program instance's coordinate along `axis` of the launch grid."""
+    ctx = current("nl.program_id")
+    if not ctx.grid:
+        if axis == 0:
+            return 0
+    if not 0 <= axis < len(ctx.grid):
+        raise kernel_error_at(user_frame(2), f"program_id({axis}) is out of range for a launch grid of "
+                              f"{len(ctx.grid)} dims", hint="launch the kernel with a grid: kernel[g0, g1](...)")
+    return ctx.program_ids[axis]
+
+
+def num_programs(axes=None) -> int:
+    """Number of program instances along `axes` (all instances when None)."""
+    ctx = current("nl.num_programs")
+    if axes is None:
+        return math.prod(ctx.grid) if ctx.grid else 1
+    if isinstance(axes, (tuple, list)):
+        return math.prod(num_programs(a) for a in axes)
+    if not ctx.grid and axes == 0:
+        return 1
+    if not 0 <= axes < len(ctx.grid):
+        raise kernel_error_at(user_frame(2), f"num_programs({axes}) is out of range for a launch grid of "
+                              f"{len(ctx.grid)} dims")
+    return ctx.grid[axes]
+
+
+def program_ndim() -> int:
+    """Number of dims of the launch grid."""
+    return len(current("nl.program_ndim").grid)
+
+
+def nc(n: int) -> int:
+    """Legacy grid marker distributing a grid dim over NeuronCores; nikki runs instances in turn."""
+    return n
+
+
+spmd_dim = nc
+
+
+def device_print(print_prefix, tensor: NkiTensor) -> None:
+    """Prints a tensor's values when the kernel runs on the simulated NeuronCore."""
+    if isinstance(print_prefix, NkiTensor) and isinstance(tensor, str):
+        print_prefix, tensor = tensor, print_prefix
+    _isa._emit(_core.Opcode.device_print, (_isa._check_tensor(tensor, "tensor"),), _isa.engine.sync,
+               text=str(print_prefix))
+
+
+# --- element-wise math ----------------------------------------------------------------------
+
+def _result_tile(shape, dt, name="") -> NkiTensor:
+    return ndarray(tuple(shape), dtype=dt, buffer=sbuf, name=name)
+
+
+def _per_partition(t: NkiTensor) -> bool:
+    return t.ndim >= 2 and builtins.all(s == 1 for s in t.shape[1:])
+
+
+def _binary_op(op: str, x, y, dtype=None, mask=None, **kwargs):
+    """x op y for tiles and numbers: tensor_tensor for two tiles of one shape, tensor_scalar for a
+    number or a [P, 1] tile (with the operands reversed when needed)."""
+    fn = globals()[op if op != "divide" else "multiply"]
+    x_t, y_t = isinstance(x, NkiTensor), isinstance(y, NkiTensor)
+    if not x_t and not y_t:
+        raise kernel_error_at(user_frame(3), f"nl.{op} needs at least one tensor operand")
+    if op == "divide":
+        if y_t:
+            y = reciprocal(y)
+        else:
+            y = 1.0 / float(y)
+    comparison = op in ("equal", "not_equal", "greater", "greater_equal", "less", "less_equal")
+    if x_t and y_t and x.shape != y.shape:
+        if _per_partition(y) and y.shape[0] == x.shape[0]:
+            out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
+            _isa._tensor_scalar(out, x, fn, y, mask=mask)
+            return out
+        if _per_partition(x) and x.shape[0] == y.shape[0]:
+            out = _result_tile(y.shape, _out_dtype(dtype, comparison, x, y))
+            _isa._tensor_scalar(out, y, fn, x, reverse0=True, mask=mask)
+            return out
+        if x.size == y.size and x.shape[0] == y.shape[0]:
+            out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
+            _isa._tensor_tensor(out, x, y, fn, mask=mask)
+            return out
+        raise kernel_error_at(user_frame(3), f"nl.{op}: shapes {x.shape} and {y.shape} do not broadcast",
+                              limit="binary tile ops take equal shapes, or a [P, 1] tile against a [P, F] tile",
+                              hint="broadcast explicitly with t.broadcast_to(shape) or copy into a full tile")
+    if x_t and y_t:
+        out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
+        _isa._tensor_tensor(out, x, y, fn, mask=mask)
+        return out
+    tile, number, reverse = (x, y, False) if x_t else (y, x, True)
+    out = _result_tile(tile.shape, _out_dtype(dtype, comparison, tile))
+    _isa._tensor_scalar(out, tile, fn, float(number), reverse0=reverse, mask=mask)
+    return out
+
+
+def _out_dtype(dtype, comparison: bool, *tiles) -> _dtype_cls:
+    if dtype is not None:
+        return to_dtype(dtype)
+    if comparison:
+        return bool_
+    dt = tiles[0].dtype
+    for t in tiles[1:]:
+        dt = _isa._wider(dt, t.dtype)
+    return dt
+
+
+def _make_binary(name: str, doc: str):
+    def fn(x, y, dtype=None, mask=None, **kwargs):
+        return _binary_op(name, x, y, dtype=dtype, mask=mask)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
+
+
+add = _make_binary("add", "x + y element-wise.")
+subtract = _make_binary("subtract", "x - y element-wise.")
+multiply = _make_binary("multiply", "x * y element-wise.")
+divide = _make_binary("divide", "x / y, computed as x * reciprocal(y) (the engines have no divide).")
+maximum = _make_binary("maximum", "Element-wise maximum (NaN propagates).")
+minimum = _make_binary("minimum", "Element-wise minimum (NaN propagates).")
+power = _make_binary("power", "x ** y (GpSimd).")
+equal = _make_binary("equal", "1 where x == y else 0 (bool tile by default).")
+not_equal = _make_binary("not_equal", "1 where x != y else 0.")
+greater = _make_binary("greater", "1 where x > y else 0.")
+greater_equal = _make_binary("greater_equal", "1 where x >= y else 0.")
+less = _make_binary("less", "1 where x < y else 0.")
+less_equal = _make_binary("less_equal", "1 where x <= y else 0.")
+logical_and = _make_binary("logical_and", "1 where both are nonzero.")
+logical_or = _make_binary("logical_or", "1 where either is nonzero.")
+logical_xor = _make_binary("logical_xor", "1 where exactly one is nonzero.")
+bitwise_and = _make_binary("bitwise_and", "Bitwise and of integer tiles.")
+bitwise_or = _make_binary("bitwise_or", "Bitwise or of integer tiles.")
+bitwise_xor = _make_binary("bitwise_xor", "Bitwise xor of integer tiles.")
+left_shift = _make_binary("left_shift", "Left shift of integer tiles.")
+right_shift = _make_binary("right_shift", "Logical right shift of integer tiles.")
+
+for _name in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "equal", "not_equal",
+              "greater", "greater_equal", "less", "less_equal", "logical_and", "logical_or", "logical_xor",
+              "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"):
+    register_op(globals()[_name], alu=_name)
+
+
+def _activation_fn(name: str, func: str, doc: str):
+    def fn(x, dtype=None, mask=None, **kwargs):
+        out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+        _isa._activation(out, getattr(_core.ActFunc, func), x, mask=mask)
+        return out
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = doc
+    return fn
+
+
+exp = _activation_fn("exp", "exp", "e ** x (Scalar engine).")
+log = _activation_fn("log", "log", "Natural logarithm (Scalar engine).")
+sqrt = _activation_fn("sqrt", "sqrt", "Square root (Scalar engine).")
+tanh = _activation_fn("tanh", "tanh", "Hyperbolic tangent.")
+sigmoid = _activation_fn("sigmoid", "sigmoid", "1 / (1 + e ** -x).")
+relu = _activation_fn("relu", "relu", "max(x, 0).")
+gelu = _activation_fn("gelu", "gelu", "x * Phi(x) (exact, erf-based).")
+gelu_dx = _activation_fn("gelu_dx", "gelu_dx", "Derivative of gelu.")
+gelu_apprx_tanh = _activation_fn("gelu_apprx_tanh", "gelu_apprx_tanh", "tanh approximation of gelu.")
+gelu_apprx_sigmoid = _activation_fn("gelu_apprx_sigmoid", "gelu_apprx_sigmoid", "x * sigmoid(1.702 x).")
+gelu_apprx_sigmoid_dx = _activation_fn("gelu_apprx_sigmoid_dx", "gelu_apprx_sigmoid_dx",
+                                       "Derivative of gelu_apprx_sigmoid.")
+silu = _activation_fn("silu", "silu", "x * sigmoid(x).")
+silu_dx = _activation_fn("silu_dx", "silu_dx", "Derivative of silu.")
+softplus = _activation_fn("softplus", "softplus", "log(1 + e ** x).")
+mish = _activation_fn("mish", "mish", "x * tanh(softplus(x)).")
+erf = _activation_fn("erf", "erf", "Error function.")
+erf_dx = _activation_fn("erf_dx", "erf_dx", "Derivative of erf.")
+sin = _activation_fn("sin", "sin", "Sine (valid on [-pi, pi] on hardware).")
+arctan = _activation_fn("arctan", "arctan", "Arctangent.")
+sign = _activation_fn("sign", "sign", "-1, 0 or 1.")
+abs = _activation_fn("abs", "abs", "|x|.")
+square = _activation_fn("square", "square", "x * x.")
+
+for _name in ("exp", "log", "sqrt", "tanh", "sigmoid", "gelu", "gelu_dx", "gelu_apprx_tanh", "gelu_apprx_sigmoid",
+              "gelu_apprx_sigmoid_dx", "silu", "silu_dx", "softplus", "mish", "erf", "erf_dx", "sin", "arctan",
+              "sign"):
+    register_op(globals()[_name], act=_name)
+register_op(relu, alu="relu", act="relu")
+register_op(abs, alu="abs", act="abs")
+register_op(square, alu="square", act="square")
+
+
+def rsqrt(x, dtype=None, mask=None, **kwargs):
+    """1 / sqrt(x), on GpSimd as NKI does (higher precision than the Scalar engine)."""
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._tensor_scalar(out, x, rsqrt, 0.0, engine=_isa.engine.gpsimd, mask=mask)
+    return out
+
+
+def reciprocal(x, dtype=None, mask=None, **kwargs):
+    """1 / x on the Vector engine."""
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._reciprocal(out, x, mask=mask)
+    return out
+
+
+def negative(x, dtype=None, mask=None, **kwargs):
+    """-x."""
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._tensor_scalar(out, x, multiply, -1.0, mask=mask)
+    return out
+
+
+def invert(x, dtype=None, mask=None, **kwargs):
+    """Bitwise not of an integer tile."""
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._tensor_scalar(out, x, invert, 0, mask=mask)
+    return out
+
+
+def logical_not(x, dtype=None, mask=None, **kwargs):
+    """1 where x == 0 else 0."""
+    return _binary_op("equal", x, 0.0, dtype=dtype, mask=mask)
+
+
+register_op(rsqrt, alu="rsqrt", act="rsqrt")
+register_op(reciprocal, alu="reciprocal", act="reciprocal")
+register_op(negative, alu="negate")
+register_op(invert, alu="invert")
+
+
+def copy(x, dtype=None, mask=None, **kwargs):
+    """A copy of x in a new SBUF tile (bit-exact when the dtype is unchanged)."""
+    x = _isa._check_tensor(x, "x")
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    if x.buffer.is_hbm:
+        _isa.dma_copy(out, x, mask=mask)
+    else:
+        _isa._tensor_copy(out, x, mask=mask)
+    return out
+
+
+register_op(copy, act="copy")
+
+
+def _unsupported(name: str):
+    def fn(*args, **kwargs):
+        raise NotImplementedError(f"nl.{name} is not supported by nikki yet (see docs/api-coverage.md)")
+
+    fn.__name__ = name
+    return fn
+
+
+cos = _unsupported("cos")
+tan = _unsupported("tan")
+ceil = _unsupported("ceil")
+floor = _unsupported("floor")
+trunc = _unsupported("trunc")
+fmod = _unsupported("fmod")
+mod = _unsupported("mod")
+abs_max = _unsupported("abs_max")
+abs_min = _unsupported("abs_min")
+rand = _unsupported("rand")
+random_seed = _unsupported("random_seed")
+dropout = _unsupported("dropout")
+gather_flattened = _unsupported("gather_flattened")
+shared_constant = _unsupported("shared_constant")
+atomic_rmw = _unsupported("atomic_rmw")
+all_reduce = _unsupported("all_reduce")
+loop_reduce = _unsupported("loop_reduce")
+
+
+# --- reductions -----------------------------------------------------------------------------
+
+def _reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False):
+    x = _isa._check_tensor(x, "x")
+    axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    axes = tuple(a + x.ndim if a < 0 else a for a in axes)
+    kept = [1 if d in axes else n for d, n in enumerate(x.shape)] if keepdims else \
+        [n for d, n in enumerate(x.shape) if d not in axes]
+    if len(kept) < 2:
+        kept = kept + [1] * (2 - len(kept))
+    out = _result_tile(kept, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._tensor_reduce(out, op, x, list(axes), negate=negate, keepdims=keepdims, mask=mask)
+    return out
+
+
+def sum(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+    """Sum over the given free axes."""
+    return _reduce(add, x, axis, dtype, keepdims, mask)
+
+
+def prod(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+    """Product over the given free axes."""
+    return _reduce(multiply, x, axis, dtype, keepdims, mask)
+
+
+def max(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+    """Maximum over the given free axes."""
+    return _reduce(maximum, x, axis, dtype, keepdims, mask)
+
+
+def min(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+    """Minimum over the given free axes."""
+    return _reduce(minimum, x, axis, dtype, keepdims, mask)
+
+
+def all(x, axis, dtype=None, mask=None, **kwargs):
+    """1 where every element along the axes is nonzero."""
+    return _reduce(logical_and, x, axis, dtype if dtype is not None else bool_, False, mask)
+
+
+def mean(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+    """Mean over the given free axes (computed in fp32)."""
+    s = _reduce(add, x, axis, float32, keepdims, mask)
+    count = x.size // (s.size if s.size else 1)
+    out = _result_tile(s.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._tensor_scalar(out, s, multiply, 1.0 / count, mask=mask)
+    return out
+
+
+def var(x, axis, dtype=None, mask=None, **kwargs):
+    """Population variance over the given free axes (computed in fp32)."""
+    m = mean(x, axis, dtype=float32, keepdims=False, mask=mask)
+    centered = _result_tile(x.shape, float32)
+    _isa._tensor_scalar(centered, x, subtract, m.reshape(m.shape[0], 1) if m.ndim > 2 else m, mask=mask)
+    sq = _result_tile(x.shape, float32)
+    _isa._tensor_tensor(sq, centered, centered, multiply, mask=mask)
+    return mean(sq, axis, dtype=to_dtype(dtype) if dtype is not None else x.dtype, mask=mask)
+
+
+register_op(sum, alu="add")
+register_op(prod, alu="multiply")
+register_op(max, alu="maximum")
+register_op(min, alu="minimum")
+register_op(mean, alu="average")
+
+
+# --- composite operations -------------------------------------------------------------------
+
+def softmax(x, axis=-1, dtype=None, compute_dtype=None, mask=None, **kwargs):
+    """softmax along the last free axis: exp(x - max) / sum(exp(x - max))."""
+    x = _isa._check_tensor(x, "x")
+    axis_n = axis + x.ndim if axis < 0 else axis
+    if axis_n != x.ndim - 1 or axis_n == 0:
+        raise kernel_error_at(user_frame(2), f"nl.softmax: axis={axis} is not the last free axis of a tile of shape "
+                              f"{x.shape}", hint="transpose so the softmax axis is the last free dim")
+    p = x.shape[0]
+    neg_max = _result_tile((p, 1), float32)
+    _isa._tensor_reduce(neg_max, maximum, x, [axis_n], negate=True, mask=mask)
+    e = _result_tile(x.shape, float32)
+    total = _result_tile((p, 1), float32)
+    _isa._activation(e, exp, x, bias=neg_max, reduce_op=add, reduce_res=total,
+                     reduce_cmd=_isa.reduce_cmd.reset_reduce, mask=mask)
+    inv = _result_tile((p, 1), float32)
+    _isa._reciprocal(inv, total, mask=mask)
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._tensor_scalar(out, e, multiply, inv, mask=mask)
+    return out
+
+
+def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None, **kwargs):
+    """x / sqrt(mean(x ** 2) + epsilon) * w along the last free axis; w is [1, D] or [P, D]."""
+    x = _isa._check_tensor(x, "x")
+    p, d = x.shape[0], x.shape[-1]
+    squares = _result_tile(x.shape, float32)
+    ss = _result_tile((p, 1), float32)
+    _isa._activation(squares, square, x, reduce_op=add, reduce_res=ss, reduce_cmd=_isa.reduce_cmd.reset_reduce,
+                     mask=mask)
+    mean_eps = _result_tile((p, 1), float32)
+    _isa._tensor_scalar(mean_eps, ss, multiply, 1.0 / float(n), op1=add, operand1=float(epsilon), mask=mask)
+    inv_rms = _result_tile((p, 1), float32)
+    _isa._tensor_scalar(inv_rms, mean_eps, rsqrt, 0.0, engine=_isa.engine.gpsimd, mask=mask)
+    normed = _result_tile(x.shape, float32)
+    _isa._tensor_scalar(normed, x, multiply, inv_rms, mask=mask)
+    w = _isa._check_tensor(w, "w")
+    if w.ndim == 1:
+        w = w.reshape(1, w.shape[0])
+    if w.shape[0] != p:
+        wide = _result_tile((p, w.shape[-1]), w.dtype)
+        _isa.dma_copy(wide, w.broadcast(0, p) if w.shape[0] == 1 else w)
+        w = wide
+    elif w.buffer.is_hbm:
+        w = copy(w)
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._tensor_tensor(out, normed, w, multiply, mask=mask)
+    return out
+
+
+def matmul(x, y, transpose_x=False, mask=None, **kwargs):
+    """x @ y into a new fp32 PSUM tile. With transpose_x=True, x is given as x.T ([K, M], the
+    stationary layout); otherwise x [M, K] is transposed on the Tensor engine first."""
+    x, y = _isa._check_tensor(x, "x"), _isa._check_tensor(y, "y")
+    if not transpose_x:
+        x = transpose(x)
+        if x.buffer is psum:
+            x = copy(x)
+    return _isa._legacy_nc_matmul(x, y, mask=mask)
+
+
+def transpose(x, dtype=None, mask=None, **kwargs):
+    """2-D transpose: on the Vector engine up to 32x32, else on the Tensor engine into PSUM."""
+    return _isa._legacy_nc_transpose(x, dtype=dtype, mask=mask)
+
+
+def load(src, dtype=None, mask=None, **kwargs):
+    """Loads an HBM view into a new SBUF tile (dim 0 becomes the partition dim)."""
+    src = _isa._check_tensor(src, "src")
+    if not src.buffer.is_hbm:
+        raise kernel_error_at(user_frame(2), f"Expected operand 'src' of 'load' to be in address space 'hbm', but got "
+                              f"a tile in '{src.buffer.name}' instead.", hint="use nl.copy for on-chip tiles")
+    shape = src.shape if src.ndim >= 2 else (1, *src.shape)
+    tile = _result_tile(shape, to_dtype(dtype) if dtype is not None else src.dtype)
+    _isa.dma_copy(tile, src if src.ndim >= 2 else src.reshape(shape), mask=mask)
+    return tile
+
+
+def store(dst, value, mask=None, **kwargs):
+    """Stores a tile into an HBM view (PSUM tiles are staged through SBUF)."""
+    dst = _isa._check_tensor(dst, "dst")
+    value = _isa._check_tensor(value, "value")
+    if not dst.buffer.is_hbm:
+        raise kernel_error_at(user_frame(2), f"Expected operand 'dst' of 'store' to be in address space 'hbm', but got "
+                              f"a tile in '{dst.buffer.name}' instead.", hint="assign on-chip tiles with nl.copy")
+    if value.buffer is psum:
+        staged = _result_tile(value.shape, value.dtype)
+        _isa._tensor_copy(staged, value, mask=mask)
+        value = staged
+    _isa.dma_copy(dst, value, mask=mask)
+
+
+def load_transpose2d(src, dtype=None, mask=None, **kwargs):
+    """Loads a 2-D HBM view transposed (the DMA reads it column by column)."""
+    src = _isa._check_tensor(src, "src")
+    return load(src.permute((1, 0)), dtype=dtype, mask=mask)
+
+
+def where(condition, x, y, dtype=None, mask=None, **kwargs):
+    """x where condition is nonzero, else y (x, y tiles or numbers)."""
+    condition = _isa._check_tensor(condition, "condition")
+    ref = x if isinstance(x, NkiTensor) else y if isinstance(y, NkiTensor) else condition
+    dt = to_dtype(dtype) if dtype is not None else (ref.dtype if ref is not condition else float32)
+    out = _result_tile(condition.shape, dt)
+    if isinstance(y, NkiTensor):
+        _isa._tensor_copy(out, y, mask=mask)
+    else:
+        _isa._assign_scalar(out, y)
+    pred = condition
+    if condition.dtype not in (uint8, uint16, uint32, bool_):
+        pred = _result_tile(condition.shape, uint8)
+        _isa._tensor_scalar(pred, condition, not_equal, 0.0)
+    _isa.tensor_copy_predicated(out, x if isinstance(x, NkiTensor) else float(x), pred, mask=mask)
+    return out
+
+
+def broadcast_to(x, shape, dtype=None, **kwargs):
+    """A stride-0 view of x broadcast to `shape` (size-1 dims repeat)."""
+    return _isa._check_tensor(x, "x").broadcast_to(shape)
+
+
+def expand_dims(x, axis):
+    """A view of x with a size-1 dim inserted at `axis`."""
+    return _isa._check_tensor(x, "x").expand_dim(axis)
+
+
+def static_cast(input_data, dtype):
+    """A copy of input_data converted to dtype."""
+    return copy(input_data, dtype=dtype)
+

@@ -1,0 +1,25 @@
+"""Placeholders for kernel inputs when only shapes matter (compiling or estimating without data)."""
+
+from __future__ import annotations
+
+from .dtypes import to_dtype
+
+__all__ = ["TensorSpec", "spec"]
+
+
+class TensorSpec:
+    """Shape and dtype of an input tensor, standing in for an array."""
+
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = to_dtype(dtype)
+
+    def __repr__(self) -> str:
+        return f"nikki.spec({self.shape}, {self.dtype.name})"
+
+
+def spec(shape, dtype) -> TensorSpec:
+    """An input placeholder: ``nikki.spec((4096, 8192), nl.bfloat16)``."""
+    return TensorSpec(shape, dtype)

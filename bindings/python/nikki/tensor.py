@@ -1,0 +1,401 @@
+"""NkiTensor: a view of a tensor in the kernel being traced, and the memory regions it lives in."""
+
+from __future__ import annotations
+
+from . import _core
+from .dtypes import dtype as _dtype_cls
+from .dtypes import to_dtype
+from .errors import KernelError, ViewError, kernel_error_at, user_frame
+
+__all__ = ["MemoryRegion", "NkiTensor", "DynSlice", "sbuf", "psum", "hbm", "shared_hbm", "private_hbm"]
+
+
+class MemoryRegion:
+    """A memory a tensor lives in (``nl.sbuf``, ``nl.psum``, ``nl.hbm``, ...)."""
+
+    __slots__ = ("name", "core")
+
+    def __init__(self, name: str):
+        self.name = name
+        self.core = getattr(_core.Buffer, name)
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+    @property
+    def is_on_chip(self) -> bool:
+        return self.name in ("sbuf", "psum")
+
+    @property
+    def is_hbm(self) -> bool:
+        return not self.is_on_chip
+
+
+sbuf = MemoryRegion("sbuf")
+psum = MemoryRegion("psum")
+hbm = MemoryRegion("hbm")
+shared_hbm = MemoryRegion("shared_hbm")
+private_hbm = MemoryRegion("private_hbm")
+_REGIONS = {r.core: r for r in (sbuf, psum, hbm, shared_hbm, private_hbm)}
+
+
+def region_of(buffer) -> MemoryRegion:
+    """Normalizes a buffer argument; NKI rejects string names, so nikki does too."""
+    if isinstance(buffer, MemoryRegion):
+        return buffer
+    if isinstance(buffer, str):
+        raise kernel_error_at(user_frame(2), f"buffer={buffer!r}: string buffer names are not supported",
+                              hint=f"pass the memory region object, e.g. buffer=nl.{buffer}")
+    raise kernel_error_at(user_frame(2), f"buffer={buffer!r} is not a memory region",
+                          hint="use nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm or nl.private_hbm")
+
+
+class DynSlice:
+    """``nl.ds(start, size)``: the slice [start, start + size)."""
+
+    __slots__ = ("start", "size")
+
+    def __init__(self, start: int, size: int):
+        self.start = start
+        self.size = size
+
+    def as_slice(self) -> slice:
+        return slice(self.start, self.start + self.size)
+
+    def __repr__(self) -> str:
+        return f"nl.ds({self.start}, {self.size})"
+
+
+def _view_error(err: ViewError, name: str) -> KernelError:
+    return kernel_error_at(user_frame(3), f"tensor '{name}': {err.what}", limit=err.limit, hint=err.hint)
+
+
+class NkiTensor:
+    """A view of a tensor inside a kernel being traced (NKI's NkiTensor).
+
+    Views are free: slicing, reshaping, permuting and broadcasting return new views of the same
+    storage. Out-of-bound subscripts are errors, never clipped.
+    """
+
+    __slots__ = ("_ctx", "_view")
+    __array_priority__ = 1000  # numpy scalars defer to NkiTensor's operators
+
+    def __init__(self, ctx, view):
+        self._ctx = ctx
+        self._view = view
+
+    # --- attributes -----------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return self._view.shape
+
+    @property
+    def dtype(self) -> _dtype_cls:
+        return to_dtype(self._view.dtype)
+
+    @property
+    def buffer(self) -> MemoryRegion:
+        return _REGIONS[self._ctx.builder.storage_buffer(self._view.storage)]
+
+    @property
+    def ndim(self) -> int:
+        return self._view.ndim
+
+    @property
+    def size(self) -> int:
+        return self._view.size
+
+    @property
+    def offset(self) -> int:
+        return self._view.offset
+
+    @property
+    def strides(self) -> tuple:
+        return self._view.strides
+
+    @property
+    def name(self) -> str:
+        return self._ctx.builder.storage_name(self._view.storage)
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    def get_pattern(self) -> list:
+        """The access pattern as [[stride, count], ...], outermost first."""
+        return [list(p) for p in self._view.pattern]
+
+    def is_contiguous(self) -> bool:
+        return self._view.is_contiguous()
+
+    def is_indirect(self) -> bool:
+        return self._view.is_dynamic
+
+    def __repr__(self) -> str:
+        return f"NkiTensor('{self.name}', shape={self.shape}, dtype={self.dtype.name}, buffer={self.buffer.name})"
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __bool__(self):
+        raise kernel_error_at(user_frame(2), "Cannot evaluate truth value of a multi-element tensor",
+                              hint="tensor values exist only at run time; use nl.where / masks, or "
+                                   "compare shapes instead")
+
+    __hash__ = object.__hash__
+
+    # --- views ----------------------------------------------------------------------------
+    def _derive(self, method: str, *args) -> "NkiTensor":
+        try:
+            return NkiTensor(self._ctx, getattr(self._view, method)(*args))
+        except ViewError as err:
+            raise _view_error(err, self.name) from None
+
+    def __getitem__(self, key) -> "NkiTensor":
+        from . import index_expr  # legacy nl.arange index expressions
+
+        if not isinstance(key, tuple):
+            key = (key,)
+        if index_expr.uses_index_expr(key):
+            return index_expr.subscript(self, key)
+        subs = []
+        for i, k in enumerate(key):
+            if k is Ellipsis:
+                fill = self.ndim - (len(key) - 1)
+                subs.extend([slice(None)] * max(fill, 0))
+            elif isinstance(k, DynSlice):
+                subs.append(k.as_slice())
+            elif isinstance(k, slice) or isinstance(k, int):
+                subs.append(k)
+            elif hasattr(k, "__index__"):
+                subs.append(k.__index__())
+            elif isinstance(k, NkiTensor):
+                raise kernel_error_at(user_frame(2), "indexing with a tensor of runtime indices is not "
+                                      "supported by subscripts",
+                                      hint="gather with t.ap(pattern, vector_offset=indices) in nisa.dma_copy, or "
+                                           "offset with t.ap(pattern, scalar_offset=...)")
+            else:
+                raise kernel_error_at(user_frame(2), f"unsupported subscript {k!r}",
+                                      hint="use integers, slices, nl.ds(start, size) or ...")
+        try:
+            return NkiTensor(self._ctx, self._view.subscript(subs, self.buffer.is_on_chip))
+        except ViewError as err:
+            raise _view_error(err, self.name) from None
+
+    def __setitem__(self, key, value) -> None:
+        """Legacy assignment ``t[...] = value``: copies value (a tile or a scalar) into t[key]."""
+        from . import isa
+
+        dst = self[key]
+        if isinstance(value, NkiTensor):
+            if dst._view.same_as(value._view):
+                return  # `t[i] += x` writes in place, then assigns t[i] to itself
+            isa._assign(dst, value)
+        else:
+            isa._assign_scalar(dst, value)
+
+    def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
+        """Elements [start, end) with `step` along `dim`."""
+        return self._derive("slice", dim, start, end, step)
+
+    def select(self, dim: int, index: int) -> "NkiTensor":
+        """Fixes `dim` at `index` and removes it."""
+        if not isinstance(index, int):
+            raise kernel_error_at(user_frame(2), "select() with a runtime index is not supported yet",
+                                  hint="use t.ap(pattern, scalar_offset=register_or_1x1_tensor)")
+        return self._derive("select", dim, index)
+
+    def permute(self, dims) -> "NkiTensor":
+        """Reorders dims: result dim k is input dim dims[k]."""
+        return self._derive("permute", list(dims))
+
+    def broadcast(self, dim: int, size: int) -> "NkiTensor":
+        """Repeats a size-1 dim `size` times without copying (stride 0)."""
+        return self._derive("broadcast", dim, size)
+
+    def broadcast_to(self, shape) -> "NkiTensor":
+        """Broadcasts size-1 dims to `shape` (same rank)."""
+        shape = tuple(shape)
+        if len(shape) != self.ndim:
+            raise kernel_error_at(user_frame(2), f"broadcast_to{shape} needs rank {self.ndim}")
+        t = self
+        for d, (have, want) in enumerate(zip(self.shape, shape)):
+            if have != want:
+                t = t._derive("broadcast", d, want)
+        return t
+
+    def expand_dim(self, dim: int) -> "NkiTensor":
+        return self._derive("expand_dim", dim)
+
+    def expand_dims(self, axis: int) -> "NkiTensor":
+        return self._derive("expand_dim", axis)
+
+    def squeeze_dim(self, dim: int) -> "NkiTensor":
+        return self._derive("squeeze_dim", dim)
+
+    def reshape(self, *shape) -> "NkiTensor":
+        """Same elements with a new shape (no copy; merged dims must be contiguous)."""
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return self._derive("reshape", [int(s) for s in shape])
+
+    def reshape_dim(self, dim: int, shape) -> "NkiTensor":
+        return self._derive("reshape_dim", dim, [int(s) for s in shape])
+
+    def flatten_dims(self, start_dim: int, end_dim: int) -> "NkiTensor":
+        return self._derive("flatten_dims", start_dim, end_dim)
+
+    def view(self, dtype) -> "NkiTensor":
+        """Reinterprets the bytes as `dtype`; the last dim is rescaled."""
+        return self._derive("reinterpret", to_dtype(dtype).core)
+
+    reinterpret_cast = view
+
+    def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim: int = 0,
+           dtype=None) -> "NkiTensor":
+        """A raw access pattern [[stride, count], ...] over this tensor's storage, ignoring the
+        current view (NKI's .ap()). Runtime offsets come from a register or a 1x1 tensor
+        (scalar_offset) or a per-partition index tensor (vector_offset)."""
+        from .isa import VirtualRegister
+
+        dt = to_dtype(dtype).core if dtype is not None else self._ctx.builder.storage(self._view.storage)["dtype"]
+        try:
+            pairs = [(int(s), int(c)) for s, c in pattern]
+        except (TypeError, ValueError):
+            raise kernel_error_at(user_frame(2), "ap(): pattern must be a list of [stride, count] pairs") from None
+        v = self._derive("with_pattern", pairs, int(offset or 0), dt)._view
+        if scalar_offset is None and vector_offset is None:
+            return NkiTensor(self._ctx, v)
+        if scalar_offset is not None and vector_offset is not None:
+            raise kernel_error_at(user_frame(2), "ap(): scalar_offset and vector_offset are mutually exclusive")
+        storage_shape = self._ctx.builder.storage(self._view.storage)["shape"]
+        if not 0 <= indirect_dim < len(storage_shape):
+            raise kernel_error_at(user_frame(2), f"ap(): indirect_dim {indirect_dim} is out of range for a "
+                                  f"tensor of rank {len(storage_shape)}")
+        multiplier = 1
+        for extent in storage_shape[indirect_dim + 1:]:
+            multiplier *= extent
+        scalar_view = scalar_reg = vector_view = None
+        if isinstance(scalar_offset, VirtualRegister):
+            scalar_reg = scalar_offset._reg
+        elif isinstance(scalar_offset, NkiTensor):
+            if scalar_offset.size != 1:
+                raise kernel_error_at(user_frame(2), f"ap(): scalar_offset must be a 1x1 tensor, got shape "
+                                      f"{scalar_offset.shape}", hint="pass a [1, 1] SBUF tensor or a register")
+            scalar_view = scalar_offset._view
+        elif scalar_offset is not None:
+            raise kernel_error_at(user_frame(2), "ap(): scalar_offset must be a register or a 1x1 tensor",
+                                  hint="a compile-time offset goes in offset=")
+        if vector_offset is not None:
+            if not isinstance(vector_offset, NkiTensor):
+                raise kernel_error_at(user_frame(2), "ap(): vector_offset must be an SBUF index tensor")
+            if indirect_dim != 0:
+                raise kernel_error_at(user_frame(2), "ap(): vector_offset supports only indirect_dim=0",
+                                      limit="indirect_dim must be 0")
+            vector_view = vector_offset._view
+        return NkiTensor(self._ctx, v.with_indirection(scalar_view, scalar_reg, multiplier, vector_view,
+                                                      indirect_dim, multiplier))
+
+    # --- legacy tile arithmetic (each operator emits instructions and returns a new tile) ---
+    def _binary(self, other, op, reverse=False):
+        from . import language as nl
+
+        return nl._binary_op(op, other, self) if reverse else nl._binary_op(op, self, other)
+
+    def __add__(self, other):
+        return self._binary(other, "add")
+
+    def __radd__(self, other):
+        return self._binary(other, "add", True)
+
+    def __sub__(self, other):
+        return self._binary(other, "subtract")
+
+    def __rsub__(self, other):
+        return self._binary(other, "subtract", True)
+
+    def __mul__(self, other):
+        return self._binary(other, "multiply")
+
+    def __rmul__(self, other):
+        return self._binary(other, "multiply", True)
+
+    def __truediv__(self, other):
+        return self._binary(other, "divide")
+
+    def __rtruediv__(self, other):
+        return self._binary(other, "divide", True)
+
+    def __pow__(self, other):
+        return self._binary(other, "power")
+
+    def __and__(self, other):
+        return self._binary(other, "bitwise_and")
+
+    def __or__(self, other):
+        return self._binary(other, "bitwise_or")
+
+    def __xor__(self, other):
+        return self._binary(other, "bitwise_xor")
+
+    def __lshift__(self, other):
+        return self._binary(other, "left_shift")
+
+    def __rshift__(self, other):
+        return self._binary(other, "right_shift")
+
+    def __lt__(self, other):
+        return self._binary(other, "less")
+
+    def __le__(self, other):
+        return self._binary(other, "less_equal")
+
+    def __gt__(self, other):
+        return self._binary(other, "greater")
+
+    def __ge__(self, other):
+        return self._binary(other, "greater_equal")
+
+    def __eq__(self, other):
+        if not isinstance(other, (NkiTensor, int, float)):
+            return NotImplemented
+        return self._binary(other, "equal")
+
+    def __ne__(self, other):
+        if not isinstance(other, (NkiTensor, int, float)):
+            return NotImplemented
+        return self._binary(other, "not_equal")
+
+    def __neg__(self):
+        from . import language as nl
+
+        return nl.negative(self)
+
+    def __abs__(self):
+        from . import language as nl
+
+        return nl.abs(self)
+
+    def __invert__(self):
+        from . import language as nl
+
+        return nl.invert(self)
+
+    def __iadd__(self, other):
+        """``t += x`` accumulates in place; ``psum += nisa.nc_matmul(...)`` accumulates in PSUM."""
+        from . import isa
+
+        isa._accumulate_into(self, other)
+        return self
+
+    def __isub__(self, other):
+        from . import isa
+
+        isa._update_in_place(self, other, "subtract")
+        return self
+
+    def __imul__(self, other):
+        from . import isa
+
+        isa._update_in_place(self, other, "multiply")
+        return self

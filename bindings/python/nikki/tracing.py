@@ -1,0 +1,73 @@
+"""The trace context: the kernel being built on this thread and the user's source locations."""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+from . import _core
+from .errors import _PACKAGE_DIR, KernelError, _positions, kernel_error_at, user_frame
+
+__all__ = ["TraceContext", "current", "maybe_current", "location"]
+
+_state = threading.local()
+
+
+class TraceContext:
+    """Everything the NKI API needs while one program instance of a kernel is traced."""
+
+    def __init__(self, name: str, target: str, grid: tuple = (), program_ids: tuple = ()):
+        self.builder = _core.Builder(name, target, list(grid), list(program_ids))
+        self.target = target
+        self.grid = tuple(grid)
+        self.program_ids = tuple(program_ids)
+        self._locations: dict = {}
+        # index -> NkiTensor of fresh PSUM tiles produced by a legacy functional nc_matmul, so
+        # `psum[...] += nisa.nc_matmul(...)` can accumulate in place.
+        self.pending_matmul: dict = {}
+
+    def location(self, depth: int = 2) -> int:
+        """Interned location of the user's line that is calling into nikki."""
+        frame = sys._getframe(depth)
+        while frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+            frame = frame.f_back
+        key = (frame.f_code, frame.f_lasti)
+        loc = self._locations.get(key)
+        if loc is None:
+            code = frame.f_code
+            line, column, end_column = frame.f_lineno, 0, 0
+            pos = _positions(code, frame.f_lasti)
+            if pos is not None:
+                line, column, end_column = pos
+            loc = self.builder.location(code.co_filename, line, column, end_column, code.co_name)
+            self._locations[key] = loc
+        return loc
+
+    def __enter__(self):
+        self._previous = getattr(_state, "ctx", None)
+        _state.ctx = self
+        return self
+
+    def __exit__(self, *exc):
+        _state.ctx = self._previous
+        return False
+
+
+def maybe_current() -> TraceContext | None:
+    """The active trace context, or None outside a kernel."""
+    return getattr(_state, "ctx", None)
+
+
+def current(api: str = "NKI API") -> TraceContext:
+    """The active trace context; a KernelError naming the call if no kernel is being traced."""
+    ctx = getattr(_state, "ctx", None)
+    if ctx is None:
+        raise kernel_error_at(user_frame(2), f"{api} called outside of a kernel",
+                              hint="call nki.language / nki.isa functions inside a function decorated "
+                                   "with @nki.jit, and call that function")
+    return ctx
+
+
+def location(depth: int = 3) -> int:
+    """Location id of the user's line in the current trace."""
+    return current().location(depth)

@@ -1,0 +1,413 @@
+// nikki._core: the Python front end's view of the C++ core. It exposes the same KernelBuilder the
+// C++ DSL uses, views (access patterns), the compile pipeline and the executors. Argument
+// defaults and NKI's Python signatures live in the Python package; this layer stays thin.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nikki/builder.hpp"
+#include "nikki/ir_printer.hpp"
+#include "nikki/jit/compile.hpp"
+#include "nikki/nl.hpp"
+#include "nikki/runtime/interpreter.hpp"
+
+namespace py = pybind11;
+using namespace nikki;
+
+namespace {
+
+// Set by nikki.errors at import: the Python KernelError class to raise for nikki::KernelError.
+py::object g_kernel_error_class;
+py::object g_view_error_class;
+
+/** A register handle as the Python side sees it. */
+struct Register {
+  RegisterId id;
+};
+
+Shape to_shape(const std::vector<int64_t>& dims) {
+  if (dims.size() > size_t(kMaxRank))
+    throw ViewError{fmt::format("rank {} exceeds the maximum of {}", dims.size(), kMaxRank), {}, {}};
+  return Shape(std::span<const int64_t>(dims));
+}
+
+py::tuple shape_tuple(const Shape& s) {
+  py::tuple t(s.rank());
+  for (int i = 0; i < s.rank(); ++i) t[i] = s[i];
+  return t;
+}
+
+Operand to_operand(const py::handle& h) {
+  if (h.is_none()) return Operand::none();
+  if (py::isinstance<AccessPattern>(h)) return Operand::tensor(h.cast<const AccessPattern&>());
+  if (py::isinstance<Register>(h)) return Operand::reg_(h.cast<const Register&>().id);
+  if (py::isinstance<py::bool_>(h)) return Operand::immediate(h.cast<bool>() ? 1.0 : 0.0);
+  return Operand::immediate(h.cast<double>());
+}
+
+AluOp alu_of(const py::handle& h) { return h.cast<AluOp>(); }
+
+void set_attribute(Attributes& a, const std::string& key, const py::handle& v) {
+  if (key == "op0") a.op0 = alu_of(v);
+  else if (key == "op1") a.op1 = alu_of(v);
+  else if (key == "func") a.func = v.cast<ActFunc>();
+  else if (key == "reduce_op") a.reduce_op = alu_of(v);
+  else if (key == "reduce_cmd") a.reduce_cmd = v.cast<ReduceCmd>();
+  else if (key == "cmp_op") a.cmp_op = alu_of(v);
+  else if (key == "accumulate") a.accumulate = v.cast<Accumulate>();
+  else if (key == "reverse0") a.reverse0 = v.cast<bool>();
+  else if (key == "reverse1") a.reverse1 = v.cast<bool>();
+  else if (key == "negate") a.negate = v.cast<bool>();
+  else if (key == "keepdims") a.keepdims = v.cast<bool>();
+  else if (key == "reverse_pred") a.reverse_pred = v.cast<bool>();
+  else if (key == "is_transpose") a.is_transpose = v.cast<bool>();
+  else if (key == "is_stationary_onezero") a.is_stationary_onezero = v.cast<bool>();
+  else if (key == "is_moving_onezero") a.is_moving_onezero = v.cast<bool>();
+  else if (key == "axes") a.axes = v.cast<uint32_t>();
+  else if (key == "offset") a.offset = v.cast<int64_t>();
+  else if (key == "channel_multiplier") a.channel_multiplier = v.cast<int64_t>();
+  else if (key == "pattern") {
+    for (const py::handle& pair : v) {
+      auto seq = pair.cast<std::vector<int64_t>>();
+      if (seq.size() != 2) throw ViewError{"pattern entries are [step, num] pairs", {}, {}};
+      a.pattern.push_back({seq[0], seq[1]});
+    }
+  } else if (key == "step") a.step = v.cast<int64_t>();
+  else if (key == "jump") a.jump = v.cast<int32_t>();
+  else if (key == "text") a.text = v.cast<std::string>();
+  else throw std::invalid_argument("unknown instruction attribute: " + key);
+}
+
+/** Compiled kernel plus its interpreter, created on first run. */
+struct PyProgram {
+  jit::Program program;
+  std::unique_ptr<runtime::Interpreter> interpreter;
+
+  void run(const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs) {
+    if (!interpreter) interpreter = std::make_unique<runtime::Interpreter>(program.kernel);
+    std::vector<void*> in(inputs.size()), out(outputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) in[i] = reinterpret_cast<void*>(inputs[i]);
+    for (size_t i = 0; i < outputs.size(); ++i) out[i] = reinterpret_cast<void*>(outputs[i]);
+    py::gil_scoped_release release;
+    interpreter->run(in, out);
+  }
+};
+
+py::dict tile_sizes(const TargetConfig& t) {
+  nl::TileSize s = nl::tile_size_of(t);
+  py::dict d;
+  d["pmax"] = s.pmax;
+  d["psum_fmax"] = s.psum_fmax;
+  d["psum_bank_fmax"] = s.psum_bank_fmax;
+  d["psum_bank_fmax_bytes"] = s.psum_bank_fmax_bytes;
+  d["psum_num_banks"] = s.psum_num_banks;
+  d["gemm_stationary_fmax"] = s.gemm_stationary_fmax;
+  d["gemm_moving_fmax"] = s.gemm_moving_fmax;
+  d["bn_stats_fmax"] = s.bn_stats_fmax;
+  d["sbuf_fmax_bytes"] = s.sbuf_fmax_bytes;
+  d["sbuf_fmax"] = s.sbuf_fmax;
+  d["sbuf_size_bytes"] = s.sbuf_size_bytes;
+  d["total_available_sbuf_size"] = s.sbuf_fmax_bytes;
+  d["psum_min_align"] = 4;
+  d["sbuf_min_align"] = 4;
+  return d;
+}
+
+py::dict storage_info(const Storage& s) {
+  py::dict d;
+  d["name"] = s.name;
+  d["buffer"] = s.buffer;
+  d["dtype"] = s.dtype;
+  d["shape"] = shape_tuple(s.shape);
+  d["role"] = s.role == StorageRole::input ? "input" : s.role == StorageRole::output ? "output" : "scratch";
+  return d;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "nikki's C++ core: kernel IR builder, compile pipeline and simulated NeuronCore";
+
+  // --- enums -------------------------------------------------------------------------------
+  py::enum_<DType> dtype(m, "DType");
+  for (int i = 0; i < kNumDTypes; ++i) dtype.value(std::string(kDTypeInfo[i].name).c_str(), static_cast<DType>(i));
+  py::enum_<Buffer>(m, "Buffer")
+      .value("hbm", Buffer::hbm)
+      .value("shared_hbm", Buffer::shared_hbm)
+      .value("private_hbm", Buffer::private_hbm)
+      .value("sbuf", Buffer::sbuf)
+      .value("psum", Buffer::psum);
+  py::enum_<Engine>(m, "Engine")
+      .value("tensor", Engine::tensor)
+      .value("vector", Engine::vector)
+      .value("scalar", Engine::scalar)
+      .value("gpsimd", Engine::gpsimd)
+      .value("sync", Engine::sync)
+      .value("dma", Engine::dma)
+      .value("unknown", Engine::unknown);
+  py::enum_<AluOp> alu(m, "AluOp");
+  for (int i = 0; i < kNumAluOps; ++i) alu.value(std::string(kAluOpNames[i]).c_str(), static_cast<AluOp>(i));
+  py::enum_<ActFunc> act(m, "ActFunc");
+  for (int i = 0; i < kNumActFuncs; ++i) act.value(std::string(kActFuncNames[i]).c_str(), static_cast<ActFunc>(i));
+  py::enum_<ReduceCmd>(m, "ReduceCmd")
+      .value("idle", ReduceCmd::idle)
+      .value("reset", ReduceCmd::reset)
+      .value("reduce", ReduceCmd::reduce)
+      .value("reset_reduce", ReduceCmd::reset_reduce)
+      .value("load_reduce", ReduceCmd::load_reduce);
+  py::enum_<Accumulate>(m, "Accumulate")
+      .value("automatic", Accumulate::automatic)
+      .value("overwrite", Accumulate::overwrite)
+      .value("accumulate", Accumulate::accumulate);
+  py::enum_<Opcode> opcode(m, "Opcode");
+  for (int i = 0; i < kNumOpcodes; ++i)
+    opcode.value(std::string(kOpcodeSpecs[i].name).c_str(), static_cast<Opcode>(i));
+
+  m.def("dtype_size", [](DType d) { return dtype_size(d); });
+  m.def("dtype_is_float", [](DType d) { return is_float(d); });
+  m.def("target_names", [] { return std::vector<std::string>{"trn1", "trn2"}; });
+  m.def("target_info", [](const std::string& name) {
+    const TargetConfig& t = target_config(require_target(name));
+    py::dict d;
+    d["name"] = std::string(t.name);
+    d["core"] = std::string(t.core);
+    d["generation"] = t.generation;
+    d["tile_size"] = tile_sizes(t);
+    return d;
+  });
+  m.def("default_target", [] { return std::string(target_config(default_target()).name); });
+
+  // --- errors ------------------------------------------------------------------------------
+  m.def("_set_error_classes", [](py::object kernel_error, py::object view_error) {
+    g_kernel_error_class = std::move(kernel_error);
+    g_view_error_class = std::move(view_error);
+  });
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const KernelError& e) {
+      if (!g_kernel_error_class) throw;
+      const SourceLocation& l = e.location();
+      py::object err = g_kernel_error_class(e.summary(), py::arg("file") = l.file, py::arg("line") = l.line,
+                                            py::arg("column") = l.column, py::arg("end_column") = l.end_column,
+                                            py::arg("instruction") = e.instruction(), py::arg("limit") = e.limit(),
+                                            py::arg("hint") = e.hint());
+      PyErr_SetObject(g_kernel_error_class.ptr(), err.ptr());
+    } catch (const ViewError& e) {
+      if (!g_view_error_class) throw std::runtime_error(e.what);
+      py::object err = g_view_error_class(e.what, e.limit, e.hint);
+      PyErr_SetObject(g_view_error_class.ptr(), err.ptr());
+    } catch (const InternalError& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+    }
+  });
+
+  // --- views -------------------------------------------------------------------------------
+  py::class_<Register>(m, "Register").def_readonly("id", &Register::id).def("__repr__", [](const Register& r) {
+    return fmt::format("<register r{}>", r.id);
+  });
+
+  py::class_<AccessPattern>(m, "View")
+      .def_readonly("storage", &AccessPattern::storage)
+      .def_readonly("dtype", &AccessPattern::dtype)
+      .def_readonly("offset", &AccessPattern::offset)
+      .def_property_readonly("ndim", [](const AccessPattern& ap) { return int(ap.rank); })
+      .def_property_readonly("shape", [](const AccessPattern& ap) { return shape_tuple(ap.shape()); })
+      .def_property_readonly("size", &AccessPattern::num_elements)
+      .def_property_readonly("pattern",
+                             [](const AccessPattern& ap) {
+                               py::list l;
+                               for (const Dim& d : ap.pattern()) l.append(py::make_tuple(d.stride, d.count));
+                               return l;
+                             })
+      .def_property_readonly("strides",
+                             [](const AccessPattern& ap) {
+                               py::tuple t(ap.rank);
+                               for (int d = 0; d < ap.rank; ++d) t[d] = ap.dims[d].stride;
+                               return t;
+                             })
+      .def_property_readonly("is_dynamic", &AccessPattern::is_dynamic)
+      .def("is_contiguous", [](const AccessPattern& ap) { return is_contiguous(ap); })
+      .def("subscript",
+           [](const AccessPattern& ap, const py::sequence& subs, bool on_chip) {
+             std::vector<Index> idx;
+             idx.reserve(subs.size());
+             for (const py::handle& h : subs) {
+               if (py::isinstance<py::slice>(h)) {
+                 auto sl = h.cast<py::slice>();
+                 Slice s;
+                 py::object start = sl.attr("start"), stop = sl.attr("stop"), step = sl.attr("step");
+                 if (!start.is_none()) s.start = start.cast<int64_t>();
+                 if (!stop.is_none()) s.stop = stop.cast<int64_t>();
+                 if (!step.is_none()) s.step = step.cast<int64_t>();
+                 idx.emplace_back(s);
+               } else {
+                 idx.emplace_back(h.cast<int64_t>());
+               }
+             }
+             return view::subscript(ap, idx, on_chip);
+           })
+      .def("slice",
+           [](const AccessPattern& ap, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end,
+              int64_t step) { return view::strict_slice(ap, view::normalize_dim(ap, dim, "slice"), {start, end, step}); })
+      .def("select", [](const AccessPattern& ap, int64_t dim, int64_t i) { return view::select(ap, dim, i); })
+      .def("permute", [](const AccessPattern& ap, const std::vector<int64_t>& order) { return view::permute(ap, order); })
+      .def("broadcast", [](const AccessPattern& ap, int64_t dim, int64_t n) { return view::broadcast(ap, dim, n); })
+      .def("expand_dim", [](const AccessPattern& ap, int64_t dim) { return view::expand_dim(ap, dim); })
+      .def("squeeze_dim", [](const AccessPattern& ap, int64_t dim) { return view::squeeze_dim(ap, dim); })
+      .def("reshape",
+           [](const AccessPattern& ap, const std::vector<int64_t>& s) { return view::reshape(ap, to_shape(s)); })
+      .def("reshape_dim", [](const AccessPattern& ap, int64_t dim,
+                             const std::vector<int64_t>& s) { return view::reshape_dim(ap, dim, to_shape(s)); })
+      .def("flatten_dims", [](const AccessPattern& ap, int64_t s, int64_t e) { return view::flatten_dims(ap, s, e); })
+      .def("reinterpret", [](const AccessPattern& ap, DType d) { return view::reinterpret(ap, d); })
+      .def("with_pattern",
+           [](const AccessPattern& ap, const std::vector<std::pair<int64_t, int64_t>>& pattern, int64_t offset,
+              DType dtype) {
+             if (pattern.empty() || pattern.size() > size_t(kMaxRank))
+               throw ViewError{fmt::format("ap(): pattern needs 1 to {} [stride, count] pairs, got {}", kMaxRank,
+                                           pattern.size()),
+                               {}, {}};
+             AccessPattern out;
+             out.storage = ap.storage;
+             out.dtype = dtype;
+             out.offset = offset;
+             out.rank = static_cast<uint8_t>(pattern.size());
+             for (size_t d = 0; d < pattern.size(); ++d) {
+               if (pattern[d].second < 1)
+                 throw ViewError{fmt::format("ap(): count {} of pattern entry {} must be positive", pattern[d].second, d),
+                                 {}, {}};
+               out.dims[d] = {pattern[d].first, pattern[d].second};
+             }
+             return out;
+           })
+      .def("with_indirection",
+           [](const AccessPattern& ap, std::optional<AccessPattern> scalar_tensor, std::optional<Register> scalar_reg,
+              int64_t scalar_multiplier, std::optional<AccessPattern> vector_offset, int indirect_dim,
+              int64_t vector_multiplier) {
+             auto ind = std::make_shared<Indirection>();
+             ind->scalar_tensor = std::move(scalar_tensor);
+             ind->scalar_register = scalar_reg ? scalar_reg->id : -1;
+             ind->scalar_multiplier = scalar_multiplier;
+             ind->vector_offset = std::move(vector_offset);
+             ind->indirect_dim = indirect_dim;
+             ind->vector_multiplier = vector_multiplier;
+             AccessPattern out = ap;
+             out.indirection = std::move(ind);
+             return out;
+           })
+      .def("same_as", [](const AccessPattern& a, const AccessPattern& b) {
+        return a.storage == b.storage && a.dtype == b.dtype && a.offset == b.offset && a.rank == b.rank &&
+               std::equal(a.dims.begin(), a.dims.begin() + a.rank, b.dims.begin()) && !a.indirection && !b.indirection;
+      });
+
+  // --- building ----------------------------------------------------------------------------
+  py::class_<Kernel>(m, "Kernel")
+      .def_readonly("name", &Kernel::name)
+      .def_property_readonly("num_instructions", [](const Kernel& k) { return k.instructions.size(); })
+      .def("text", [](const Kernel& k, bool locations) { return to_string(k, PrintOptions{.locations = locations}); },
+           py::arg("locations") = true)
+      .def("output_specs", [](const Kernel& k) {
+        py::list l;
+        for (StorageId id : k.outputs) l.append(py::make_tuple(shape_tuple(k.storage(id).shape), k.storage(id).dtype));
+        return l;
+      });
+
+  py::class_<KernelBuilder>(m, "Builder")
+      .def(py::init([](const std::string& name, const std::string& target, std::vector<int64_t> grid,
+                       std::vector<int64_t> ids) {
+             return std::make_unique<KernelBuilder>(name, require_target(target),
+                                                    ProgramGrid{std::move(grid), std::move(ids)});
+           }),
+           py::arg("name"), py::arg("target"), py::arg("grid") = std::vector<int64_t>{},
+           py::arg("program_ids") = std::vector<int64_t>{})
+      .def_property_readonly("target", [](const KernelBuilder& b) { return std::string(b.config().name); })
+      .def_property_readonly("generation", [](const KernelBuilder& b) { return b.config().generation; })
+      .def_property_readonly("num_instructions",
+                             [](const KernelBuilder& b) { return b.kernel().instructions.size(); })
+      .def_property_readonly("num_storages", [](const KernelBuilder& b) { return b.kernel().storages.size(); })
+      .def("location",
+           [](KernelBuilder& b, std::string file, uint32_t line, uint32_t column, uint32_t end_column,
+              std::string function) {
+             return b.location(SourceLocation{std::move(file), line, column, std::move(function), end_column});
+           })
+      .def("add_storage",
+           [](KernelBuilder& b, const std::string& name, Buffer buffer, DType dtype, const std::vector<int64_t>& shape,
+              const std::string& role, LocId loc, std::optional<std::pair<uint32_t, uint32_t>> address) {
+             StorageRole r = role == "input"    ? StorageRole::input
+                             : role == "output" ? StorageRole::output
+                                                : StorageRole::scratch;
+             std::optional<Address> a;
+             if (address) a = Address{address->first, address->second};
+             Shape s = to_shape(shape);
+             StorageId id = b.add_storage(name, buffer, dtype, s, r, loc, a);
+             return full_view(id, dtype, s);
+           })
+      .def("storage", [](const KernelBuilder& b, StorageId id) { return storage_info(b.storage(id)); })
+      .def("storage_buffer", [](const KernelBuilder& b, StorageId id) { return b.storage(id).buffer; })
+      .def("storage_name", [](const KernelBuilder& b, StorageId id) { return b.storage(id).name; })
+      .def("set_writable", [](KernelBuilder& b, StorageId id) { b.storage(id).writable_input = true; })
+      .def("set_role_scratch", [](KernelBuilder& b, StorageId id) { b.storage(id).role = StorageRole::scratch; })
+      .def("new_register", [](KernelBuilder& b) { return Register{b.new_register()}; })
+      .def("emit",
+           [](KernelBuilder& b, Opcode op, Engine engine, LocId loc, const py::sequence& operands, std::string name,
+              const py::kwargs& attrs) {
+             Instruction inst;
+             inst.opcode = op;
+             inst.engine = engine;
+             inst.loc = loc;
+             inst.name = std::move(name);
+             const size_t n = operands.size();
+             for (size_t i = 0; i < n && i < size_t(kMaxSlots); ++i) inst.operands[i] = to_operand(operands[i]);
+             for (auto item : attrs) set_attribute(inst.attrs, item.first.cast<std::string>(), item.second);
+             b.append(std::move(inst));
+             return b.kernel().instructions.size() - 1;
+           })
+      .def("set_jump",
+           [](KernelBuilder& b, size_t index, int32_t target) {
+             const_cast<Instruction&>(b.kernel().instructions.at(index)).attrs.jump = target;
+           })
+      .def("instruction_opcode", [](const KernelBuilder& b, size_t i) { return b.kernel().instructions.at(i).opcode; })
+      .def("instruction_operand",
+           [](const KernelBuilder& b, size_t i, int slot) -> py::object {
+             const Operand& o = b.kernel().instructions.at(i).operands.at(slot);
+             if (!o.is_tensor()) return py::none();
+             return py::cast(o.ap);
+           })
+      .def("retarget_accumulate",
+           [](KernelBuilder& b, size_t i, const AccessPattern& dst) {
+             // The legacy `psum[...] += nisa.nc_matmul(...)` idiom: the matmul that produced a
+             // fresh tile now accumulates into `psum` directly.
+             auto& inst = const_cast<Instruction&>(b.kernel().instructions.at(i));
+             internal_check(inst.opcode == Opcode::nc_matmul, "retarget_accumulate on a non-matmul");
+             inst.operands[0] = Operand::tensor(dst);
+             inst.attrs.accumulate = Accumulate::accumulate;
+           })
+      .def("add_output", &KernelBuilder::add_output)
+      .def("finish", &KernelBuilder::finish);
+
+  // --- compiling and running ---------------------------------------------------------------
+  py::class_<PyProgram>(m, "Program")
+      .def("text", [](const PyProgram& p, bool locations) {
+        return to_string(p.program.kernel, PrintOptions{.locations = locations});
+      }, py::arg("locations") = true)
+      .def_property_readonly("kernel", [](const PyProgram& p) -> const Kernel& { return p.program.kernel; },
+                             py::return_value_policy::reference_internal)
+      .def_property_readonly("timings",
+                             [](const PyProgram& p) {
+                               py::list l;
+                               for (const auto& t : p.program.timings) l.append(py::make_tuple(t.stage, t.milliseconds));
+                               return l;
+                             })
+      .def("run", &PyProgram::run);
+
+  m.def("compile", [](const Kernel& kernel) {
+    auto p = std::make_unique<PyProgram>();
+    p->program = jit::compile(kernel);
+    return p;
+  });
+}
