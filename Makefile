@@ -6,7 +6,9 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all setup configure build test test-cpp demo clean
+PYTHON ?= python3
+
+.PHONY: all setup configure build test test-cpp test-python demo clean
 
 all: build
 
@@ -14,17 +16,21 @@ setup:
 	@scripts/setup.sh
 
 $(BUILD)/build.ninja:
-	cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -G Ninja -DPython3_EXECUTABLE=$$(command -v $(PYTHON)) $(CMAKE_FLAGS)
 
 configure: setup $(BUILD)/build.ninja
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
+	@scripts/develop.sh
 
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-test: test-cpp
+test-python: build
+	PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest tests/python -q
+
+test: test-cpp test-python
 
 demo: build
 	$(BUILD)/examples/nikki_demo

@@ -3,7 +3,7 @@ block-dimension tensors. Placeholder until the legacy front end lands."""
 
 from __future__ import annotations
 
-__all__ = ["uses_index_expr", "subscript", "apply_mask", "legacy_iota", "legacy_affine_select", "block_tensor"]
+__all__ = ["arange", "mgrid", "uses_index_expr", "subscript", "apply_mask", "legacy_iota", "legacy_affine_select", "block_tensor"]
 
 
 def uses_index_expr(key) -> bool:
@@ -28,3 +28,15 @@ def legacy_affine_select(*args, **kwargs):
 
 def block_tensor(shape, dtype, buffer, name):
     raise NotImplementedError("tensors with leading block dims (nl.par_dim) are not supported by nikki yet")
+
+
+def arange(*args):
+    raise NotImplementedError("nl.arange index expressions are not supported by nikki yet")
+
+
+class _MGrid:
+    def __getitem__(self, key):
+        raise NotImplementedError("nl.mgrid index expressions are not supported by nikki yet")
+
+
+mgrid = _MGrid()

@@ -11,15 +11,16 @@ from __future__ import annotations
 import builtins
 import contextlib
 import math
+import sys
 
 from . import _core
 from . import isa as _isa
 from .dtypes import dtype as _dtype_cls
 from .dtypes import to_dtype
-from .errors import kernel_error_at, user_frame
+from .errors import is_internal_frame, kernel_error_at, user_frame
 from .ops import register_op
 from .tensor import DynSlice, MemoryRegion, NkiTensor, hbm, private_hbm, psum, region_of, sbuf, shared_hbm
-from .tracing import current, maybe_current
+from .tracing import assigned_name, current, maybe_current
 
 # --- dtypes ---------------------------------------------------------------------------------
 float32 = to_dtype("float32")
@@ -89,6 +90,10 @@ def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None, **kwargs) -
     if address is not None:
         address = (int(address[0]), int(address[1]))
     role = "output" if region is shared_hbm else "scratch"
+    if not name:
+        caller = sys._getframe(1)
+        if not is_internal_frame(caller.f_code.co_filename):
+            name = assigned_name(caller)
     view = ctx.builder.add_storage(name or "t", region.core, to_dtype(dtype).core, list(shape_t), role,
                                    ctx.location(), address)
     return NkiTensor(ctx, view)
@@ -169,6 +174,9 @@ def affine_range(start, stop=None, step=1):
 
 sequential_range = affine_range
 static_range = affine_range
+
+
+from .index_expr import arange, mgrid  # noqa: E402  (legacy index expressions)
 
 
 def ds(start, size) -> DynSlice:

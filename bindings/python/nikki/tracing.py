@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dis
 import sys
 import threading
 
@@ -51,6 +52,27 @@ class TraceContext:
     def __exit__(self, *exc):
         _state.ctx = self._previous
         return False
+
+
+_STORES = {"STORE_FAST", "STORE_NAME", "STORE_GLOBAL", "STORE_DEREF"}
+_assigned_names: dict = {}
+
+
+def assigned_name(frame) -> str:
+    """The variable the call at `frame`'s current instruction is assigned to (``x = nl.ndarray(...)``
+    gives "x"), or "" when the result is not stored straight into a name."""
+    code = frame.f_code
+    table = _assigned_names.get(code)
+    if table is None:
+        table = {}
+        instructions = list(dis.get_instructions(code))
+        for current_instr, following in zip(instructions, instructions[1:]):
+            if current_instr.opname.startswith("CALL") and following.opname in _STORES:
+                # A frame's f_lasti sits on the call or on its last inline cache entry.
+                table[current_instr.offset] = following.argval
+                table[following.offset - 2] = following.argval
+        _assigned_names[code] = table
+    return table.get(frame.f_lasti, "")
 
 
 def maybe_current() -> TraceContext | None:
