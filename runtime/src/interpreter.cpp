@@ -275,6 +275,9 @@ struct Interpreter::State {
     Elements op0v = optional_operand(inst, 2), op1v = optional_operand(inst, 3);
     const Operand &o0 = inst.operands[2], &o1 = inst.operands[3];
     const bool two = !o1.is_none();
+    // reverse swaps an operator's operands; a unary operator has only the tensor operand (its
+    // scalar operand is ignored), so reverse leaves it applied to the tensor value.
+    auto swap = [](AluOp op, bool reverse) { return reverse && !is_unary_op(op); };
     if (is_bitvec_op(at.op0)) {
       const int bits = 8 * int(dtype_size(data.dtype));
       auto int_operand = [&](const Operand& o, const Elements& e, int64_t p) {
@@ -283,10 +286,11 @@ struct Interpreter::State {
       for (int64_t p = 0; p < dst.partitions; ++p)
         for (int64_t f = 0; f < dst.free; ++f) {
           int64_t x = data.get_int(p, f), s0 = int_operand(o0, op0v, p);
-          int64_t r = at.reverse0 ? alu_apply_bits(at.op0, s0, x, bits) : alu_apply_bits(at.op0, x, s0, bits);
+          int64_t r = swap(at.op0, at.reverse0) ? alu_apply_bits(at.op0, s0, x, bits)
+                                                : alu_apply_bits(at.op0, x, s0, bits);
           if (two) {
             int64_t s1 = int_operand(o1, op1v, p);
-            r = at.reverse1 ? alu_apply_bits(at.op1, s1, r, bits) : alu_apply_bits(at.op1, r, s1, bits);
+            r = swap(at.op1, at.reverse1) ? alu_apply_bits(at.op1, s1, r, bits) : alu_apply_bits(at.op1, r, s1, bits);
           }
           dst.set_int(p, f, r);
         }
@@ -297,8 +301,8 @@ struct Interpreter::State {
       const float s1 = two ? per_partition(o1, op1v, p) : 0.0f;
       for (int64_t f = 0; f < dst.free; ++f) {
         const float x = data.get(p, f);
-        float r = at.reverse0 ? alu_apply(at.op0, s0, x) : alu_apply(at.op0, x, s0);
-        if (two) r = at.reverse1 ? alu_apply(at.op1, s1, r) : alu_apply(at.op1, r, s1);
+        float r = swap(at.op0, at.reverse0) ? alu_apply(at.op0, s0, x) : alu_apply(at.op0, x, s0);
+        if (two) r = swap(at.op1, at.reverse1) ? alu_apply(at.op1, s1, r) : alu_apply(at.op1, r, s1);
         dst.set(p, f, r);
       }
     }
@@ -413,12 +417,27 @@ struct Interpreter::State {
     Elements dst = operand(inst, 0), st = operand(inst, 1), mv = operand(inst, 2);
     const int64_t K = st.partitions, M = st.free, N = mv.free;
     const Accumulate mode = inst.attrs.accumulate;
+    // Transpose mode (nc_transpose on the tensor engine: data stationary, identity moving) is
+    // bit-accurate: where moving column n is a unit vector (a single 1, zeros elsewhere), dst[m, n]
+    // is stationary[k, m] passed through unchanged (-0 and NaN payloads included).
+    std::vector<int64_t> unit(inst.attrs.is_transpose ? N : 0, -1);
+    for (int64_t n = 0; n < static_cast<int64_t>(unit.size()); ++n)
+      for (int64_t kk = 0; kk < K; ++kk) {
+        const float b = mv.get(kk, n);
+        if (b == 0.0f) continue;
+        unit[n] = b == 1.0f && unit[n] == -1 ? kk : -2;
+        if (unit[n] == -2) break;
+      }
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) {
         float partial = 0.0f;
+        if (inst.attrs.is_transpose && unit[n] >= 0) {
+          copy_element(dst.dtype, dst.at(m, n), st.dtype, st.at(unit[n], m));
+          continue;
+        }
         if (inst.attrs.is_transpose) {
-          // Bit-accurate mode: products with a zero factor are skipped, so a NaN or Inf moves
-          // through an identity operand unchanged instead of poisoning the whole row.
+          // Other moving tiles: products with a zero factor are skipped, so a NaN or Inf moves
+          // through an identity-like operand instead of poisoning the whole row.
           for (int64_t kk = 0; kk < K; ++kk) {
             const float a = st.get(kk, m), b = mv.get(kk, n);
             if (a != 0.0f && b != 0.0f) partial = std::fma(a, b, partial);
