@@ -13,7 +13,7 @@ as_root() {
 
 # --- 1. Debian packages: compilers, LLVM 19, C++ libraries ---------------------------
 debian_packages=(
-  llvm-19-dev libzstd-dev zlib1g-dev libedit-dev libxml2-dev
+  llvm-19-dev clang-19 libzstd-dev zlib1g-dev libedit-dev libxml2-dev
   libfmt-dev doctest-dev libbenchmark-dev
   ninja-build lld ccache g++ make
 )

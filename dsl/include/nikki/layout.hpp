@@ -10,6 +10,11 @@
 
 namespace nikki {
 
+/** @brief Bytes between consecutive partitions of an on-chip memory in nikki's simulated core. */
+inline int64_t partition_pitch(const TargetConfig& t, Buffer b) {
+  return b == Buffer::sbuf ? int64_t(t.sbuf_bytes_per_partition) : int64_t(t.psum_bytes_per_partition());
+}
+
 /** @brief Elements of dtype `view_dtype` in one partition row of an on-chip storage. */
 inline int64_t row_elements(const Storage& s, DType view_dtype) {
   return s.partition_bytes() / dtype_size(view_dtype);

@@ -77,6 +77,7 @@ Kernel trace(const TraceOptions& options, std::string name, Fn&& fn, const Specs
   // Inputs are created left to right so storage ids follow parameter order.
   std::vector<Tensor> inputs;
   (inputs.push_back(make_input(specs)), ...);
+  (void)make_input;  // unused when the kernel takes no inputs
   auto call = [&]<size_t... I>(std::index_sequence<I...>) { return fn(inputs[I]...); };
   using Result = decltype(call(std::index_sequence_for<Specs...>{}));
   static_assert(!std::is_void_v<Result>, "a kernel returns its outputs");

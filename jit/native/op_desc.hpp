@@ -1,0 +1,75 @@
+// The contract between nikki's code generator and its native kernel library.
+//
+// The library (kernels.cpp) is compiled to LLVM bitcode at build time. For every distinct
+// instruction template the code generator emits a constant OpDesc describing the instruction
+// (opcode, operators, dtypes, iteration space, byte strides) and a wrapper that calls the
+// library entry with it; LLVM inlines the entry, folds the constant descriptor into it and
+// vectorizes the loops that remain, so each template becomes its own specialized routine.
+// Addresses, immediates and accumulator state arrive at run time in OpArgs.
+//
+// Plain structs only: this header is compiled by both g++ (the compiler side) and clang (the
+// bitcode side), so its layout must be identical in both.
+#pragma once
+
+#include <cstdint>
+
+namespace nikki::native {
+
+inline constexpr int kSlots = 5;     // operand slots of an instruction (ir.hpp kMaxSlots)
+inline constexpr int kIterDims = 5;  // partition dim + up to 4 free dims
+
+/** @brief An operand as the kernel iterates it: dtype and byte stride along each iteration dim. */
+struct ViewDesc {
+  int32_t dtype;
+  int32_t reserved;
+  int64_t stride[kIterDims];
+};
+
+enum SlotKind : int32_t { kSlotNone = 0, kSlotTensor = 1, kSlotImm = 2 };
+
+enum Flags : int32_t {
+  kFlagReverse0 = 1,
+  kFlagReverse1 = 2,
+  kFlagNegate = 4,
+  kFlagReversePred = 8,
+  kFlagIsTranspose = 16,
+  kFlagGpsimdInt = 32,  // tensor_tensor on GpSimd with 32-bit integer tiles: exact integer arithmetic
+};
+
+/** @brief One instruction template. Iteration dim 0 is the partition dim of engine operands. */
+struct OpDesc {
+  int32_t opcode;
+  int32_t engine;
+  int32_t op0, op1, func, reduce_op, reduce_cmd, cmp_op, accumulate, flags;
+  int32_t reduce_from;  // tensor_reduce: iteration dims >= reduce_from are reduced
+  int32_t bits;         // bit width of the data dtype, for bitvec operators
+  int64_t count[kIterDims];
+  int32_t slot_kind[kSlots];
+  int32_t reserved;
+  ViewDesc view[kSlots];
+  // nc_matmul: dst[m, n] (+)= sum_k stationary[k, m] * moving[k, n]
+  int64_t mm_k, mm_m, mm_n;
+  // iota / affine_select
+  int64_t offset, channel_multiplier;
+  int32_t npattern, reserved2;
+  int64_t pattern_step[4], pattern_count[4];
+};
+
+/** @brief Run-time arguments of one instruction. */
+struct OpArgs {
+  uint8_t* base[kSlots];  // address of each tensor operand's first element
+  double imm[kSlots];     // immediate operands
+  float* scalar_acc;      // Scalar engine accumulators, one per partition
+  float* vector_acc;      // Vector engine accumulators, one per partition
+  uint8_t* psum_written;  // nc_matmul: "written by a matmul" flag of dst's first PSUM word
+  int64_t psum_flag_pitch;  // flags per partition row
+  float* scratch;           // at least kScratchFloats floats of working memory
+};
+
+/** @brief Working memory a routine may need (nc_matmul packs its operands: 128x128 + 2 x 128x512). */
+inline constexpr int64_t kScratchFloats = 128 * 128 + 2 * 128 * 512;
+
+/** @brief Signature of every generated routine. */
+using Routine = void (*)(const OpArgs*);
+
+}  // namespace nikki::native

@@ -1,0 +1,187 @@
+// LLVM ORC code generation for native templates. This is the only translation unit that includes
+// LLVM headers (they are slow to compile and LLVM is built without exceptions: every llvm::Error is
+// converted to nikki's InternalError here, never thrown through LLVM frames).
+//
+// For each kernel: parse the embedded kernel library, add one constant descriptor and one wrapper
+// per template, internalize and always-inline the library so the descriptors fold into it, run
+// LLVM's O2 pipeline (with loop and SLP vectorization) for the host CPU, and hand the module to an
+// LLJIT whose resource tracker lives as long as the kernel's NativeCode.
+#include <llvm/Bitcode/BitcodeReader.h>
+#include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
+#include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
+#include <llvm/ExecutionEngine/Orc/LLJIT.h>
+#include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
+#include <llvm/IR/Constants.h>
+#include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LLVMContext.h>
+#include <llvm/IR/Module.h>
+#include <llvm/Passes/PassBuilder.h>
+#include <llvm/Support/MemoryBuffer.h>
+#include <llvm/Support/TargetSelect.h>
+#include <llvm/Target/TargetMachine.h>
+
+#include <atomic>
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "native_templates.hpp"
+
+extern const unsigned char nikki_native_bitcode[];
+extern const std::size_t nikki_native_bitcode_size;
+
+namespace nikki::jit {
+
+namespace {
+
+[[noreturn]] void llvm_failure(const char* what, llvm::Error err) {
+  std::string message = llvm::toString(std::move(err));
+  throw InternalError(fmt::format("{}: {}", what, message), std::source_location::current());
+}
+
+template <class T>
+T check(llvm::Expected<T> value, const char* what) {
+  if (!value) llvm_failure(what, value.takeError());
+  return std::move(*value);
+}
+
+/** The process-wide JIT: one LLJIT, the host target, a counter for unique symbol names. */
+class NativeJit {
+ public:
+  static NativeJit& instance() {
+    static NativeJit jit;
+    return jit;
+  }
+
+  std::vector<native::Routine> compile(const std::vector<NativeTemplate>& templates, std::shared_ptr<void>& keep) {
+    std::vector<native::Routine> routines;
+    if (templates.empty()) return routines;
+    auto context = std::make_unique<llvm::LLVMContext>();
+    std::unique_ptr<llvm::Module> module = library(*context);
+    const uint64_t unit = next_unit_++;
+    std::vector<std::string> names;
+    for (size_t i = 0; i < templates.size(); ++i) names.push_back(add_wrapper(*module, templates[i], unit, i));
+    prepare(*module, names);
+    optimize(*module);
+
+    std::lock_guard<std::mutex> lock(mutex_);
+    llvm::orc::ResourceTrackerSP tracker = jit_->getMainJITDylib().createResourceTracker();
+    if (llvm::Error err = jit_->addIRModule(tracker, llvm::orc::ThreadSafeModule(std::move(module), std::move(context))))
+      llvm_failure("adding a module to the JIT", std::move(err));
+    for (const std::string& name : names) {
+      llvm::orc::ExecutorAddr addr = check(jit_->lookup(name), "looking up a generated routine");
+      routines.push_back(addr.toPtr<native::Routine>());
+    }
+    keep = std::shared_ptr<void>(nullptr, [tracker](void*) {
+      if (llvm::Error err = tracker->remove()) llvm::consumeError(std::move(err));
+    });
+    return routines;
+  }
+
+  std::string description() const { return fmt::format("{} ({})", cpu_, features_); }
+
+ private:
+  NativeJit() {
+    llvm::InitializeNativeTarget();
+    llvm::InitializeNativeTargetAsmPrinter();
+    llvm::InitializeNativeTargetAsmParser();
+    auto builder = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host CPU");
+    builder.setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
+    cpu_ = builder.getCPU();
+    features_ = builder.getFeatures().getString();
+    target_machine_ = check(builder.createTargetMachine(), "creating the host target machine");
+    jit_ = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(builder).create(), "creating the JIT");
+    // Generated code calls libm (exp, erf, ...) and memcpy from the running process.
+    jit_->getMainJITDylib().addGenerator(check(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
+                                                   jit_->getDataLayout().getGlobalPrefix()),
+                                               "resolving process symbols"));
+  }
+
+  std::unique_ptr<llvm::Module> library(llvm::LLVMContext& context) {
+    llvm::MemoryBufferRef buffer(
+        llvm::StringRef(reinterpret_cast<const char*>(nikki_native_bitcode), nikki_native_bitcode_size),
+        "nikki_native_kernels");
+    std::unique_ptr<llvm::Module> m = check(llvm::parseBitcodeFile(buffer, context), "reading the kernel library");
+    m->setDataLayout(jit_->getDataLayout());
+    m->setTargetTriple(target_machine_->getTargetTriple().str());
+    return m;
+  }
+
+  static std::string add_wrapper(llvm::Module& m, const NativeTemplate& t, uint64_t unit, size_t index) {
+    llvm::LLVMContext& ctx = m.getContext();
+    llvm::Function* entry = m.getFunction(t.entry);
+    internal_check(entry != nullptr, "native template names a missing library entry");
+    const auto* bytes = reinterpret_cast<const uint8_t*>(&t.desc);
+    auto* init = llvm::ConstantDataArray::get(ctx, llvm::ArrayRef<uint8_t>(bytes, sizeof(native::OpDesc)));
+    auto* desc = new llvm::GlobalVariable(m, init->getType(), /*isConstant=*/true, llvm::GlobalValue::PrivateLinkage,
+                                          init, fmt::format("nikki_desc_{}", index));
+    desc->setAlignment(llvm::Align(8));
+    const std::string name = fmt::format("nikki_u{}_t{}", unit, index);
+    auto* ptr = llvm::PointerType::getUnqual(ctx);
+    auto* fn = llvm::Function::Create(llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), {ptr}, false),
+                                      llvm::GlobalValue::ExternalLinkage, name, m);
+    llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx, "entry", fn));
+    b.CreateCall(entry, {desc, fn->getArg(0)});
+    b.CreateRetVoid();
+    return name;
+  }
+
+  /** Internalizes and always-inlines the library, and targets every function at the host CPU. */
+  void prepare(llvm::Module& m, const std::vector<std::string>& wrappers) {
+    for (llvm::Function& f : m) {
+      f.removeFnAttr("target-cpu");
+      f.removeFnAttr("target-features");
+      f.removeFnAttr("tune-cpu");
+      f.addFnAttr("target-cpu", cpu_);
+      f.addFnAttr("target-features", features_);
+      if (f.isDeclaration()) continue;
+      const bool wrapper = std::find(wrappers.begin(), wrappers.end(), f.getName().str()) != wrappers.end();
+      if (wrapper) continue;
+      f.setComdat(nullptr);
+      f.setLinkage(llvm::GlobalValue::InternalLinkage);
+      f.removeFnAttr(llvm::Attribute::NoInline);
+      f.removeFnAttr(llvm::Attribute::OptimizeNone);
+      f.addFnAttr(llvm::Attribute::AlwaysInline);
+    }
+    for (llvm::GlobalVariable& g : m.globals()) {
+      if (g.isDeclaration()) continue;
+      g.setComdat(nullptr);
+      if (!g.hasPrivateLinkage()) g.setLinkage(llvm::GlobalValue::InternalLinkage);
+    }
+  }
+
+  void optimize(llvm::Module& m) {
+    llvm::PipelineTuningOptions tuning;
+    tuning.LoopVectorization = true;
+    tuning.SLPVectorization = true;
+    llvm::LoopAnalysisManager lam;
+    llvm::FunctionAnalysisManager fam;
+    llvm::CGSCCAnalysisManager cgam;
+    llvm::ModuleAnalysisManager mam;
+    llvm::PassBuilder pb(target_machine_.get(), tuning);
+    pb.registerModuleAnalyses(mam);
+    pb.registerCGSCCAnalyses(cgam);
+    pb.registerFunctionAnalyses(fam);
+    pb.registerLoopAnalyses(lam);
+    pb.crossRegisterProxies(lam, fam, cgam, mam);
+    llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O2);
+    mpm.run(m, mam);
+  }
+
+  std::unique_ptr<llvm::TargetMachine> target_machine_;
+  std::unique_ptr<llvm::orc::LLJIT> jit_;
+  std::string cpu_, features_;
+  std::mutex mutex_;
+  std::atomic<uint64_t> next_unit_{0};
+};
+
+}  // namespace
+
+std::vector<native::Routine> generate_routines(const std::vector<NativeTemplate>& templates,
+                                               std::shared_ptr<void>& keep_alive) {
+  return NativeJit::instance().compile(templates, keep_alive);
+}
+
+std::string native_target_description() { return NativeJit::instance().description(); }
+
+}  // namespace nikki::jit

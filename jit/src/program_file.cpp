@@ -1,0 +1,388 @@
+// nikki's device-program file (docs/device-program.md): a header (magic, format version, payload
+// size, FNV-1a checksum of the payload) followed by the kernel IR and the streams, all fields
+// little-endian and fixed width, strings and lists prefixed by a u32 count.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "nikki/jit/streams.hpp"
+
+namespace nikki::jit {
+
+namespace {
+
+constexpr char kMagic[8] = {'N', 'I', 'K', 'K', 'I', 'D', 'P', '\0'};
+constexpr size_t kHeaderBytes = 8 + 4 + 8 + 8;
+
+uint64_t fnv1a(const uint8_t* data, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
+  return h;
+}
+
+class Writer {
+ public:
+  template <class T>
+  void pod(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const size_t at = out.size();
+    out.resize(at + sizeof(T));
+    std::memcpy(out.data() + at, &v, sizeof(T));
+  }
+  void u8(uint64_t v) { pod<uint8_t>(static_cast<uint8_t>(v)); }
+  void u16(uint64_t v) { pod<uint16_t>(static_cast<uint16_t>(v)); }
+  void u32(uint64_t v) { pod<uint32_t>(static_cast<uint32_t>(v)); }
+  void i32(int64_t v) { pod<int32_t>(static_cast<int32_t>(v)); }
+  void i64(int64_t v) { pod<int64_t>(v); }
+  void f64(double v) { pod<double>(v); }
+  void str(const std::string& s) {
+    u32(s.size());
+    bytes(s.data(), s.size());
+  }
+  void bytes(const void* data, size_t n) {
+    const size_t at = out.size();
+    out.resize(at + n);
+    if (n) std::memcpy(out.data() + at, data, n);
+  }
+  std::vector<uint8_t> out;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size) : p_(data), end_(data + size) {}
+  template <class T>
+  T pod() {
+    need(sizeof(T));
+    T v;
+    std::memcpy(&v, p_, sizeof(T));
+    p_ += sizeof(T);
+    return v;
+  }
+  uint8_t u8() { return pod<uint8_t>(); }
+  uint16_t u16() { return pod<uint16_t>(); }
+  uint32_t u32() { return pod<uint32_t>(); }
+  int32_t i32() { return pod<int32_t>(); }
+  int64_t i64() { return pod<int64_t>(); }
+  double f64() { return pod<double>(); }
+  std::string str() {
+    uint32_t n = u32();
+    need(n);
+    std::string s(reinterpret_cast<const char*>(p_), n);
+    p_ += n;
+    return s;
+  }
+  /** A count of items each at least `min_item_bytes` long, checked against the bytes left. */
+  uint32_t count(size_t min_item_bytes) {
+    uint32_t n = u32();
+    if (min_item_bytes && n > size_t(end_ - p_) / min_item_bytes) corrupt("a count exceeds the file size");
+    return n;
+  }
+  template <class E>
+  E enumeration(int limit) {
+    uint8_t v = u8();
+    if (v >= limit) corrupt("an enum value is out of range");
+    return static_cast<E>(v);
+  }
+  bool done() const { return p_ == end_; }
+  [[noreturn]] static void corrupt(const std::string& why) {
+    throw KernelError(fmt::format("device program file is corrupt: {}", why), {}, {}, {},
+                      "recompile the kernel (cached files are rebuilt automatically)");
+  }
+
+ private:
+  void need(size_t n) {
+    if (size_t(end_ - p_) < n) corrupt("it ends early (truncated)");
+  }
+  const uint8_t* p_;
+  const uint8_t* end_;
+};
+
+void write_ap(Writer& w, const AccessPattern& ap);
+
+void write_optional_ap(Writer& w, const std::optional<AccessPattern>& ap) {
+  w.u8(ap.has_value());
+  if (ap) write_ap(w, *ap);
+}
+
+void write_ap(Writer& w, const AccessPattern& ap) {
+  w.u32(ap.storage);
+  w.u8(uint8_t(ap.dtype));
+  w.u8(ap.rank);
+  w.i64(ap.offset);
+  for (int d = 0; d < ap.rank; ++d) {
+    w.i64(ap.dims[d].stride);
+    w.i64(ap.dims[d].count);
+  }
+  const Indirection* ind = ap.indirection.get();
+  w.u8(ind != nullptr);
+  if (ind) {
+    write_optional_ap(w, ind->scalar_tensor);
+    w.i32(ind->scalar_register);
+    w.i64(ind->scalar_multiplier);
+    write_optional_ap(w, ind->vector_offset);
+    w.i32(ind->indirect_dim);
+    w.i64(ind->vector_multiplier);
+  }
+}
+
+AccessPattern read_ap(Reader& r, size_t num_storages, int depth = 0) {
+  if (depth > 2) Reader::corrupt("runtime offsets nest too deeply");
+  AccessPattern ap;
+  ap.storage = r.u32();
+  if (ap.storage >= num_storages) Reader::corrupt("an operand names a missing tensor");
+  ap.dtype = r.enumeration<DType>(kNumDTypes);
+  ap.rank = r.u8();
+  if (ap.rank > kMaxRank) Reader::corrupt("an access pattern has too many dims");
+  ap.offset = r.i64();
+  for (int d = 0; d < ap.rank; ++d) ap.dims[d] = {r.i64(), r.i64()};
+  if (r.u8()) {
+    auto ind = std::make_shared<Indirection>();
+    if (r.u8()) ind->scalar_tensor = read_ap(r, num_storages, depth + 1);
+    ind->scalar_register = r.i32();
+    ind->scalar_multiplier = r.i64();
+    if (r.u8()) ind->vector_offset = read_ap(r, num_storages, depth + 1);
+    ind->indirect_dim = r.i32();
+    ind->vector_multiplier = r.i64();
+    ap.indirection = std::move(ind);
+  }
+  return ap;
+}
+
+enum AttrFlags : uint16_t {
+  kReverse0 = 1, kReverse1 = 2, kNegate = 4, kKeepdims = 8, kReversePred = 16, kIsTranspose = 32,
+  kStationaryOnezero = 64, kMovingOnezero = 128,
+};
+
+void write_kernel(Writer& w, const Kernel& k) {
+  w.str(k.name);
+  w.u8(uint8_t(k.target));
+  w.i32(k.num_registers);
+  w.u8(k.allocated);
+  w.u32(k.locations.size());
+  for (const SourceLocation& l : k.locations) {
+    w.str(l.file);
+    w.u32(l.line);
+    w.u32(l.column);
+    w.u32(l.end_column);
+    w.str(l.function);
+  }
+  w.u32(k.storages.size());
+  for (const Storage& s : k.storages) {
+    w.str(s.name);
+    w.u8(uint8_t(s.buffer));
+    w.u8(uint8_t(s.dtype));
+    w.u8(s.shape.rank());
+    for (int64_t e : s.shape) w.i64(e);
+    w.u8(uint8_t(s.role));
+    w.u8(s.writable_input);
+    w.u8(s.address.has_value());
+    w.u32(s.address ? s.address->partition : 0);
+    w.u32(s.address ? s.address->byte_offset : 0);
+    w.u8(s.user_address);
+    w.u32(s.loc);
+    w.u32(s.defined_at);
+  }
+  w.u32(k.inputs.size());
+  for (StorageId id : k.inputs) w.u32(id);
+  w.u32(k.outputs.size());
+  for (StorageId id : k.outputs) w.u32(id);
+  w.u32(k.instructions.size());
+  for (const Instruction& inst : k.instructions) {
+    w.u8(uint8_t(inst.opcode));
+    w.u8(uint8_t(inst.engine));
+    w.u32(inst.loc);
+    w.str(inst.name);
+    for (const Operand& o : inst.operands) {
+      w.u8(uint8_t(o.kind));
+      if (o.is_tensor()) write_ap(w, o.ap);
+      if (o.is_imm()) w.f64(o.imm);
+      if (o.is_reg()) w.i32(o.reg);
+    }
+    const Attributes& a = inst.attrs;
+    for (uint8_t v : {uint8_t(a.op0), uint8_t(a.op1), uint8_t(a.func), uint8_t(a.reduce_op), uint8_t(a.reduce_cmd),
+                      uint8_t(a.cmp_op), uint8_t(a.accumulate)})
+      w.u8(v);
+    w.u16((a.reverse0 ? kReverse0 : 0) | (a.reverse1 ? kReverse1 : 0) | (a.negate ? kNegate : 0) |
+          (a.keepdims ? kKeepdims : 0) | (a.reverse_pred ? kReversePred : 0) | (a.is_transpose ? kIsTranspose : 0) |
+          (a.is_stationary_onezero ? kStationaryOnezero : 0) | (a.is_moving_onezero ? kMovingOnezero : 0));
+    w.u32(a.axes);
+    w.i64(a.offset);
+    w.i64(a.channel_multiplier);
+    w.u32(a.pattern.size());
+    for (const Dim& d : a.pattern) {
+      w.i64(d.stride);
+      w.i64(d.count);
+    }
+    w.i64(a.step);
+    w.i32(a.jump);
+    w.str(a.text);
+  }
+}
+
+Kernel read_kernel(Reader& r) {
+  Kernel k;
+  k.name = r.str();
+  k.target = r.enumeration<TargetId>(2);
+  k.num_registers = r.i32();
+  k.allocated = r.u8();
+  uint32_t n = r.count(20);
+  for (uint32_t i = 0; i < n; ++i) {
+    SourceLocation l;
+    l.file = r.str();
+    l.line = r.u32();
+    l.column = r.u32();
+    l.end_column = r.u32();
+    l.function = r.str();
+    k.locations.push_back(std::move(l));
+  }
+  n = r.count(30);
+  for (uint32_t i = 0; i < n; ++i) {
+    Storage s;
+    s.name = r.str();
+    s.buffer = r.enumeration<Buffer>(5);
+    s.dtype = r.enumeration<DType>(kNumDTypes);
+    uint8_t rank = r.u8();
+    if (rank > kMaxRank) Reader::corrupt("a tensor has too many dims");
+    for (int d = 0; d < rank; ++d) s.shape.push_back(r.i64());
+    s.role = r.enumeration<StorageRole>(3);
+    s.writable_input = r.u8();
+    bool has_address = r.u8();
+    Address a{r.u32(), r.u32()};
+    if (has_address) s.address = a;
+    s.user_address = r.u8();
+    s.loc = r.u32();
+    s.defined_at = r.u32();
+    k.storages.push_back(std::move(s));
+  }
+  auto ids = [&](std::vector<StorageId>& out) {
+    uint32_t m = r.count(4);
+    for (uint32_t i = 0; i < m; ++i) {
+      StorageId id = r.u32();
+      if (id >= k.storages.size()) Reader::corrupt("a parameter names a missing tensor");
+      out.push_back(id);
+    }
+  };
+  ids(k.inputs);
+  ids(k.outputs);
+  n = r.count(20);
+  for (uint32_t i = 0; i < n; ++i) {
+    Instruction inst;
+    inst.opcode = r.enumeration<Opcode>(kNumOpcodes);
+    inst.engine = r.enumeration<Engine>(7);
+    inst.loc = r.u32();
+    inst.name = r.str();
+    for (Operand& o : inst.operands) {
+      o.kind = r.enumeration<Operand::Kind>(4);
+      if (o.is_tensor()) o.ap = read_ap(r, k.storages.size());
+      if (o.is_imm()) o.imm = r.f64();
+      if (o.is_reg()) o.reg = r.i32();
+    }
+    Attributes& a = inst.attrs;
+    a.op0 = r.enumeration<AluOp>(kNumAluOps);
+    a.op1 = r.enumeration<AluOp>(kNumAluOps);
+    a.func = r.enumeration<ActFunc>(kNumActFuncs);
+    a.reduce_op = r.enumeration<AluOp>(kNumAluOps);
+    a.reduce_cmd = r.enumeration<ReduceCmd>(5);
+    a.cmp_op = r.enumeration<AluOp>(kNumAluOps);
+    a.accumulate = r.enumeration<Accumulate>(3);
+    uint16_t flags = r.u16();
+    a.reverse0 = flags & kReverse0;
+    a.reverse1 = flags & kReverse1;
+    a.negate = flags & kNegate;
+    a.keepdims = flags & kKeepdims;
+    a.reverse_pred = flags & kReversePred;
+    a.is_transpose = flags & kIsTranspose;
+    a.is_stationary_onezero = flags & kStationaryOnezero;
+    a.is_moving_onezero = flags & kMovingOnezero;
+    a.axes = r.u32();
+    a.offset = r.i64();
+    a.channel_multiplier = r.i64();
+    uint32_t np = r.count(16);
+    for (uint32_t d = 0; d < np; ++d) a.pattern.push_back({r.i64(), r.i64()});
+    a.step = r.i64();
+    a.jump = r.i32();
+    a.text = r.str();
+    k.instructions.push_back(std::move(inst));
+  }
+  return k;
+}
+
+}  // namespace
+
+std::vector<uint8_t> serialize(const DeviceProgram& p) {
+  Writer payload;
+  write_kernel(payload, p.kernel);
+  payload.u32(p.streams.size());
+  for (const Stream& s : p.streams) {
+    payload.u8(uint8_t(s.queue.kind));
+    payload.u16(s.queue.index);
+    payload.u32(s.ops.size());
+    for (const StreamOp& op : s.ops) {
+      payload.u8(uint8_t(op.kind));
+      payload.u32(op.ir_index);
+      payload.u32(op.waits.size());
+      for (const SemaphoreWait& w : op.waits) {
+        payload.u16(w.queue);
+        payload.u32(w.count);
+      }
+    }
+  }
+  Writer file;
+  file.bytes(kMagic, 8);
+  file.u32(kDeviceProgramVersion);
+  file.pod<uint64_t>(payload.out.size());
+  file.pod<uint64_t>(fnv1a(payload.out.data(), payload.out.size()));
+  file.bytes(payload.out.data(), payload.out.size());
+  return std::move(file.out);
+}
+
+DeviceProgram deserialize(const std::vector<uint8_t>& bytes) {
+  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 8) != 0)
+    Reader::corrupt("it is not a nikki device program (bad magic or too short)");
+  Reader header(bytes.data() + 8, kHeaderBytes - 8);
+  const uint32_t version = header.u32();
+  const uint64_t size = header.pod<uint64_t>();
+  const uint64_t checksum = header.pod<uint64_t>();
+  if (version != kDeviceProgramVersion)
+    throw KernelError(fmt::format("device program file has format version {}, this nikki reads version {}", version,
+                                  kDeviceProgramVersion),
+                      {}, {}, {}, "recompile the kernel");
+  if (bytes.size() - kHeaderBytes != size) Reader::corrupt("its size does not match its header (truncated)");
+  const uint8_t* payload = bytes.data() + kHeaderBytes;
+  if (fnv1a(payload, size) != checksum) Reader::corrupt("its checksum does not match");
+
+  Reader r(payload, size);
+  DeviceProgram p;
+  p.kernel = read_kernel(r);
+  uint32_t n = r.count(7);
+  for (uint32_t s = 0; s < n; ++s) {
+    Stream stream;
+    stream.queue.kind = r.enumeration<QueueKind>(6);
+    stream.queue.index = r.u16();
+    uint32_t m = r.count(9);
+    for (uint32_t i = 0; i < m; ++i) {
+      StreamOp op;
+      op.kind = r.enumeration<StreamOp::Kind>(2);
+      op.ir_index = r.u32();
+      if (op.ir_index >= p.kernel.instructions.size()) Reader::corrupt("a stream names a missing instruction");
+      uint32_t w = r.count(6);
+      for (uint32_t j = 0; j < w; ++j) {
+        SemaphoreWait wait{r.u16(), r.u32()};
+        if (wait.queue >= n) Reader::corrupt("a wait names a missing queue");
+        op.waits.push_back(wait);
+      }
+      stream.ops.push_back(std::move(op));
+    }
+    p.streams.push_back(std::move(stream));
+  }
+  if (!r.done()) Reader::corrupt("it has trailing bytes");
+  p.placement.assign(p.kernel.instructions.size(), {0, 0});
+  for (uint32_t s = 0; s < p.streams.size(); ++s)
+    for (uint32_t i = 0; i < p.streams[s].ops.size(); ++i)
+      if (p.streams[s].ops[i].kind == StreamOp::Kind::instruction) p.placement[p.streams[s].ops[i].ir_index] = {s, i};
+  return p;
+}
+
+}  // namespace nikki::jit

@@ -1,0 +1,60 @@
+// Executors of device programs: they walk the per-engine streams in an order the semaphores
+// allow (deliberately not program order), running each instruction either through the reference
+// semantics or through its native routine.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "nikki/jit/streams.hpp"
+
+namespace nikki::jit {
+class NativeCode;
+}
+
+namespace nikki::runtime {
+
+/** @brief How instructions are executed. */
+enum class ExecutorKind {
+  interp,  // the reference semantics, one element at a time
+  native,  // the JIT's native routines (instructions without one fall back to interp)
+};
+
+/** @brief interp | native from NIKKI_EXECUTOR (default native); a KernelError for other values. */
+ExecutorKind executor_from_env();
+
+/** @brief Which ready instruction a stream walk runs next. */
+enum class StreamOrder {
+  latest_first,   // the ready instruction latest in program order: exposes any missing semaphore
+  earliest_first, // the ready instruction earliest in program order
+};
+
+/**
+ * @brief Runs a device program on a simulated NeuronCore.
+ *
+ * HBM tensors are the caller's buffers (dense row-major, in the order of Kernel::inputs and
+ * Kernel::outputs). Results equal the program-order interpreter's bit for bit for every kernel
+ * that does not read uninitialized memory.
+ */
+class StreamExecutor {
+ public:
+  StreamExecutor(std::shared_ptr<const jit::DeviceProgram> program, ExecutorKind kind,
+                 std::shared_ptr<const jit::NativeCode> native = nullptr,
+                 StreamOrder order = StreamOrder::latest_first);
+  ~StreamExecutor();
+  StreamExecutor(const StreamExecutor&) = delete;
+  StreamExecutor& operator=(const StreamExecutor&) = delete;
+
+  void run(std::span<void* const> inputs, std::span<void* const> outputs);
+
+  /** @brief Instructions executed by native routines / by the reference semantics in the last run. */
+  int64_t native_count() const;
+  int64_t interpreted_count() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nikki::runtime

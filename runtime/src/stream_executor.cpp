@@ -1,0 +1,118 @@
+#include <cstdlib>
+#include <string_view>
+
+#include "machine.hpp"
+#include "native_dispatch.hpp"
+#include "nikki/runtime/executor.hpp"
+
+namespace nikki::runtime {
+
+ExecutorKind executor_from_env() {
+  const char* env = std::getenv("NIKKI_EXECUTOR");
+  if (!env || !*env) return ExecutorKind::native;
+  std::string_view v(env);
+  if (v == "native") return ExecutorKind::native;
+  if (v == "interp") return ExecutorKind::interp;
+  throw KernelError(fmt::format("NIKKI_EXECUTOR={} is not an executor", v), {}, {}, "executors: interp, native",
+                    "set NIKKI_EXECUTOR=interp or NIKKI_EXECUTOR=native");
+}
+
+struct StreamExecutor::Impl {
+  std::shared_ptr<const jit::DeviceProgram> program;
+  ExecutorKind kind;
+  StreamOrder order;
+  Machine machine;
+  NativeDispatch native;
+  std::vector<std::vector<uint32_t>> barrier_positions;  // [stream][barrier ordinal] -> op position
+  std::vector<int32_t> barrier_ordinal;                  // instruction index -> barrier ordinal (or -1)
+  int64_t native_count = 0, interpreted_count = 0;
+
+  Impl(std::shared_ptr<const jit::DeviceProgram> p, ExecutorKind k, std::shared_ptr<const jit::NativeCode> code,
+       StreamOrder o)
+      : program(std::move(p)), kind(k), order(o), machine(program->kernel), native(program->kernel, std::move(code)) {
+    const auto& streams = program->streams;
+    barrier_positions.resize(streams.size());
+    barrier_ordinal.assign(program->kernel.instructions.size(), -1);
+    for (size_t s = 0; s < streams.size(); ++s)
+      for (uint32_t i = 0; i < streams[s].ops.size(); ++i)
+        if (streams[s].ops[i].kind == jit::StreamOp::Kind::barrier) {
+          if (s == 0) barrier_ordinal[streams[s].ops[i].ir_index] = int32_t(barrier_positions[s].size());
+          barrier_positions[s].push_back(i);
+        }
+  }
+
+  void execute(uint32_t ir_index) {
+    const Instruction& inst = program->kernel.instructions[ir_index];
+    machine.begin_instruction(ir_index);
+    if (kind == ExecutorKind::native && native.run(machine, ir_index)) {
+      ++native_count;
+    } else {
+      size_t pc = ir_index;
+      machine.exec(inst, pc);
+      ++interpreted_count;
+    }
+  }
+
+  void run() {
+    const auto& streams = program->streams;
+    const size_t n = streams.size();
+    std::vector<uint32_t> pos(n, 0), done(n, 0);
+    native_count = interpreted_count = 0;
+    for (;;) {
+      // 1. The best ready instruction among the stream heads.
+      int best = -1;
+      uint32_t best_ir = 0;
+      bool any_left = false, all_at_barrier = true;
+      for (size_t s = 0; s < n; ++s) {
+        if (pos[s] >= streams[s].ops.size()) continue;
+        any_left = true;
+        const jit::StreamOp& op = streams[s].ops[pos[s]];
+        if (op.kind == jit::StreamOp::Kind::barrier) continue;
+        all_at_barrier = false;
+        bool ready = true;
+        for (const jit::SemaphoreWait& w : op.waits) ready = ready && done[w.queue] >= w.count;
+        if (!ready) continue;
+        const bool better = best < 0 || (order == StreamOrder::latest_first ? op.ir_index > best_ir
+                                                                            : op.ir_index < best_ir);
+        if (better) {
+          best = int(s);
+          best_ir = op.ir_index;
+        }
+      }
+      if (best >= 0) {
+        execute(best_ir);
+        ++done[best];
+        ++pos[best];
+        continue;
+      }
+      if (!any_left) return;
+      internal_check(all_at_barrier, "device program deadlocked: no stream can make progress");
+      // 2. Every stream waits at the same barrier: run its control instruction once, then move all
+      //    streams to where control continues, with the semaphore counts restarted.
+      const uint32_t ir = streams[0].ops[pos[0]].ir_index;
+      size_t pc = ir;
+      machine.begin_instruction(ir);
+      machine.exec(program->kernel.instructions[ir], pc);
+      const int32_t target = barrier_ordinal[pc];
+      internal_check(target >= 0, "control flow continues at an instruction without a barrier");
+      for (size_t s = 0; s < n; ++s) pos[s] = barrier_positions[s][target] + 1;
+      std::fill(done.begin(), done.end(), 0);
+    }
+  }
+};
+
+StreamExecutor::StreamExecutor(std::shared_ptr<const jit::DeviceProgram> program, ExecutorKind kind,
+                               std::shared_ptr<const jit::NativeCode> native, StreamOrder order)
+    : impl_(std::make_unique<Impl>(std::move(program), kind, std::move(native), order)) {}
+
+StreamExecutor::~StreamExecutor() = default;
+
+void StreamExecutor::run(std::span<void* const> inputs, std::span<void* const> outputs) {
+  impl_->machine.bind(inputs, outputs);
+  impl_->run();
+}
+
+int64_t StreamExecutor::native_count() const { return impl_->native_count; }
+int64_t StreamExecutor::interpreted_count() const { return impl_->interpreted_count; }
+
+}  // namespace nikki::runtime
