@@ -90,24 +90,57 @@ class Allocator {
       if (offset + size <= b->b0) break;
       offset = std::max(offset, align_up(b->b1, granule_));
     }
-    if (offset + size > capacity_) report_overflow(id);
+    if (offset + size > capacity_) report_overflow(id, blockers);
     box.b0 = offset;
     box.b1 = offset + size;
     s.address = Address{0, static_cast<uint32_t>(offset)};
     placed_.push_back(box);
   }
 
-  [[noreturn]] void report_overflow(StorageId failing) const {
-    const uint32_t at = ranges_[failing].begin;
-    // Everything live at the point where the failing tensor becomes live.
+  /** Storages of this buffer live at instruction `at`. */
+  std::vector<StorageId> live_at(uint32_t at) const {
     std::vector<StorageId> live;
     for (StorageId id = 0; id < k_.storages.size(); ++id)
       if (k_.storages[id].buffer == buffer_ && ranges_[id].used() && ranges_[id].begin <= at && at <= ranges_[id].end)
         live.push_back(id);
+    return live;
+  }
+  int64_t total_footprint(const std::vector<StorageId>& ids) const {
     int64_t total = 0;
-    for (StorageId id : live) total += footprint(k_.storages[id]);
-    std::sort(live.begin(), live.end(), [&](StorageId a, StorageId b) {
-      return k_.storages[a].partition_bytes() > k_.storages[b].partition_bytes();
+    for (StorageId id : ids) total += footprint(k_.storages[id]);
+    return total;
+  }
+
+  /**
+   * Reports that `failing` does not fit: either the tensors live at some point of its live range
+   * need more than the capacity (reported where usage first exceeds it, with the peak when usage
+   * grows further), or the free space is split into gaps that are each too small (fragmentation).
+   */
+  [[noreturn]] void report_overflow(StorageId failing, const std::vector<const Box*>& blockers) const {
+    const LiveRange& range = ranges_[failing];
+    // Usage per partition at each instruction of the failing tensor's live range (difference array).
+    std::vector<int64_t> delta(range.end - range.begin + 2, 0);
+    for (StorageId id = 0; id < k_.storages.size(); ++id) {
+      const LiveRange& r = ranges_[id];
+      if (k_.storages[id].buffer != buffer_ || !r.overlaps(range)) continue;
+      delta[std::max(r.begin, range.begin) - range.begin] += footprint(k_.storages[id]);
+      delta[std::min(r.end, range.end) - range.begin + 1] -= footprint(k_.storages[id]);
+    }
+    uint32_t peak_at = range.begin, first_over = range.end + 1;
+    int64_t peak = -1, usage = 0;
+    for (uint32_t i = range.begin; i <= range.end; ++i) {
+      usage += delta[i - range.begin];
+      if (usage > capacity_ && first_over > range.end) first_over = i;
+      if (usage > peak) {
+        peak = usage;
+        peak_at = i;
+      }
+    }
+    const bool over = peak > capacity_;
+    const uint32_t at = over ? first_over : range.begin;
+    std::vector<StorageId> live = live_at(at);
+    std::stable_sort(live.begin(), live.end(), [&](StorageId a, StorageId b) {
+      return footprint(k_.storages[a]) > footprint(k_.storages[b]);
     });
     std::string largest;
     for (size_t i = 0; i < live.size() && i < 5; ++i) {
@@ -115,23 +148,42 @@ class Allocator {
       largest += fmt::format("\n    '{}' {}{} {} per partition (created at {})", s.name, info(s.dtype).short_name,
                              s.shape.str(), bytes_str(footprint(s)), k_.location(s.loc).str());
     }
+    if (live.size() > 5) largest += fmt::format("\n    ... and {} more", live.size() - 5);
     const std::string mem = buffer_ == Buffer::sbuf ? "SBUF" : "PSUM";
     const std::string unit = buffer_ == Buffer::sbuf
                                  ? ""
                                  : fmt::format(" ({} banks of {})", t_.psum_num_banks, bytes_str(t_.psum_bank_bytes));
     const Instruction& inst = k_.instructions[at];
-    std::string what = total > capacity_
-                           ? fmt::format("{} capacity exceeded: {} live tensors need {} per partition, {} has {}{}",
-                                         mem, live.size(), bytes_str(total), t_.name, bytes_str(capacity_), unit)
-                           : fmt::format("{} is too fragmented to place '{}' ({}): {} of {} per partition are live",
-                                         mem, k_.storages[failing].name, bytes_str(footprint(k_.storages[failing])),
-                                         bytes_str(total), bytes_str(capacity_));
+    std::string what;
+    if (over) {
+      what = fmt::format("{} capacity exceeded: {} live tensors need {} per partition, {} has {}{}", mem, live.size(),
+                         bytes_str(total_footprint(live)), t_.name, bytes_str(capacity_), unit);
+      if (peak_at != at)
+        what += fmt::format("; usage peaks at {} per partition ({} live tensors) at {}", bytes_str(peak),
+                            live_at(peak_at).size(), k_.location(k_.instructions[peak_at].loc).str());
+    } else {
+      // Largest hole between the tensors that stay live alongside the failing one.
+      int64_t gap = 0, end = 0;
+      for (const Box* b : blockers) {
+        gap = std::max(gap, b->b0 - end);
+        end = std::max(end, b->b1);
+      }
+      gap = std::max(gap, capacity_ - end);
+      what = fmt::format("{} is too fragmented to place '{}' ({}): {} of {} per partition are live, but the largest "
+                         "free gap is {}",
+                         mem, k_.storages[failing].name, bytes_str(footprint(k_.storages[failing])),
+                         bytes_str(total_footprint(live)), bytes_str(capacity_), bytes_str(gap));
+    }
     throw KernelError(what + "\n  largest live tensors:" + largest, k_.location(inst.loc), to_string(k_, inst),
                       fmt::format("{} per partition on {} ({})", bytes_str(capacity_), t_.name, t_.core),
-                      buffer_ == Buffer::sbuf
-                          ? "use smaller tiles, or end the live range of large tensors earlier (reuse buffers)"
-                          : "accumulate into fewer PSUM tiles at once (each tile takes whole 2 KiB banks); copy "
-                            "results out of PSUM sooner");
+                      !over ? std::string("split the large tile into smaller ones, or shorten the live ranges of "
+                                          "the tensors placed around it (tensors are placed in order of first use)")
+                      : buffer_ == Buffer::sbuf
+                          ? std::string("use smaller tiles, or end the live range of large tensors earlier (reuse "
+                                        "buffers)")
+                          : fmt::format("accumulate into fewer PSUM tiles at once (each tile takes whole {} banks); "
+                                        "copy results out of PSUM sooner",
+                                        bytes_str(t_.psum_bank_bytes)));
   }
 
   Kernel& k_;

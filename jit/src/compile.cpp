@@ -11,6 +11,8 @@
 
 #include "nikki/ir_printer.hpp"
 #include "nikki/jit/allocate.hpp"
+#include "nikki/jit/native.hpp"
+#include "nikki/jit/streams.hpp"
 #include "nikki/jit/verify.hpp"
 
 namespace nikki::jit {
@@ -31,8 +33,8 @@ class StageRunner {
     if (const char* dir = std::getenv("NIKKI_DUMP"); dir && *dir) dump_dir_ = dir;
   }
 
-  template <class F>
-  void run(std::string_view name, F&& stage) {
+  template <class F, class Dump>
+  void run(std::string_view name, F&& stage, Dump&& artifact) {
     auto start = std::chrono::steady_clock::now();
     stage();
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -40,16 +42,15 @@ class StageRunner {
     if (log_enabled("stages"))
       std::fprintf(stderr, "nikki: %s: stage %-10.*s %8.3f ms\n", program_.kernel.name.c_str(), int(name.size()),
                    name.data(), ms);
-    if (!dump_dir_.empty()) dump(name);
+    if (!dump_dir_.empty()) {
+      std::filesystem::create_directories(dump_dir_);
+      auto path = std::filesystem::path(dump_dir_) /
+                  fmt::format("{}.{}.{}.txt", program_.kernel.name, program_.timings.size(), name);
+      std::ofstream(path) << artifact();
+    }
   }
 
  private:
-  void dump(std::string_view name) {
-    std::filesystem::create_directories(dump_dir_);
-    auto path = std::filesystem::path(dump_dir_) /
-                fmt::format("{}.{}.{}.txt", program_.kernel.name, program_.timings.size(), name);
-    std::ofstream(path) << to_string(program_.kernel);
-  }
 
   Program& program_;
   std::string dump_dir_;
@@ -57,11 +58,23 @@ class StageRunner {
 
 }  // namespace
 
-Program compile(Kernel kernel) {
-  Program program{std::move(kernel), {}};
+Program compile(Kernel kernel, const CompileOptions& options) {
+  Program program;
+  program.kernel = std::move(kernel);
   StageRunner stages(program);
-  stages.run("verify", [&] { verify(program.kernel); });
-  stages.run("allocate", [&] { allocate(program.kernel); });
+  stages.run("verify", [&] { verify(program.kernel); }, [&] { return to_string(program.kernel); });
+  stages.run("allocate", [&] { allocate(program.kernel); }, [&] { return to_string(program.kernel); });
+  if (options.schedule || options.native) {
+    stages.run("schedule", [&] { program.device = std::make_shared<DeviceProgram>(schedule(program.kernel, options.schedule_options)); },
+               [&] { return disassemble(*program.device); });
+  }
+  if (options.native) {
+    stages.run("native", [&] { program.native = compile_native(*program.device); }, [&] {
+      const NativeStats& s = program.native->stats();
+      return fmt::format("native code for {}: {} instructions in {} routines, {} interpreted, {:.3f} ms\n",
+                         native_target_description(), s.instructions, s.templates, s.fallbacks, s.milliseconds);
+    });
+  }
   return program;
 }
 

@@ -1,6 +1,8 @@
 #include "nikki/jit/verify.hpp"
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
 
 #include <fmt/format.h>
@@ -13,6 +15,32 @@ namespace nikki::jit {
 namespace {
 
 std::string shape_of(const AccessPattern& ap) { return ap.shape().str(); }
+
+std::string strides_of(const AccessPattern& ap) {
+  std::string s = "[";
+  for (int d = 0; d < ap.rank; ++d) s += fmt::format("{}{}", d ? ", " : "", ap.dims[d].stride);
+  return s + "]";
+}
+
+/**
+ * Free dims an engine needs to walk a view: size-1 dims dropped, and an outer dim merged into the
+ * next inner one when it continues it (outer stride == inner stride * inner count).
+ */
+int merged_free_dims(const AccessPattern& ap) {
+  int n = 0;
+  Dim inner{};
+  for (int d = ap.rank - 1; d >= 1; --d) {
+    const Dim& dim = ap.dims[d];
+    if (dim.count == 1) continue;
+    if (n > 0 && dim.stride == inner.stride * inner.count) {
+      inner.count *= dim.count;
+      continue;
+    }
+    inner = dim;
+    ++n;
+  }
+  return n;
+}
 
 bool is_comparison(AluOp op) {
   return op == AluOp::equal || op == AluOp::not_equal || op == AluOp::greater ||
@@ -92,13 +120,18 @@ class Verifier {
                           where, "ndarray", fmt::format("PSUM banks are {} bytes per partition", t_.psum_bank_bytes),
                           fmt::format("use address=(0, k * {}) for bank k", t_.psum_bank_bytes));
       if (a.partition + s.partitions() > t_.num_partitions || a.byte_offset + s.partition_bytes() > capacity)
-        throw KernelError(fmt::format("tensor '{}' at address ({}, {}) extends past the end of {}", s.name,
-                                      a.partition, a.byte_offset, buffer_name(s.buffer)),
+        throw KernelError(fmt::format("tensor '{}' at address ({}, {}) spans partitions [{}, {}) and bytes [{}, {}) "
+                                      "of each partition, past the end of {}",
+                                      s.name, a.partition, a.byte_offset, a.partition, a.partition + s.partitions(),
+                                      a.byte_offset, a.byte_offset + s.partition_bytes(), buffer_name(s.buffer)),
                           where, "ndarray",
-                          fmt::format("{} partitions x {} bytes", t_.num_partitions, capacity), {});
-      check_start_partition_rule(a.partition, s.partitions(), [&](std::string what, std::string limit) {
+                          fmt::format("{} has {} partitions x {} bytes per partition on {}", buffer_name(s.buffer),
+                                      t_.num_partitions, capacity, target_name()),
+                          "choose an address inside the buffer, or omit address= and let nikki place the tensor");
+      check_start_partition_rule(a.partition, s.partitions(), [&](std::string what, std::string limit,
+                                                                  std::string hint) {
         throw KernelError(fmt::format("tensor '{}': {}", s.name, what), where, "ndarray", limit,
-                          "place tensors of more than 32 partitions at partition 0 (or 64 for up to 64)");
+                          fmt::format("{} (address=(partition, byte))", hint));
       });
     }
   }
@@ -114,7 +147,10 @@ class Verifier {
       fail_with(fmt::format("an access of {} partitions cannot start at partition {}", count, start),
                 fmt::format("start partition must be 0 for > {} partitions, 0 or {} for {}-{}, a multiple of {} "
                             "for <= {}",
-                            2 * q, 2 * q, q + 1, 2 * q, q, q));
+                            2 * q, 2 * q, q + 1, 2 * q, q, q),
+                count > 2 * q ? std::string("start the access at partition 0")
+                : count > q   ? fmt::format("start the access at partition 0 or {}", 2 * q)
+                              : fmt::format("start the access at a multiple of {}", q));
   }
 
   // --- operands -----------------------------------------------------------------------------
@@ -133,8 +169,10 @@ class Verifier {
   void check_bounds(const Instruction& inst, const AccessPattern& ap, const std::string& role) const {
     const Storage& s = storage_of(ap);
     if ((s.total_bytes() % dtype_size(ap.dtype)) != 0)
-      fail(inst, fmt::format("{} views tensor '{}' as {}, whose size does not divide the tensor's bytes", role, s.name,
-                             dtype_name(ap.dtype)));
+      fail(inst, fmt::format("{} views tensor '{}' ({} bytes) as {}, whose size does not divide the tensor's bytes",
+                             role, s.name, s.total_bytes(), dtype_name(ap.dtype)),
+           fmt::format("a view's dtype size ({} bytes) must divide the tensor's size", dtype_size(ap.dtype)),
+           "reinterpret with a dtype whose size divides the tensor's bytes");
     if (ap.is_dynamic()) return;  // checked at run time, when the offsets are known
     const LinearExtent e = linear_extent(ap);
     const int64_t n = storage_elements(s, ap.dtype);
@@ -165,14 +203,20 @@ class Verifier {
                "per-partition vector offsets are only supported by DMA instructions", "gather with nisa.dma_copy");
         if (!is_hbm(s.buffer))
           fail(inst, fmt::format("vector_offset indexes tensor '{}' in {}", s.name, buffer_name(s.buffer)),
-               "the gathered/scattered tensor must be in HBM", {});
+               "the gathered/scattered tensor must be in HBM",
+               "gather from (or scatter to) an HBM tensor; move rows within SBUF with static views");
         const AccessPattern& idx = *ind->vector_offset;
         check_index_tensor(inst, idx, "vector_offset");
         if (storage_of(idx).buffer != Buffer::sbuf)
-          fail(inst, "vector_offset index tensor must be in SBUF", {}, {});
+          fail(inst, fmt::format("vector_offset index tensor '{}' is in {}", storage_of(idx).name,
+                                 buffer_name(storage_of(idx).buffer)),
+               "the per-partition indices of a gather/scatter are read from SBUF",
+               "load the indices into a (P, 1) SBUF tile with nisa.dma_copy first");
         if (idx.rank == 0 || idx.dims[0].count != ap.dims[0].count || idx.inner_elements() != 1)
           fail(inst, fmt::format("vector_offset has shape {} but the access needs one index per row ({}, 1)",
-                                 shape_of(idx), ap.dims[0].count));
+                                 shape_of(idx), ap.dims[0].count),
+               "vector_offset holds one row index per partition of the access: shape (P, 1)",
+               fmt::format("pass a ({}, 1) index tile", ap.dims[0].count));
       }
     }
     if (inst.engine == Engine::dma || inst.spec().is_control) {
@@ -187,8 +231,12 @@ class Verifier {
                              buffer_name(s.buffer)),
            {}, "load the data into SBUF with nisa.dma_copy first");
     if (inst.engine == Engine::gpsimd && s.buffer == Buffer::psum)
-      fail(inst, fmt::format("{} is in PSUM, which the GpSimd engine cannot access", describe(inst, slot)), {},
-           "use the vector engine, or copy the data to SBUF");
+      fail(inst, fmt::format("{} is in PSUM, which the GpSimd engine cannot access", describe(inst, slot)),
+           "the GpSimd engine reads and writes SBUF only",
+           inst.spec().default_engine == Engine::gpsimd
+               ? fmt::format("{} runs only on the GpSimd engine: allocate the tensor in SBUF (buffer=nl.sbuf)",
+                             opcode_name(inst.opcode))
+               : std::string("use the vector engine, or copy the data to SBUF"));
     const TileGeometry g = tile_geometry(s, ap);
     if (g.partitions > t_.num_partitions)
       fail(inst, fmt::format("{} partition dimension {} exceeds maximum {}", slot_name(inst, slot), g.partitions,
@@ -208,10 +256,16 @@ class Verifier {
       fail(inst, fmt::format("{} has {} elements per partition", slot_name(inst, slot), g.free_elements),
            fmt::format("at most {} elements per partition from {}", max_free, buffer_name(s.buffer)),
            "split the instruction along the free dim");
+    const int free_dims = merged_free_dims(ap);
+    if (free_dims > static_cast<int>(t_.max_access_dims) - 1)
+      fail(inst, fmt::format("{} {} needs {} free dims in its access pattern (strides {})", slot_name(inst, slot),
+                             shape_of(ap), free_dims, strides_of(ap)),
+           fmt::format("an engine access pattern has a partition dim and at most {} free dims on {}",
+                       t_.max_access_dims - 1, target_name()),
+           "copy the data into a contiguous tile first, or split the instruction along an outer dim");
     int64_t start = g.first_partition + (s.address ? s.address->partition : 0);
-    check_start_partition_rule(start, g.partitions, [&](std::string what, std::string limit) {
-      fail(inst, fmt::format("{}: {}", slot_name(inst, slot), what), limit,
-           "start accesses of more than 32 partitions at partition 0 (or 64)");
+    check_start_partition_rule(start, g.partitions, [&](std::string what, std::string limit, std::string hint) {
+      fail(inst, fmt::format("{}: {}", slot_name(inst, slot), what), limit, hint);
     });
   }
 
@@ -224,7 +278,8 @@ class Verifier {
     if (geom(inst, a).partitions != geom(inst, b).partitions)
       fail(inst, fmt::format("number of partitions mismatch: {} has {}, {} has {}", describe(inst, a),
                              geom(inst, a).partitions, describe(inst, b), geom(inst, b).partitions),
-           "operands must span the same partitions", {});
+           "operands must span the same partitions",
+           "slice the operands to the same partition range (the partition dim does not broadcast)");
   }
   void same_tile(const Instruction& inst, int a, int b) const {
     same_partitions(inst, a, b);
@@ -242,7 +297,8 @@ class Verifier {
     if (g.free_elements != 1 || g.partitions != d.partitions)
       fail(inst, fmt::format("{} must be a scalar or a [{}, 1] vector, got shape {}", slot_name(inst, slot),
                              d.partitions, shape_of(o.ap)),
-           "per-partition operands have one element per partition", {});
+           "per-partition operands have one element per partition",
+           fmt::format("pass an immediate or a [{}, 1] tile", d.partitions));
     if (require_fp32 && o.ap.dtype != DType::float32)
       fail(inst, fmt::format("{} has dtype {}; vector operands of arithmetic operators must be float32",
                              slot_name(inst, slot), dtype_name(o.ap.dtype)),
@@ -260,8 +316,9 @@ class Verifier {
       if (e == inst.engine) return;
     std::string names;
     for (Engine e : allowed) names += (names.empty() ? "" : ", ") + std::string(engine_name(e));
-    fail(inst, fmt::format("cannot run on the {} engine", engine_name(inst.engine)), fmt::format("runs on: {}", names),
-         {});
+    fail(inst, fmt::format("cannot run on the {} engine", engine_name(inst.engine)),
+         fmt::format("{} runs on: {}", opcode_name(inst.opcode), names),
+         fmt::format("pass engine= one of: {} (or leave it unset)", names));
   }
   void integer_operands_for_bitvec(const Instruction& inst, AluOp op) const {
     if (!is_bitvec_op(op)) return;
@@ -272,10 +329,14 @@ class Verifier {
                                slot_name(inst, s), dtype_name(o.ap.dtype)),
              "bitvec operators act on integer bit patterns", "use .view() to reinterpret float bits as an integer dtype");
       if (o.is_imm() && o.imm != std::floor(o.imm))
-        fail(inst, fmt::format("bitwise operator {} needs an integer operand, got {}", alu_op_name(op), o.imm));
+        fail(inst, fmt::format("bitwise operator {} needs an integer operand, but {} is {}", alu_op_name(op),
+                               slot_name(inst, s), o.imm),
+             "bitvec operators act on integer bit patterns", "pass an integer immediate");
     }
     if (inst.engine != Engine::vector)
-      fail(inst, fmt::format("bitwise operator {} runs on the vector engine only", alu_op_name(op)));
+      fail(inst, fmt::format("bitwise operator {} cannot run on the {} engine", alu_op_name(op),
+                             engine_name(inst.engine)),
+           "bitvec operators run on the vector engine only", "pass engine=nki.isa.vector_engine (or leave it unset)");
   }
   void hardware_alu_op(const Instruction& inst, AluOp op, const char* param) const {
     if (op == AluOp::divide || op == AluOp::mod || op == AluOp::fmod)
@@ -283,22 +344,39 @@ class Verifier {
            op == AluOp::divide ? "multiply by the reciprocal (nisa.reciprocal or activation(op=nl.reciprocal))"
                                : "compute the remainder with subtract/multiply");
     if (op == AluOp::average || op == AluOp::bypass)
-      fail(inst, fmt::format("{}={} is not an element-wise operator", param, alu_op_name(op)));
+      fail(inst, fmt::format("{}={} is not an element-wise operator", param, alu_op_name(op)),
+           op == AluOp::average ? "nl.average is only a tensor_partition_reduce operator" : "",
+           "use an arithmetic operator such as nl.add or nl.multiply");
     if (op == AluOp::arith_shift_right)
-      fail(inst, "arithmetic shift right is not supported by the hardware", {}, "use nl.right_shift (logical)");
+      fail(inst, fmt::format("{}=arith_shift_right: arithmetic shift right is not supported by the hardware", param),
+           "the ALU shifts right logically only", "use nl.right_shift (logical)");
     if ((op == AluOp::abs_max || op == AluOp::abs_min) && t_.generation < 4)
-      fail(inst, fmt::format("{} needs NeuronCore-v4; {} does not have it", alu_op_name(op), target_name()));
+      fail(inst, fmt::format("{}={} needs NeuronCore-v4; {} does not have it", param, alu_op_name(op), target_name()),
+           "abs_max and abs_min exist on the NeuronCore-v4 vector engine only",
+           "compute abs with nl.abs, then use nl.maximum / nl.minimum");
+  }
+  /** A unary operator ignores its operand, which NKI requires to be None or 0. */
+  void unary_operand_is_zero(const Instruction& inst, AluOp op, int slot) const {
+    if (!is_unary_op(op) || op == AluOp::invert) return;
+    const Operand& o = inst.operands[slot];
+    if (!(o.is_imm() && o.imm == 0.0))
+      fail(inst,
+           fmt::format("{} is unary; {} must be 0, got {}", alu_op_name(op), slot_name(inst, slot),
+                       o.is_imm() ? fmt::to_string(o.imm) : "a tensor"),
+           "the operand of a unary operator must be None or 0", fmt::format("pass {}=0.0", slot_name(inst, slot)));
   }
   void binary_op(const Instruction& inst, AluOp op, const char* param) const {
     hardware_alu_op(inst, op, param);
     if (is_unary_op(op))
-      fail(inst, fmt::format("{}={} is a unary operator", param, alu_op_name(op)), {},
+      fail(inst, fmt::format("{}={} is a unary operator", param, alu_op_name(op)),
+           fmt::format("{} of {} takes a binary operator", param, opcode_name(inst.opcode)),
            "apply unary operators with tensor_scalar (operand0=0) or activation");
   }
   void reduce_op(const Instruction& inst, AluOp op, const char* param) const {
     if (!is_reduce_op(op) || op == AluOp::abs_max || op == AluOp::abs_min)
       fail(inst, fmt::format("{}={} is not a legal reduction operator", param, alu_op_name(op)),
-           "reductions use add, subtract, multiply, maximum, minimum, bitwise_and/or/xor or logical_and/or/xor", {});
+           "reductions use add, subtract, multiply, maximum, minimum, bitwise_and/or/xor or logical_and/or/xor",
+           "reduce with one of the legal operators (apply other operators element-wise first)");
   }
 
   // --- instructions -------------------------------------------------------------------------
@@ -359,7 +437,8 @@ class Verifier {
     binary_op(inst, op, "op");
     engine_in(inst, {Engine::vector, Engine::gpsimd});
     if (op == AluOp::power && inst.engine != Engine::gpsimd)
-      fail(inst, "power runs on the GpSimd engine only", {}, "pass engine=gpsimd (or leave engine unset)");
+      fail(inst, fmt::format("op=power cannot run on the {} engine", engine_name(inst.engine)),
+           "tensor_tensor computes nl.power on the GpSimd engine only", "pass engine=nki.isa.gpsimd_engine");
     integer_operands_for_bitvec(inst, op);
     same_tile(inst, 1, 2);
     same_tile(inst, 0, 1);
@@ -373,27 +452,29 @@ class Verifier {
     const bool two_ops = !inst.operands[3].is_none();
     if (two_ops) hardware_alu_op(inst, a.op1, "op1");
     if (two_ops && is_bitvec_op(a.op0) != is_bitvec_op(a.op1))
-      fail(inst, "op0 and op1 must both be bitwise or both be arithmetic operators");
+      fail(inst, fmt::format("op0={} is {} but op1={} is {}", alu_op_name(a.op0),
+                             is_bitvec_op(a.op0) ? "bitwise" : "arithmetic", alu_op_name(a.op1),
+                             is_bitvec_op(a.op1) ? "bitwise" : "arithmetic"),
+           "op0 and op1 must both be bitwise or both be arithmetic operators",
+           "split the computation into two tensor_scalar instructions");
     integer_operands_for_bitvec(inst, a.op0);
     if (two_ops) integer_operands_for_bitvec(inst, a.op1);
     if (inst.engine == Engine::scalar) {
       const bool ok = (a.op0 == AluOp::multiply && (!two_ops || a.op1 == AluOp::add)) ||
                       (a.op0 == AluOp::add && !two_ops);
       if (!ok)
-        fail(inst, "the scalar engine runs tensor_scalar only as (multiply, add), (multiply) or (add)", {},
+        fail(inst, fmt::format("op0={}{} is not supported on the scalar engine", alu_op_name(a.op0),
+                               two_ops ? fmt::format(", op1={}", alu_op_name(a.op1)) : std::string()),
+             "the scalar engine runs tensor_scalar only as (multiply, add), (multiply) or (add)",
              "use the vector engine");
     }
     if (inst.engine == Engine::gpsimd && a.op0 != AluOp::rsqrt)
-      fail(inst, "tensor_scalar runs on the GpSimd engine only for rsqrt", {}, "use the vector engine");
+      fail(inst, fmt::format("op0={} is not supported on the GpSimd engine", alu_op_name(a.op0)),
+           "tensor_scalar runs on the GpSimd engine only for rsqrt", "use the vector engine");
     for (int slot : {2, 3}) {
       AluOp op = slot == 2 ? a.op0 : a.op1;
       if (slot == 3 && !two_ops) continue;
-      if (is_unary_op(op) && op != AluOp::invert) {
-        const Operand& o = inst.operands[slot];
-        if (!(o.is_imm() && o.imm == 0.0))
-          fail(inst, fmt::format("{} is unary; {} must be 0", alu_op_name(op), slot_name(inst, slot)), {},
-               fmt::format("pass {}=0.0", slot_name(inst, slot)));
-      }
+      unary_operand_is_zero(inst, op, slot);
       per_partition(inst, slot, 1, !is_bitvec_op(op));
     }
     same_tile(inst, 0, 1);
@@ -405,7 +486,10 @@ class Verifier {
     binary_op(inst, a.op0, "op0");
     binary_op(inst, a.op1, "op1");
     if (is_bitvec_op(a.op0) || is_bitvec_op(a.op1))
-      fail(inst, "scalar_tensor_tensor takes arithmetic operators only", {}, "use tensor_tensor for bitwise operators");
+      fail(inst, fmt::format("op0={}, op1={}: bitwise operators are not supported", alu_op_name(a.op0),
+                             alu_op_name(a.op1)),
+           "scalar_tensor_tensor takes arithmetic operators only",
+           "use tensor_scalar and tensor_tensor for bitwise operators");
     per_partition(inst, 2, 1, true);
     same_tile(inst, 0, 1);
     same_tile(inst, 1, 3);
@@ -419,9 +503,9 @@ class Verifier {
     const Operand& bias = inst.operands[2];
     if (bias.is_tensor()) {
       per_partition(inst, 2, 1, false);
-      if (!is_float(bias.ap.dtype) || bias.ap.dtype == DType::tfloat32)
+      if (bias.ap.dtype == DType::tfloat32)
         fail(inst, fmt::format("bias has dtype {}", dtype_name(bias.ap.dtype)),
-             "bias must be a float32, float16 or bfloat16 [P, 1] vector", {});
+             "bias can be any dtype except tfloat32", "keep the bias in a float32 [P, 1] tile");
     }
     per_partition(inst, 3, 1, true);
     const Operand& res = inst.operands[4];
@@ -434,7 +518,9 @@ class Verifier {
              "the scalar engine's accumulators reduce with nl.add only", "pass reduce_op=nl.add");
     }
     if (a.reduce_cmd == ReduceCmd::load_reduce)
-      fail(inst, "reduce_cmd=load_reduce is not supported by activation");
+      fail(inst, "reduce_cmd=load_reduce is not supported by activation",
+           "activation's reduce_cmd is idle, reset, reduce or reset_reduce",
+           "reset the accumulators (reset_reduce) or keep accumulating (reduce)");
   }
 
   void check_tensor_reduce(const Instruction& inst) const {
@@ -442,7 +528,9 @@ class Verifier {
     engine_in(inst, {Engine::vector, Engine::gpsimd});
     reduce_op(inst, a.op0, "op");
     integer_operands_for_bitvec(inst, a.op0);
-    if (a.negate && is_bitvec_op(a.op0)) fail(inst, "negate=True needs an arithmetic operator");
+    if (a.negate && is_bitvec_op(a.op0))
+      fail(inst, fmt::format("negate=True with the bitwise operator {}", alu_op_name(a.op0)),
+           "negate applies to arithmetic reductions only", "drop negate=True, or negate with a separate instruction");
     const AccessPattern& data = inst.operands[1].ap;
     if (a.axes == 0) fail(inst, "axis is empty", {}, "pass the free axes to reduce, e.g. axis=[1]");
     if (a.axes & 1u)
@@ -457,7 +545,9 @@ class Verifier {
         fail(inst, fmt::format("axis {} is not reduced but an earlier axis is", d),
              "the reduced axes must be the last free dims, ending at the final dim", {});
       }
-    if (a.axes >> data.rank) fail(inst, fmt::format("axis out of range for data of rank {}", int(data.rank)));
+    if (a.axes >> data.rank)
+      fail(inst, fmt::format("axis {} is out of range for data of rank {}", print_detail::axes(a.axes), int(data.rank)),
+           fmt::format("axes are 1 to {}", int(data.rank) - 1), "reduce only dims the data view has");
     int64_t kept = 1;
     for (int d = 1; d < first; ++d) kept *= data.dims[d].count;
     same_partitions(inst, 0, 1);
@@ -470,13 +560,20 @@ class Verifier {
   void check_tensor_scalar_reduce(const Instruction& inst) const {
     const Attributes& a = inst.attrs;
     engine_in(inst, {Engine::vector});
-    binary_op(inst, a.op0, "op0");
-    if (is_bitvec_op(a.op0)) fail(inst, "op0 must be an arithmetic operator");
+    hardware_alu_op(inst, a.op0, "op0");
+    if (is_bitvec_op(a.op0))
+      fail(inst, fmt::format("op0={} is a bitwise operator", alu_op_name(a.op0)),
+           "tensor_scalar_reduce takes an arithmetic op0 only",
+           "use tensor_scalar for bitwise operators, then tensor_reduce");
+    unary_operand_is_zero(inst, a.op0, 2);
     if (a.reduce_op != AluOp::add && a.reduce_op != AluOp::multiply && a.reduce_op != AluOp::maximum &&
         a.reduce_op != AluOp::minimum)
       fail(inst, fmt::format("reduce_op={} is not supported", alu_op_name(a.reduce_op)),
            "reduce_op is one of add, multiply, maximum, minimum", {});
-    if (a.reverse0) fail(inst, "reverse0=True is not supported by tensor_scalar_reduce");
+    if (a.reverse0)
+      fail(inst, "reverse0=True is not supported by tensor_scalar_reduce",
+           "NKI documents reverse0 as not supported yet",
+           "use tensor_scalar with reverse0=True, then tensor_reduce");
     per_partition(inst, 2, 1, true);
     same_tile(inst, 0, 1);
     if (inst.operands[3].is_tensor()) per_partition(inst, 3, 1, false);
@@ -508,9 +605,13 @@ class Verifier {
     if (wide(st.dtype) != wide(mv.dtype))
       fail(inst, fmt::format("stationary is {} but moving is {}", dtype_name(st.dtype), dtype_name(mv.dtype)),
            "float32/tfloat32 inputs must be paired with float32/tfloat32", "cast both operands to the same precision");
-    if (inst.attrs.is_transpose) {
-      if (dst.dtype != mv.dtype)
-        fail(inst, "is_transpose=True needs dst to have the dtype of moving", {}, {});
+    if (inst.attrs.is_transpose && t_.generation >= 3) {
+      // Transpose mode moves the stationary tile bit-accurately: dst holds stationary's values.
+      if (dst.dtype != DType::float32 && dst.dtype != st.dtype)
+        fail(inst, fmt::format("is_transpose=True with dst {} but stationary {}", dtype_name(dst.dtype),
+                               dtype_name(st.dtype)),
+             "in transpose mode dst has the dtype of the transposed (stationary) tile, or float32",
+             fmt::format("allocate dst as {} (or float32)", dtype_name(st.dtype)));
     } else if (dst.dtype != DType::float32) {
       fail(inst, fmt::format("dst has dtype {}", dtype_name(dst.dtype)),
            fmt::format("matmul results are float32 on {}", target_name()), "allocate the PSUM tile as nl.float32");
@@ -519,7 +620,8 @@ class Verifier {
     if (gs.partitions != gm.partitions)
       fail(inst, fmt::format("contraction sizes differ: stationary has {} partitions, moving has {}", gs.partitions,
                              gm.partitions),
-           "stationary and moving share the partition (contraction) dim", {});
+           "stationary and moving share the partition (contraction) dim",
+           "slice both operands to the same K rows");
     if (gs.free_elements > t_.gemm_stationary_fmax)
       fail(inst, fmt::format("stationary free size {} exceeds {}", gs.free_elements, t_.gemm_stationary_fmax),
            fmt::format("gemm_stationary_fmax = {}", t_.gemm_stationary_fmax), "tile the stationary free dim");
@@ -528,7 +630,9 @@ class Verifier {
            fmt::format("gemm_moving_fmax = {}", t_.gemm_moving_fmax), "tile the moving free dim");
     if (gd.partitions != gs.free_elements || gd.free_elements != gm.free_elements)
       fail(inst, fmt::format("dst {} does not match stationary.T @ moving = [{}, {}]", shape_of(dst),
-                             gs.free_elements, gm.free_elements));
+                             gs.free_elements, gm.free_elements),
+           "dst partitions = stationary free size, dst free size = moving free size",
+           fmt::format("allocate dst as [{}, {}]", gs.free_elements, gm.free_elements));
     check_within_bank(inst, 0);
   }
 
@@ -555,10 +659,15 @@ class Verifier {
            "nc_transpose does not convert dtypes", "transpose into a tile of data's dtype, then copy");
     TileGeometry gd = geom(inst, 0), gs = geom(inst, 1);
     if (gd.partitions != gs.free_elements || gd.free_elements != gs.partitions)
-      fail(inst, fmt::format("dst {} is not the transpose of data {}", shape_of(dst), shape_of(data)));
+      fail(inst, fmt::format("dst {} is not the transpose of data {}", shape_of(dst), shape_of(data)),
+           "dst partitions = data free size, dst free size = data partitions",
+           fmt::format("allocate dst as [{}, {}]", gs.free_elements, gs.partitions));
     if (inst.engine == Engine::tensor) {
       if (storage_of(data).buffer != Buffer::sbuf || storage_of(dst).buffer != Buffer::psum)
-        fail(inst, "the tensor engine transposes from SBUF into PSUM", {}, "allocate dst in PSUM");
+        fail(inst, fmt::format("data is in {} and dst in {}", buffer_name(storage_of(data).buffer),
+                               buffer_name(storage_of(dst).buffer)),
+             "the tensor engine transposes from SBUF into PSUM",
+             "read data from SBUF and allocate dst in PSUM, or pass engine=nki.isa.vector_engine for <= 32x32");
       if (gs.partitions > t_.num_partitions || gs.free_elements > t_.gemm_stationary_fmax)
         fail(inst, fmt::format("data {} exceeds the tensor engine transpose limit", shape_of(data)),
              fmt::format("at most [{}, {}]", t_.num_partitions, t_.gemm_stationary_fmax), "transpose in tiles");
@@ -583,31 +692,46 @@ class Verifier {
       const double lo = info(d).is_signed ? -std::ldexp(1.0, bits - 1) : 0.0;
       const double hi = d == DType::bool_ ? 1.0 : info(d).is_signed ? std::ldexp(1.0, bits - 1) - 1 : std::ldexp(1.0, bits) - 1;
       if (v < lo || v > hi)
-        fail(inst, fmt::format("value {} is outside the range of {} [{}, {}]", v, dtype_name(d), lo, hi));
+        fail(inst, fmt::format("value {} is outside the range of {} [{}, {}]", v, dtype_name(d), lo, hi),
+             "memset's value must be representable in the dst dtype", "pass a value within the dtype's range");
     }
   }
 
   void check_affine(const Instruction& inst) const {
+    // dst and on_true_tile must be in SBUF: the generic operand rules (compute engines use on-chip
+    // memory, GpSimd cannot access PSUM) already enforce it.
     engine_in(inst, {Engine::gpsimd});
     const Attributes& a = inst.attrs;
-    if (storage_of(inst.operands[0].ap).buffer != Buffer::sbuf)
-      fail(inst, fmt::format("{} must be in SBUF", describe(inst, 0)));
     if (a.pattern.empty() || a.pattern.size() > 4)
-      fail(inst, fmt::format("pattern has {} [step, num] pairs", a.pattern.size()), "1 to 4 pairs", {});
+      fail(inst, fmt::format("pattern has {} [step, num] pairs", a.pattern.size()),
+           "the pattern has 1 to 4 [step, num] pairs", "describe the free dims with at most 4 pairs");
     int64_t n = 1;
-    for (const Dim& d : a.pattern) {
-      if (d.count < 1) fail(inst, fmt::format("pattern num {} must be positive", d.count));
+    for (size_t i = 0; i < a.pattern.size(); ++i) {
+      const Dim& d = a.pattern[i];
+      if (d.count < 1)
+        fail(inst, fmt::format("pattern pair {} has num {}", i, d.count), "every num of the pattern must be >= 1", {});
       n *= d.count;
     }
+    // NKI: "an int32 offset", "an int32 multiplier"; the affine value is computed in int32.
+    auto check_int32 = [&](int64_t v, const std::string& what) {
+      if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max())
+        fail(inst, fmt::format("{} {} does not fit in int32", what, v),
+             fmt::format("{} computes its affine value in int32 arithmetic", opcode_name(inst.opcode)),
+             fmt::format("keep {} within [{}, {}]", what, std::numeric_limits<int32_t>::min(),
+                         std::numeric_limits<int32_t>::max()));
+    };
+    check_int32(a.offset, "offset");
+    check_int32(a.channel_multiplier, "channel_multiplier");
+    for (size_t i = 0; i < a.pattern.size(); ++i) check_int32(a.pattern[i].stride, fmt::format("pattern step {}", i));
     if (n != geom(inst, 0).free_elements)
       fail(inst, fmt::format("pattern generates {} elements per partition but dst has {}", n,
                              geom(inst, 0).free_elements),
-           "the pattern's element count must equal dst's elements per partition", {});
+           "the pattern's element count must equal dst's elements per partition",
+           "make the product of the pattern's nums equal dst's free size");
     if (inst.opcode == Opcode::affine_select) {
       if (!is_comparison(a.cmp_op))
-        fail(inst, fmt::format("cmp_op={} is not a comparison operator", alu_op_name(a.cmp_op)));
-      if (storage_of(inst.operands[1].ap).buffer != Buffer::sbuf)
-        fail(inst, fmt::format("{} must be in SBUF", describe(inst, 1)));
+        fail(inst, fmt::format("cmp_op={} is not a comparison operator", alu_op_name(a.cmp_op)),
+             "cmp_op is one of equal, not_equal, greater, greater_equal, less, less_equal", {});
       same_tile(inst, 0, 1);
     }
   }
@@ -640,7 +764,9 @@ class Verifier {
     binary_op(inst, inst.attrs.op0, "op0");
     binary_op(inst, inst.attrs.op1, "op1");
     if (is_bitvec_op(inst.attrs.op0) || is_bitvec_op(inst.attrs.op1))
-      fail(inst, "tensor_tensor_scan takes arithmetic operators only");
+      fail(inst, fmt::format("op0={}, op1={}: bitwise operators are not supported", alu_op_name(inst.attrs.op0),
+                             alu_op_name(inst.attrs.op1)),
+           "tensor_tensor_scan takes binary arithmetic operators only", {});
     same_tile(inst, 1, 2);
     same_tile(inst, 0, 1);
     not_both_psum(inst, 1, 2);
@@ -658,7 +784,10 @@ class Verifier {
     if (inst.operands[1].is_tensor()) {
       same_tile(inst, 0, 1);
       if (inst.operands[1].ap.dtype != inst.operands[0].ap.dtype)
-        fail(inst, "src and dst must have the same dtype", {}, {});
+        fail(inst, fmt::format("src is {} but dst is {}", dtype_name(inst.operands[1].ap.dtype),
+                               dtype_name(inst.operands[0].ap.dtype)),
+             "tensor_copy_predicated copies bits: src and dst must have the same dtype",
+             "convert src with nisa.tensor_copy first");
       not_both_psum(inst, 1, 2);
     }
   }
@@ -667,31 +796,48 @@ class Verifier {
     engine_in(inst, {Engine::vector});
     const DType p = inst.operands[1].ap.dtype;
     if (p != DType::int8 && p != DType::uint8 && p != DType::int16 && p != DType::uint16 && p != DType::bool_)
-      fail(inst, fmt::format("predicate has dtype {}", dtype_name(p)), "predicates are int8, uint8, int16 or uint16",
-           {});
+      fail(inst, fmt::format("predicate has dtype {}", dtype_name(p)),
+           "select_reduce predicates are int8, uint8, int16 or uint16",
+           "produce the predicate with a comparison into a uint8 tile");
     const DType ot = inst.operands[2].ap.dtype;
     if (ot == DType::tfloat32 || ot == DType::int32 || ot == DType::uint32)
-      fail(inst, fmt::format("on_true has dtype {}", dtype_name(ot)), "on_true cannot be tfloat32, int32 or uint32", {});
+      fail(inst, fmt::format("on_true has dtype {}", dtype_name(ot)), "on_true cannot be tfloat32, int32 or uint32",
+           "copy on_true into a float32, bfloat16 or 16-bit integer tile first");
     same_tile(inst, 0, 1);
     same_tile(inst, 0, 2);
     not_both_psum(inst, 1, 2);
-    per_partition(inst, 3, 1, true);
+    per_partition(inst, 3, 1, false);  // NKI requires float32 only of a scalar on_false (immediates are)
     if (inst.operands[4].is_tensor()) {
       per_partition(inst, 4, 1, false);
-      if (!is_float(inst.operands[4].ap.dtype)) fail(inst, "reduce_res must have a float dtype");
+      if (!is_float(inst.operands[4].ap.dtype))
+        fail(inst, fmt::format("reduce_res has dtype {}", dtype_name(inst.operands[4].ap.dtype)),
+             "reduce_res must have a float dtype", "allocate reduce_res as a float32 [P, 1] tile");
     }
     if (inst.attrs.reduce_cmd != ReduceCmd::idle && inst.attrs.reduce_op != AluOp::maximum)
       fail(inst, fmt::format("reduce_op={} is not supported", alu_op_name(inst.attrs.reduce_op)),
-           "select_reduce reduces with nl.maximum only", {});
+           "select_reduce reduces with nl.maximum only", "pass reduce_op=nl.maximum");
+  }
+
+  /** max8 / nc_find_index8 read tensors of at most 3 dims (partition + 2 free). */
+  void at_most_3d(const Instruction& inst, int slot) const {
+    const AccessPattern& ap = inst.operands[slot].ap;
+    if (ap.rank > 3)
+      fail(inst, fmt::format("{} is {}-D ({})", slot_name(inst, slot), int(ap.rank), shape_of(ap)),
+           fmt::format("{} reads {} of up to 3 dims", opcode_name(inst.opcode), slot_name(inst, slot)),
+           "flatten the free dims (flatten_dims / reshape)");
   }
 
   void check_max8(const Instruction& inst) const {
     engine_in(inst, {Engine::vector});
+    at_most_3d(inst, 1);
     same_partitions(inst, 0, 1);
     const int64_t n = geom(inst, 1).free_elements;
     if (n < t_.max8_min_elems || n > t_.max8_max_elems)
       fail(inst, fmt::format("src has {} elements per partition", n),
-           fmt::format("max8 reads {} to {} elements per partition", t_.max8_min_elems, t_.max8_max_elems), {});
+           fmt::format("max8 reads {} to {} elements per partition", t_.max8_min_elems, t_.max8_max_elems),
+           n < t_.max8_min_elems ? fmt::format("pad the row to at least {} elements", t_.max8_min_elems)
+                                 : std::string("take the top 8 of each chunk, then max8 over the concatenated "
+                                               "results"));
     if (geom(inst, 0).free_elements != 8)
       fail(inst, fmt::format("dst has {} elements per partition", geom(inst, 0).free_elements),
            "max8 writes 8 values per partition", "allocate dst as [P, 8]");
@@ -699,6 +845,8 @@ class Verifier {
 
   void check_find_index8(const Instruction& inst) const {
     engine_in(inst, {Engine::vector});
+    at_most_3d(inst, 1);
+    at_most_3d(inst, 2);
     same_partitions(inst, 0, 1);
     same_partitions(inst, 0, 2);
     const int64_t n = geom(inst, 1).free_elements;
@@ -706,11 +854,14 @@ class Verifier {
       fail(inst, fmt::format("data has {} elements per partition", n),
            fmt::format("nc_find_index8 reads {} to {} elements per partition", t_.max8_min_elems, t_.max8_max_elems),
            {});
-    if (geom(inst, 2).free_elements != 8 || geom(inst, 0).free_elements != 8)
-      fail(inst, "vals and dst must have 8 elements per partition", {}, "allocate them as [P, 8]");
+    for (int s : {2, 0})
+      if (geom(inst, s).free_elements != 8)
+        fail(inst, fmt::format("{} has {} elements per partition", slot_name(inst, s), geom(inst, s).free_elements),
+             "vals and dst have exactly 8 elements per partition", "allocate them as [P, 8]");
     const DType d = inst.operands[0].ap.dtype;
     if (d != DType::uint16 && d != DType::uint32)
-      fail(inst, fmt::format("dst has dtype {}", dtype_name(d)), "indices are written as uint16 or uint32", {});
+      fail(inst, fmt::format("dst has dtype {}", dtype_name(d)), "indices are written as uint16 or uint32",
+           "allocate dst as nl.uint32 (or nl.uint16)");
   }
 
   void check_partition_reduce(const Instruction& inst) const {
@@ -722,10 +873,15 @@ class Verifier {
            "tensor_partition_reduce reduces with add, average, maximum, bitwise_or or bitwise_and", {});
     if (is_bitvec_op(op)) {
       for (int s : {0, 1})
-        if (!is_integer(inst.operands[s].ap.dtype)) fail(inst, "bitwise reductions need integer tiles");
+        if (!is_integer(inst.operands[s].ap.dtype))
+          fail(inst, fmt::format("op={} needs integer tiles, but {} is {}", alu_op_name(op), slot_name(inst, s),
+                                 dtype_name(inst.operands[s].ap.dtype)),
+               "bitwise reductions act on integer bit patterns", "use .view() to reinterpret float bits as integers");
     }
     if (geom(inst, 0).partitions != 1 || geom(inst, 0).free_elements != geom(inst, 1).free_elements)
-      fail(inst, fmt::format("dst {} must be [1, {}]", shape_of(inst.operands[0].ap), geom(inst, 1).free_elements));
+      fail(inst, fmt::format("dst {} must be [1, {}]", shape_of(inst.operands[0].ap), geom(inst, 1).free_elements),
+           "tensor_partition_reduce writes one partition with data's free size",
+           fmt::format("allocate dst as [1, {}]", geom(inst, 1).free_elements));
   }
 
   void check_control(const Instruction& inst) const {
@@ -735,12 +891,15 @@ class Verifier {
       if (o.is_tensor() && (inst.opcode == Opcode::register_load || inst.opcode == Opcode::register_store)) {
         if (o.ap.num_elements() != 1)
           fail(inst, fmt::format("{} must be a single element, got shape {}", slot_name(inst, s), shape_of(o.ap)),
-               "registers load from and store to 1x1 tensors", {});
-        if (storage_of(o.ap).buffer == Buffer::psum) fail(inst, "registers cannot access PSUM");
+               "registers load from and store to 1x1 tensors", "index one element, e.g. t[0:1, 0:1]");
+        if (storage_of(o.ap).buffer == Buffer::psum)
+          fail(inst, fmt::format("{} is in PSUM", describe(inst, s)), "registers load from and store to SBUF or HBM",
+               "copy the value to SBUF first");
       }
     }
     if (inst.opcode == Opcode::loop_begin && inst.attrs.step <= 0)
-      fail(inst, fmt::format("loop step {} must be a positive compile-time integer", inst.attrs.step));
+      fail(inst, fmt::format("loop step {} must be a positive compile-time integer", inst.attrs.step),
+           "runtime loops count up with a positive step", "iterate upwards and compute reversed indices in the body");
   }
 
   const Kernel& k_;

@@ -13,6 +13,7 @@
 #include "nikki/nikki.hpp"
 #include "nikki/numerics.hpp"
 #include "nikki/kernels/matmul.hpp"
+#include "nikki/runtime/executor.hpp"
 #include "nikki/runtime/interpreter.hpp"
 
 namespace nikki::test {
@@ -55,6 +56,42 @@ inline std::vector<HostTensor> run_kernel(Kernel kernel, std::vector<HostTensor*
   for (HostTensor& t : outputs) out_ptrs.push_back(t.data());
   runtime::Interpreter interpreter(k);
   interpreter.run(in_ptrs, out_ptrs);
+  return outputs;
+}
+
+/** @brief How a test runs a compiled kernel. */
+enum class Mode {
+  program_order,   // the reference interpreter in program order
+  streams_interp,  // the streams, latest-first, with the reference semantics
+  streams_native,  // the streams, latest-first, with native routines
+};
+
+/** @brief Compiles and runs a kernel in the given mode; returns its outputs. */
+/** @brief How many instructions the last stream run executed natively and interpreted. */
+struct RunCounts {
+  int64_t native = 0;
+  int64_t interpreted = 0;
+};
+
+inline std::vector<HostTensor> run_kernel(Kernel kernel, std::vector<HostTensor*> inputs, Mode mode,
+                                          jit::CompileOptions options = {}, RunCounts* counts = nullptr) {
+  options.native = mode == Mode::streams_native;
+  jit::Program program = jit::compile(std::move(kernel), options);
+  const Kernel& k = program.kernel;
+  std::vector<HostTensor> outputs;
+  for (StorageId id : k.outputs) outputs.emplace_back(k.storage(id).dtype, k.storage(id).shape);
+  std::vector<void*> in_ptrs, out_ptrs;
+  for (HostTensor* t : inputs) in_ptrs.push_back(t->data());
+  for (HostTensor& t : outputs) out_ptrs.push_back(t.data());
+  if (mode == Mode::program_order) {
+    runtime::Interpreter(k).run(in_ptrs, out_ptrs);
+  } else {
+    runtime::StreamExecutor exec(program.device,
+                                 mode == Mode::streams_native ? runtime::ExecutorKind::native : runtime::ExecutorKind::interp,
+                                 program.native);
+    exec.run(in_ptrs, out_ptrs);
+    if (counts) *counts = {exec.native_count(), exec.interpreted_count()};
+  }
   return outputs;
 }
 

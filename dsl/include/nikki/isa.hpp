@@ -136,6 +136,7 @@ inline void tensor_tensor(const Tensor& dst, const Tensor& data1, const Tensor& 
                           Engine engine = unknown_engine, Loc loc = Loc::current()) {
   detail::Emitter e(Opcode::tensor_tensor, dst, loc);
   e.attrs().op0 = e.alu(op, "op");
+  e.tensor(0, dst).tensor(1, data1).tensor(2, data2);
   if (engine == Engine::unknown) {
     // NKI's defaults: power runs on GpSimd, and so do 32-bit integer tiles (exact integer
     // arithmetic there) unless an operand is in PSUM, which GpSimd cannot read.
@@ -144,7 +145,7 @@ inline void tensor_tensor(const Tensor& dst, const Tensor& data1, const Tensor& 
     if (op.alu_op() == AluOp::power || (int32(dst) && int32(data1) && int32(data2) && !psum && !is_bitvec_op(op.alu_op())))
       engine = Engine::gpsimd;
   }
-  e.tensor(0, dst).tensor(1, data1).tensor(2, data2).engine(engine).emit();
+  e.engine(engine).emit();
 }
 
 /** @brief Optional parameters of tensor_scalar. */

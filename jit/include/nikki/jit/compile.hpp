@@ -1,12 +1,14 @@
 // The compile pipeline: named, timed, dumpable stages from a traced kernel to an executable
-// program. Today: verify -> allocate. Scheduling into engine streams and native code generation
-// are later stages of the same pipeline.
+// program: verify -> allocate -> schedule (engine streams) -> native (LLVM ORC).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "nikki/ir.hpp"
+#include "nikki/jit/native.hpp"
+#include "nikki/jit/streams.hpp"
 
 namespace nikki::jit {
 
@@ -16,18 +18,29 @@ struct StageTiming {
   double milliseconds = 0;
 };
 
-/** @brief A compiled kernel: the verified, allocated IR plus what each stage took. */
+/** @brief Which stages to run after verify and allocate. */
+struct CompileOptions {
+  bool schedule = true;  // build the per-engine streams
+  bool native = false;   // generate native routines through LLVM (needs schedule)
+  ScheduleOptions schedule_options;
+};
+
+/** @brief A compiled kernel: the verified, allocated IR, its device program and native code, and
+ * what each stage took. */
 struct Program {
   Kernel kernel;
+  std::shared_ptr<const DeviceProgram> device;  // null unless CompileOptions::schedule
+  std::shared_ptr<const NativeCode> native;     // null unless CompileOptions::native
   std::vector<StageTiming> timings;
 };
 
 /**
- * @brief Runs every stage on `kernel`. Throws KernelError for user mistakes.
+ * @brief Runs the stages on `kernel`: verify -> allocate -> schedule -> native. Throws KernelError
+ * for user mistakes.
  *
  * NIKKI_DUMP=<dir> writes each stage's artifact as <dir>/<kernel>.<n>.<stage>.txt;
  * NIKKI_LOG=stages prints each stage's time to stderr.
  */
-Program compile(Kernel kernel);
+Program compile(Kernel kernel, const CompileOptions& options = {});
 
 }  // namespace nikki::jit
