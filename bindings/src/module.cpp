@@ -87,11 +87,31 @@ struct PyProgram {
   jit::Program program;
   std::unique_ptr<runtime::Interpreter> interpreter;
 
-  void run(const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs) {
+  /**
+   * Runs the program. `fill_outputs=false` is for the second and later instances of an SPMD
+   * grid, which share the shared_hbm outputs: the interpreter fills outputs with sentinels before
+   * a run, which would erase what earlier instances wrote, so for this run the outputs are
+   * presented to it as caller-initialized (writable input) memory instead.
+   */
+  void run(const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs, bool fill_outputs) {
     if (!interpreter) interpreter = std::make_unique<runtime::Interpreter>(program.kernel);
     std::vector<void*> in(inputs.size()), out(outputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) in[i] = reinterpret_cast<void*>(inputs[i]);
     for (size_t i = 0; i < outputs.size(); ++i) out[i] = reinterpret_cast<void*>(outputs[i]);
+    std::vector<StorageId> kept;
+    if (!fill_outputs)
+      for (StorageId id : program.kernel.outputs)
+        if (program.kernel.storages[id].role == StorageRole::output) {
+          program.kernel.storages[id].role = StorageRole::input;
+          kept.push_back(id);
+        }
+    struct Restore {
+      Kernel& k;
+      const std::vector<StorageId>& ids;
+      ~Restore() {
+        for (StorageId id : ids) k.storages[id].role = StorageRole::output;
+      }
+    } restore{program.kernel, kept};
     py::gil_scoped_release release;
     interpreter->run(in, out);
   }
@@ -403,7 +423,7 @@ PYBIND11_MODULE(_core, m) {
                                for (const auto& t : p.program.timings) l.append(py::make_tuple(t.stage, t.milliseconds));
                                return l;
                              })
-      .def("run", &PyProgram::run);
+      .def("run", &PyProgram::run, py::arg("inputs"), py::arg("outputs"), py::arg("fill_outputs") = true);
 
   m.def("compile", [](const Kernel& kernel) {
     auto p = std::make_unique<PyProgram>();

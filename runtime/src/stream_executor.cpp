@@ -21,6 +21,7 @@ struct StreamExecutor::Impl {
   std::shared_ptr<const jit::DeviceProgram> program;
   ExecutorKind kind;
   StreamOrder order;
+  uint64_t rng;
   Machine machine;
   NativeDispatch native;
   std::vector<std::vector<uint32_t>> barrier_positions;  // [stream][barrier ordinal] -> op position
@@ -28,8 +29,9 @@ struct StreamExecutor::Impl {
   int64_t native_count = 0, interpreted_count = 0;
 
   Impl(std::shared_ptr<const jit::DeviceProgram> p, ExecutorKind k, std::shared_ptr<const jit::NativeCode> code,
-       StreamOrder o)
-      : program(std::move(p)), kind(k), order(o), machine(program->kernel), native(program->kernel, std::move(code)) {
+       StreamOrder o, uint64_t seed)
+      : program(std::move(p)), kind(k), order(o), rng(seed * 0x9E3779B97F4A7C15ull + 1), machine(program->kernel),
+        native(program->kernel, std::move(code)) {
     const auto& streams = program->streams;
     barrier_positions.resize(streams.size());
     barrier_ordinal.assign(program->kernel.instructions.size(), -1);
@@ -72,8 +74,15 @@ struct StreamExecutor::Impl {
         bool ready = true;
         for (const jit::SemaphoreWait& w : op.waits) ready = ready && done[w.queue] >= w.count;
         if (!ready) continue;
-        const bool better = best < 0 || (order == StreamOrder::latest_first ? op.ir_index > best_ir
-                                                                            : op.ir_index < best_ir);
+        bool better = false;
+        switch (order) {
+          case StreamOrder::latest_first: better = best < 0 || op.ir_index > best_ir; break;
+          case StreamOrder::earliest_first: better = best < 0 || op.ir_index < best_ir; break;
+          case StreamOrder::random:
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;  // LCG: cheap, reproducible
+            better = best < 0 || (rng >> 33) % 2 == 0;
+            break;
+        }
         if (better) {
           best = int(s);
           best_ir = op.ir_index;
@@ -102,8 +111,8 @@ struct StreamExecutor::Impl {
 };
 
 StreamExecutor::StreamExecutor(std::shared_ptr<const jit::DeviceProgram> program, ExecutorKind kind,
-                               std::shared_ptr<const jit::NativeCode> native, StreamOrder order)
-    : impl_(std::make_unique<Impl>(std::move(program), kind, std::move(native), order)) {}
+                               std::shared_ptr<const jit::NativeCode> native, StreamOrder order, uint64_t seed)
+    : impl_(std::make_unique<Impl>(std::move(program), kind, std::move(native), order, seed)) {}
 
 StreamExecutor::~StreamExecutor() = default;
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 
@@ -20,6 +21,13 @@ def main(argv=None) -> int:
 
         compat.install()
         sys.argv = [ns.file, *ns.args]
+        # As `python file.py` does: the script's directory comes first on sys.path, so the script
+        # can import the modules next to it (NKI samples import their kernels that way).
+        script_dir = os.path.dirname(os.path.abspath(ns.file))
+        if sys.path and sys.path[0] in ("", os.getcwd()):
+            sys.path[0] = script_dir
+        else:
+            sys.path.insert(0, script_dir)
         runpy.run_path(ns.file, run_name="__main__")
     return 0
 

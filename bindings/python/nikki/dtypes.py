@@ -64,7 +64,7 @@ _ALIASES = {
 
 _NUMPY_NAMES = {
     "float32": "float32", "float16": "float16", "int8": "int8", "int16": "int16", "int32": "int32",
-    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "bool": "bool_",
+    "uint8": "uint8", "uint16": "uint16", "uint32": "uint32", "bool": "bool",
     "bfloat16": "bfloat16", "float8_e4m3": "float8_e4m3", "float8_e4m3fn": "float8_e4m3fn",
     "float8_e5m2": "float8_e5m2",
 }

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import sys
 
+from .errors import KernelError, without_internal_frames
 from .kernel import Kernel
 
 __all__ = ["simulate", "simulate_kernel", "baremetal", "benchmark", "profile"]
@@ -22,7 +23,11 @@ def simulate(kernel):
 
 def simulate_kernel(kernel, *args, **kwargs):
     """Legacy ``nki.simulate_kernel(kernel, *args)``: runs the kernel once and returns its outputs."""
-    return _as_kernel(kernel)(*args, **kwargs)
+    k = _as_kernel(kernel)
+    try:
+        return k(*args, **kwargs)
+    except (KernelError, NotImplementedError) as err:  # show the user's frames and this one only
+        raise err.with_traceback(without_internal_frames(err.__traceback__)) from None
 
 
 _said_baremetal = False
@@ -42,7 +47,10 @@ def baremetal(kernel=None, **kwargs):
                 print("nikki: nki.baremetal runs on nikki's simulated NeuronCore (no Neuron device is used)",
                       file=sys.stderr)
                 _said_baremetal = True
-            return k(*args, **kw)
+            try:
+                return k(*args, **kw)
+            except (KernelError, NotImplementedError) as err:  # show the user's frames and this one only
+                raise err.with_traceback(without_internal_frames(err.__traceback__)) from None
 
         return run
 

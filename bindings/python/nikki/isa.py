@@ -12,7 +12,7 @@ import enum
 
 from . import _core
 from .dtypes import to_dtype
-from .errors import kernel_error_at, user_frame
+from .errors import KernelError, kernel_error_at, user_frame
 from .ops import act_func, alu_op
 from .tensor import NkiTensor, psum, sbuf
 from .tracing import current
@@ -98,8 +98,9 @@ class dma_engine(enum.IntEnum):
     gpsimd_dma = 2
 
 
-class NkiValidationError(ValueError):
-    """Kept for source compatibility; nikki raises nikki.KernelError (also a ValueError)."""
+# NKI's "hardware constraints are violated" exception. nikki raises nikki.KernelError for those,
+# so the NKI name is that class: ``except nisa.NkiValidationError`` catches nikki's errors.
+NkiValidationError = KernelError
 
 
 class VirtualRegister:
@@ -186,8 +187,16 @@ def _wider(a, b):
     return nl.float32 if a.is_float else (a if a.name.startswith("int") else b)
 
 
-def _legacy(kwargs, is_legacy: bool) -> bool:
-    return "dst" not in kwargs and is_legacy
+def _legacy(kwargs, is_legacy: bool, args=(), first: str = "") -> bool:
+    """True when a call is the legacy functional form (no dst). ``dst=`` always means the current
+    form; so does passing the legacy first parameter `first` (e.g. ``data``) by keyword next to a
+    positional tensor, which can then only be dst (``nisa.tensor_scalar(d, data=x, ...)``).
+    Otherwise `is_legacy`, the per-instruction test on the positional arguments, decides."""
+    if "dst" in kwargs:
+        return False
+    if first and first in kwargs and args and isinstance(args[0], NkiTensor):
+        return False
+    return is_legacy
 
 
 def _masked(mask, dst, *operands):
@@ -242,7 +251,7 @@ def _legacy_unary(fn, src=None, *, dtype=None, mask=None, **kwargs):
 
 def tensor_tensor(*args, **kwargs):
     """``tensor_tensor(dst, data1, data2, op)``: dst = op(data1, data2)."""
-    if _legacy(kwargs, len(args) < 3 or not isinstance(args[2], NkiTensor)):
+    if _legacy(kwargs, len(args) < 3 or not isinstance(args[2], NkiTensor), args, "data1"):
         return _legacy_tensor_tensor(*args, **kwargs)
     return _tensor_tensor(*args, **kwargs)
 
@@ -266,7 +275,7 @@ def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=eng
 def tensor_scalar(*args, **kwargs):
     """``tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False)``:
     dst = (data op0 operand0) op1 operand1; operands are numbers or [P, 1] tensors."""
-    if _legacy(kwargs, len(args) < 2 or not isinstance(args[1], NkiTensor)):
+    if _legacy(kwargs, len(args) < 2 or not isinstance(args[1], NkiTensor), args, "data"):
         return _legacy_tensor_scalar(*args, **kwargs)
     return _tensor_scalar(*args, **kwargs)
 
@@ -296,7 +305,7 @@ def _legacy_tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand
 def scalar_tensor_tensor(*args, **kwargs):
     """``scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1)``:
     dst = (data op0 operand0) op1 operand1, operand1 a full tile."""
-    if _legacy(kwargs, len(args) == 0 and "data" in kwargs or len(args) >= 2 and not isinstance(args[1], NkiTensor)):
+    if _legacy(kwargs, not (len(args) >= 2 and isinstance(args[1], NkiTensor)), args, "data"):
         return _legacy_scalar_tensor_tensor(*args, **kwargs)
     return _scalar_tensor_tensor(*args, **kwargs)
 
@@ -432,7 +441,7 @@ def _legacy_tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False
 
 def tensor_scalar_reduce(*args, **kwargs):
     """``tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False)``."""
-    if _legacy(kwargs, len(args) == 0 and "data" in kwargs or len(args) >= 2 and not isinstance(args[1], NkiTensor)):
+    if _legacy(kwargs, not (len(args) >= 2 and isinstance(args[1], NkiTensor)), args, "data"):
         return _legacy_tensor_scalar_reduce(*args, **kwargs)
     return _tensor_scalar_reduce(*args, **kwargs)
 
@@ -461,7 +470,7 @@ def _legacy_tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, 
 def tensor_tensor_scan(*args, **kwargs):
     """``tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False)``:
     res[i] = (data0[i] op0 res[i-1]) op1 data1[i] along each partition, res[-1] = initial."""
-    if _legacy(kwargs, len(args) < 3 or not isinstance(args[2], NkiTensor)):
+    if _legacy(kwargs, len(args) < 3 or not isinstance(args[2], NkiTensor), args, "data0"):
         return _legacy_tensor_tensor_scan(*args, **kwargs)
     return _tensor_tensor_scan(*args, **kwargs)
 
@@ -573,8 +582,12 @@ def _nc_transpose(dst, data, engine=engine.unknown, name=None, mask=None):
         _emit(_core.Opcode.nc_transpose, ops, eng, name)
 
 
-def _legacy_nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, name=None):
+def _legacy_nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, name=None, api="nc_transpose"):
     data = _check_tensor(data, "data")
+    if data.ndim != 2:
+        raise kernel_error_at(user_frame(2), f"{api}: the tile has shape {data.shape}, but a transpose takes a 2-D "
+                              "[partition, free] tile", limit="transposes swap the partition dim and one free dim",
+                              hint="reshape the tile to 2-D first, e.g. x.reshape((p, f))")
     p, f = data.shape[0], data.size // data.shape[0]
     on_vector = int(engine) == int(_Engine.vector) or (int(engine) == 0 and p <= 32 and f <= 32)
     out = _new_tile((f, p), data.dtype, sbuf if on_vector else psum)
@@ -721,7 +734,7 @@ def select_reduce(dst=None, predicate=None, on_true=None, on_false=None, reduce_
 
 def max8(*args, **kwargs):
     """``max8(dst, src)``: the 8 largest values of each partition, descending."""
-    if _legacy(kwargs, len(args) < 2):
+    if _legacy(kwargs, len(args) < 2, args, "src"):
         src = _check_tensor(args[0] if args else kwargs.pop("src"), "src")
         dtype = kwargs.pop("dtype", None)
         out = _new_tile((src.shape[0], 8), to_dtype(dtype) if dtype is not None else src.dtype)
@@ -738,7 +751,7 @@ def _max8(dst, src, name=None, mask=None):
 
 def nc_find_index8(*args, **kwargs):
     """``nc_find_index8(dst, data, vals)``: index of the first occurrence of each of 8 values per partition."""
-    if _legacy(kwargs, len(args) < 3):
+    if _legacy(kwargs, len(args) < 3, args, "data"):
         from . import language as nl
 
         data = _check_tensor(args[0] if args else kwargs.pop("data"), "data")
@@ -788,7 +801,34 @@ def get_nc_version() -> nc_version:
 
 
 def get_nc_sub_version() -> int:
+    """The sub-version of the target's NeuronCore generation (0 for the modelled targets)."""
     return 0
+
+
+# --- NKI instructions nikki does not implement yet --------------------------------------------
+
+def _unsupported_instruction(name: str):
+    def fn(*args, **kwargs):
+        _not_implemented(f"nki.isa.{name}")
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"nki.isa.{name}: not supported by nikki yet; calling it raises NotImplementedError."
+    return fn
+
+
+# Current (NKI 0.6) and legacy (Beta 1) instructions without a nikki implementation. They exist so
+# that code using them fails with a NotImplementedError naming the instruction, not an
+# AttributeError; they are deliberately not in __all__ (docs/api-coverage.md lists them).
+UNSUPPORTED = (
+    "nc_matmul_mx", "activate2", "tensor_scalar_cumulative", "range_select", "exponential", "quantize_mx",
+    "nc_stream_shuffle", "nc_match_replace8", "dropout", "rng", "rand2", "set_rng_seed", "rand_set_state",
+    "rand_get_state", "local_gather", "nc_n_gather", "sequence_bounds", "nonzero_with_count", "topk",
+    "dma_transpose", "dma_compute", "core_barrier", "sendrecv", "tensor_copy_dynamic_src",
+    "tensor_copy_dynamic_dst", "builtin_custom_op",
+)
+for _name in UNSUPPORTED:
+    globals()[_name] = _unsupported_instruction(_name)
+del _name
 
 
 # --- helpers for legacy tile assignment and accumulation (used by NkiTensor) ------------------
@@ -814,11 +854,14 @@ def _assign_scalar(dst: NkiTensor, value) -> None:
 
 
 def _accumulate_into(dst: NkiTensor, other) -> None:
-    """``dst += other``; a fresh matmul result accumulates straight into a PSUM dst."""
+    """``dst += other``; a fresh matmul result accumulates straight into a PSUM dst. The matmul is
+    retargeted only when it is the instruction just emitted (``psum += nisa.nc_matmul(...)``): if
+    anything read its result tile since, that tile must keep being written."""
     ctx = current()
     if isinstance(other, NkiTensor) and dst.buffer is psum:
         index = ctx.pending_matmul.pop(other._view.storage, None)
-        if index is not None and ctx.builder.instruction_operand(index, 0).same_as(other._view):
+        if (index is not None and index == ctx.builder.num_instructions - 1
+                and ctx.builder.instruction_operand(index, 0).same_as(other._view)):
             ctx.builder.retarget_accumulate(index, dst._view)
             return
     _update_in_place(dst, other, "add")
@@ -829,6 +872,11 @@ def _update_in_place(dst: NkiTensor, other, op: str) -> None:
 
     alu = getattr(nl, op)
     if isinstance(other, NkiTensor):
+        if dst.buffer is psum and other.buffer is psum:
+            # an engine reads at most one PSUM input: stage the other operand through SBUF
+            staged = _new_tile(other.shape, other.dtype)
+            _tensor_copy(staged, other)
+            other = staged
         if other.shape[1:] == (1,) * (other.ndim - 1) and dst.size != other.size:
             _tensor_scalar(dst, dst, alu, other)
         else:

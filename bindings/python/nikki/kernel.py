@@ -3,16 +3,19 @@ and running on the simulated NeuronCore with numpy arrays or torch CPU tensors."
 
 from __future__ import annotations
 
+import dis
 import functools
 import inspect
 import itertools
+import linecache
 import os
+import sys
 
 import numpy as np
 
 from . import _core
 from .dtypes import from_numpy, from_torch, numpy_dtype, to_dtype, torch_dtype
-from .errors import KernelError, kernel_error_at, user_frame, without_internal_frames
+from .errors import KernelError, is_internal_frame, kernel_error_at, user_frame, without_internal_frames
 from .tensor import NkiTensor, shared_hbm
 from .tracing import TraceContext
 
@@ -37,10 +40,13 @@ class _TensorArg:
 class Compiled:
     """One specialization of a kernel: a compiled program per SPMD program instance."""
 
-    def __init__(self, programs, output_specs, writable_inputs):
+    def __init__(self, programs, output_specs, writable_inputs, results=None):
         self.programs = programs
-        self.output_specs = output_specs  # [(shape, dtype)]
+        self.output_specs = output_specs  # [(shape, dtype)] of the shared_hbm outputs
         self.writable_inputs = writable_inputs  # parameter indices the kernel may write
+        # What the kernel returns, in order: ("output", k) is output_specs[k]; ("input", i) is
+        # parameter i itself (a returned nt.mutable_tensor, updated in place).
+        self.results = results if results is not None else [("output", k) for k in range(len(output_specs))]
 
     def text(self, locations: bool = True) -> str:
         return "\n".join(p.text(locations) for p in self.programs)
@@ -73,7 +79,8 @@ class Kernel:
         self._params = list(self._signature.parameters.values())
         self._positional_only = all(p.default is inspect.Parameter.empty and p.kind in (
             p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self._params)
-        self._mutable = {i for i, p in enumerate(self._params) if _is_mutable_annotation(p.annotation)}
+        self._mutable = {i for i, p in enumerate(self._params)
+                         if _is_mutable_annotation(p.annotation, getattr(fn, "__globals__", {}))}
         self._cache: dict = {}
         for p in self._params:
             if p.kind is p.KEYWORD_ONLY:
@@ -98,8 +105,8 @@ class Kernel:
     def __call__(self, *args, **kwargs):
         try:
             return self._call(args, kwargs)
-        except KernelError as err:
-            raise err.with_traceback(without_internal_frames(err.__traceback__)) from None
+        except Exception as err:
+            raise _for_user(err, sys._getframe(1)) from None
 
     def _bind(self, args, kwargs) -> tuple:
         if not kwargs and self._positional_only and len(args) == len(self._params):
@@ -122,7 +129,8 @@ class Kernel:
         key_parts = []
         for v in values:
             if isinstance(v, np.ndarray):
-                key_parts.append((v.shape, v.dtype.str, 0))
+                # the dtype itself: .str is "<V1"-like for every ml_dtypes fp8 type
+                key_parts.append((v.shape, v.dtype, 0))
             elif _is_torch(v):
                 key_parts.append((tuple(v.shape), v.dtype, 1))
             else:
@@ -140,8 +148,8 @@ class Kernel:
         """Traces and compiles for these arguments without running (arrays or nikki.spec placeholders)."""
         try:
             return self.compile_for(self._bind(args, kwargs), self._grid())
-        except KernelError as err:
-            raise err.with_traceback(without_internal_frames(err.__traceback__)) from None
+        except Exception as err:
+            raise _for_user(err, sys._getframe(1)) from None
 
     def compile_for(self, values, grid) -> Compiled:
         specs = [self._classify(i, v) for i, v in enumerate(values)]
@@ -153,11 +161,13 @@ class Kernel:
             if outputs is None:
                 outputs = out_specs
             elif out_specs != outputs:
-                raise KernelError(f"kernel '{self.fn.__name__}': program instances {ids[0]} and {program_ids} "
-                                  "return different outputs", hint="all instances must return the same shared_hbm tensors")
+                raise self._error_at_return(f"kernel '{self.fn.__name__}': program instances {ids[0]} and "
+                                            f"{program_ids} return different outputs",
+                                            hint="all instances must return the same shared_hbm tensors")
             programs.append(_core.compile(kernel))
-        return Compiled(programs, outputs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
-                                            and i in self._mutable])
+        output_specs, results = outputs
+        return Compiled(programs, output_specs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
+                                                 and i in self._mutable], results)
 
     def _classify(self, index, value):
         from .spec import TensorSpec
@@ -201,35 +211,56 @@ class Kernel:
         outputs = self._outputs(ctx, result, call_args)
         return ctx.builder.finish(), outputs
 
+    def _error_at_return(self, summary: str, limit: str = "", hint: str = "", at_def: bool = False) -> KernelError:
+        """A KernelError about what the kernel returns, located at its return statement (or at its
+        def line when it has none or several)."""
+        code = self.fn.__code__
+        line, column, end_column = _def_line(code), 0, 0
+        if not at_def:
+            sites = {(p.lineno, p.col_offset or 0, p.end_col_offset if p.end_lineno == p.lineno else 0)
+                     for p in (i.positions for i in dis.get_instructions(code)
+                               if i.opname in ("RETURN_VALUE", "RETURN_CONST")) if p is not None and p.lineno}
+            if len(sites) == 1:
+                line, column, end_column = sites.pop()
+                end_column = end_column or 0
+        return KernelError(summary, code.co_filename, line, column, end_column, limit=limit, hint=hint)
+
     def _outputs(self, ctx, result, call_args):
         if result is None:
-            raise KernelError(f"kernel '{self.fn.__name__}' returns no output",
-                              hint="allocate outputs with nl.ndarray(shape, dtype, buffer=nl.shared_hbm), write them "
-                                   "and return them")
+            raise self._error_at_return(f"kernel '{self.fn.__name__}' returns no output", at_def=True,
+                                        hint="allocate outputs with nl.ndarray(shape, dtype, buffer=nl.shared_hbm), "
+                                             "write them and return them")
         results = result if isinstance(result, (tuple, list)) else (result,)
         returned = set()
-        specs = []
+        specs, kinds = [], []
         for r in results:
             if not isinstance(r, NkiTensor):
-                raise KernelError(f"kernel '{self.fn.__name__}' returns {type(r).__name__}; kernels return tensors")
+                raise self._error_at_return(f"kernel '{self.fn.__name__}' returns {type(r).__name__}; kernels "
+                                            "return tensors", hint="return the shared_hbm output tensors")
             info = ctx.builder.storage(r._view.storage)
             whole = r._view.offset == 0 and r.shape == info["shape"] and r.is_contiguous() and not r.is_indirect()
-            writable_input = info["role"] == "input" and any(
-                isinstance(a, NkiTensor) and a._view.storage == r._view.storage for i, a in enumerate(call_args)
-                if i in self._mutable)
+            param = next((i for i, a in enumerate(call_args) if i in self._mutable and isinstance(a, NkiTensor)
+                          and a._view.storage == r._view.storage), None)
+            writable_input = info["role"] == "input" and param is not None
             if not whole or not (info["role"] == "output" or writable_input):
-                raise KernelError(f"kernel '{self.fn.__name__}' returns {'' if whole else 'a view of '}tensor "
-                                  f"'{info['name']}' in {info['buffer'].name}",
-                                  limit="kernel outputs are whole tensors allocated in shared_hbm",
-                                  hint="allocate the output with nl.ndarray(shape, dtype, buffer=nl.shared_hbm), "
-                                       "write it and return it")
+                raise self._error_at_return(f"kernel '{self.fn.__name__}' returns {'' if whole else 'a view of '}"
+                                            f"tensor '{info['name']}' in {info['buffer'].name}",
+                                            limit="kernel outputs are whole tensors allocated in shared_hbm",
+                                            hint="allocate the output with nl.ndarray(shape, dtype, "
+                                                 "buffer=nl.shared_hbm), write it and return it")
+            if writable_input:
+                # A returned nt.mutable_tensor parameter (Beta 1 required returning written ones):
+                # it is written in place, and the call returns the caller's array itself.
+                kinds.append(("input", param))
+                continue
             ctx.builder.add_output(r._view.storage)
             returned.add(r._view.storage)
             specs.append((info["shape"], to_dtype(info["dtype"])))
+            kinds.append(("output", len(specs) - 1))
         for storage in range(ctx.builder.num_storages):
             if storage not in returned and ctx.builder.storage(storage)["role"] == "output":
                 ctx.builder.set_role_scratch(storage)  # a shared_hbm scratch tensor nobody returns
-        return specs
+        return specs, kinds
 
     # --- running --------------------------------------------------------------------------
     def _launch(self, compiled: Compiled, values):
@@ -257,11 +288,45 @@ class Kernel:
             else:
                 outputs.append(np.empty(shape, dtype=numpy_dtype(dt)))
         out_ptrs = [o.data_ptr() if torch_out else o.__array_interface__["data"][0] for o in outputs]
-        for program in compiled.programs:
-            program.run(in_ptrs, out_ptrs)
+        # SPMD instances run in turn on the same shared_hbm outputs; only the first run fills
+        # them with the uninitialized-memory sentinels, later ones must keep earlier writes.
+        for index, program in enumerate(compiled.programs):
+            program.run(in_ptrs, out_ptrs, index == 0)
         for original, copy in write_back:
             original[...] = copy
-        return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        results = [outputs[k] if kind == "output" else values[k] for kind, k in compiled.results]
+        return results[0] if len(results) == 1 else tuple(results)
+
+
+def _def_line(code) -> int:
+    """The line of a function's `def` (co_firstlineno is the first decorator's line)."""
+    for line in range(code.co_firstlineno, code.co_firstlineno + 20):
+        text = linecache.getline(code.co_filename, line).lstrip()
+        if text.startswith(("def ", "async def ")):
+            return line
+    return code.co_firstlineno
+
+
+def _for_user(err: Exception, call_frame) -> Exception:
+    """The exception to show the user for an error raised while tracing or running a kernel.
+
+    KernelErrors without a location (bad arguments, unknown target) get the location of the kernel
+    call. User-facing errors (KernelError, NotImplementedError for an unsupported API) and errors
+    raised in the user's own code (the innermost frame is not nikki's, e.g. a TypeError from a bad
+    keyword) lose nikki's internal frames, so the traceback shows the user's code only. Anything
+    else is a nikki bug and keeps its full traceback.
+    """
+    tb = err.__traceback__
+    innermost = tb
+    while innermost is not None and innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    raised_in_user_code = innermost is not None and not is_internal_frame(innermost.tb_frame.f_code.co_filename)
+    if isinstance(err, KernelError) and not err.file:
+        located = kernel_error_at(call_frame, err.summary, err.limit, err.hint, err.instruction)
+        return located.with_traceback(None)
+    if isinstance(err, (KernelError, NotImplementedError)) or raised_in_user_code:
+        return err.with_traceback(without_internal_frames(tb))
+    return err
 
 
 def _constant_key(v):
@@ -272,9 +337,18 @@ def _constant_key(v):
         return (type(v), id(v))
 
 
-def _is_mutable_annotation(annotation) -> bool:
+def _is_mutable_annotation(annotation, fn_globals) -> bool:
+    """True for ``nt.mutable_tensor`` (also as the string annotation `from __future__ import
+    annotations` makes of it)."""
     from .typing import mutable_tensor
 
+    if isinstance(annotation, str):
+        try:
+            annotation = eval(annotation, dict(fn_globals))  # noqa: S307 - the user's own annotation
+        except Exception:
+            pass
+        if isinstance(annotation, str):  # unresolvable, or a quoted annotation
+            return annotation.strip("'\" ").split("[")[0].endswith("mutable_tensor")
     return annotation is mutable_tensor or getattr(annotation, "_nikki_mutable", False)
 
 
@@ -285,6 +359,14 @@ def jit(fn=None, *, target=None, mode=None, platform_target=None, **kwargs):
     NeuronCore. ``platform_target=`` is accepted as an alias of ``target=``.
     """
     def wrap(f):
-        return Kernel(f, target=target or platform_target, **kwargs)
+        try:
+            return Kernel(f, target=target or platform_target, **kwargs)
+        except KernelError as err:
+            raise err.with_traceback(without_internal_frames(err.__traceback__)) from None
 
-    return wrap if fn is None else wrap(fn)
+    if fn is None:
+        return wrap
+    try:
+        return wrap(fn)
+    except KernelError as err:
+        raise err.with_traceback(without_internal_frames(err.__traceback__)) from None

@@ -69,11 +69,11 @@ def _shape(shape) -> tuple:
         return (shape,)
     try:
         return tuple(int(s) for s in shape)
-    except TypeError:
+    except (TypeError, ValueError):
         raise kernel_error_at(user_frame(3), f"shape {shape!r} is not a tuple of integers") from None
 
 
-def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None, **kwargs) -> NkiTensor:
+def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTensor:
     """A new uninitialized tensor (reads before writes see NaN for floats, 4 for integers)."""
     ctx = current("nl.ndarray")
     shape_t = _shape(shape)
@@ -99,7 +99,7 @@ def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None, **kwargs) -
     return NkiTensor(ctx, view)
 
 
-def full(shape, fill_value, dtype, buffer=sbuf, name: str = "", **kwargs) -> NkiTensor:
+def full(shape, fill_value, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
     """A tensor filled with `fill_value` (on-chip memories only)."""
     region = region_of(buffer)
     if not region.is_on_chip:
@@ -110,30 +110,33 @@ def full(shape, fill_value, dtype, buffer=sbuf, name: str = "", **kwargs) -> Nki
     return t
 
 
-def zeros(shape, dtype, buffer=sbuf, name: str = "", **kwargs) -> NkiTensor:
+def zeros(shape, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
     """A tensor of zeros."""
     return full(shape, 0, dtype, buffer, name)
 
 
-def ones(shape, dtype, buffer=sbuf, name: str = "", **kwargs) -> NkiTensor:
+def ones(shape, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
     """A tensor of ones."""
     return full(shape, 1, dtype, buffer, name)
 
 
 def zeros_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTensor:
-    return zeros(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else x.buffer, name)
+    """Zeros of x's shape and dtype (or `dtype`), in `buffer` (SBUF by default, as in NKI)."""
+    return zeros(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else sbuf, name)
 
 
 def ones_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTensor:
-    return ones(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else x.buffer, name)
+    """Ones of x's shape and dtype (or `dtype`), in `buffer` (SBUF by default, like zeros_like)."""
+    return ones(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else sbuf, name)
 
 
 def empty_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTensor:
+    """An uninitialized tensor of x's shape and dtype (or `dtype`), in x's buffer unless `buffer` is given."""
     return ndarray(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else x.buffer,
                    name)
 
 
-def shared_identity_matrix(n: int, dtype=None, dst=None, **kwargs) -> NkiTensor:
+def shared_identity_matrix(n: int, dtype=None, dst=None) -> NkiTensor:
     """An n x n identity matrix in SBUF (uint8 by default)."""
     dt = to_dtype(dtype) if dtype is not None else uint8
     out = dst if dst is not None else ndarray((n, n), dt, buffer=sbuf, name="identity")
@@ -285,7 +288,7 @@ def _per_partition(t: NkiTensor) -> bool:
     return t.ndim >= 2 and builtins.all(s == 1 for s in t.shape[1:])
 
 
-def _binary_op(op: str, x, y, dtype=None, mask=None, **kwargs):
+def _binary_op(op: str, x, y, dtype=None, mask=None):
     """x op y for tiles and numbers: tensor_tensor for two tiles of one shape, tensor_scalar for a
     number or a [P, 1] tile (with the operands reversed when needed)."""
     fn = globals()[op if op != "divide" else "multiply"]
@@ -297,7 +300,10 @@ def _binary_op(op: str, x, y, dtype=None, mask=None, **kwargs):
             y = reciprocal(y)
         else:
             y = 1.0 / float(y)
-    comparison = op in ("equal", "not_equal", "greater", "greater_equal", "less", "less_equal")
+    # Comparisons and logical operators give 0/1 results: a bool_ tile unless dtype= says otherwise
+    # (Beta 1's default, dtype=bool; write dtype=nl.float32 for NKI 0.3+'s input-dtype default).
+    comparison = op in ("equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and",
+                        "logical_or", "logical_xor")
     if x_t and y_t and x.shape != y.shape:
         if _per_partition(y) and y.shape[0] == x.shape[0]:
             out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
@@ -336,7 +342,7 @@ def _out_dtype(dtype, comparison: bool, *tiles) -> _dtype_cls:
 
 
 def _make_binary(name: str, doc: str):
-    def fn(x, y, dtype=None, mask=None, **kwargs):
+    def fn(x, y, dtype=None, mask=None):
         return _binary_op(name, x, y, dtype=dtype, mask=mask)
 
     fn.__name__ = fn.__qualname__ = name
@@ -357,9 +363,9 @@ greater = _make_binary("greater", "1 where x > y else 0.")
 greater_equal = _make_binary("greater_equal", "1 where x >= y else 0.")
 less = _make_binary("less", "1 where x < y else 0.")
 less_equal = _make_binary("less_equal", "1 where x <= y else 0.")
-logical_and = _make_binary("logical_and", "1 where both are nonzero.")
-logical_or = _make_binary("logical_or", "1 where either is nonzero.")
-logical_xor = _make_binary("logical_xor", "1 where exactly one is nonzero.")
+logical_and = _make_binary("logical_and", "1 where both are nonzero (bool tile by default).")
+logical_or = _make_binary("logical_or", "1 where either is nonzero (bool tile by default).")
+logical_xor = _make_binary("logical_xor", "1 where exactly one is nonzero (bool tile by default).")
 bitwise_and = _make_binary("bitwise_and", "Bitwise and of integer tiles.")
 bitwise_or = _make_binary("bitwise_or", "Bitwise or of integer tiles.")
 bitwise_xor = _make_binary("bitwise_xor", "Bitwise xor of integer tiles.")
@@ -373,7 +379,7 @@ for _name in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "po
 
 
 def _activation_fn(name: str, func: str, doc: str):
-    def fn(x, dtype=None, mask=None, **kwargs):
+    def fn(x, dtype=None, mask=None):
         out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
         _isa._activation(out, getattr(_core.ActFunc, func), x, mask=mask)
         return out
@@ -416,35 +422,35 @@ register_op(abs, alu="abs", act="abs")
 register_op(square, alu="square", act="square")
 
 
-def rsqrt(x, dtype=None, mask=None, **kwargs):
+def rsqrt(x, dtype=None, mask=None):
     """1 / sqrt(x), on GpSimd as NKI does (higher precision than the Scalar engine)."""
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, rsqrt, 0.0, engine=_isa.engine.gpsimd, mask=mask)
     return out
 
 
-def reciprocal(x, dtype=None, mask=None, **kwargs):
+def reciprocal(x, dtype=None, mask=None):
     """1 / x on the Vector engine."""
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._reciprocal(out, x, mask=mask)
     return out
 
 
-def negative(x, dtype=None, mask=None, **kwargs):
+def negative(x, dtype=None, mask=None):
     """-x."""
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, multiply, -1.0, mask=mask)
     return out
 
 
-def invert(x, dtype=None, mask=None, **kwargs):
+def invert(x, dtype=None, mask=None):
     """Bitwise not of an integer tile."""
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, invert, 0, mask=mask)
     return out
 
 
-def logical_not(x, dtype=None, mask=None, **kwargs):
+def logical_not(x, dtype=None, mask=None):
     """1 where x == 0 else 0."""
     return _binary_op("equal", x, 0.0, dtype=dtype, mask=mask)
 
@@ -455,7 +461,7 @@ register_op(negative, alu="negate")
 register_op(invert, alu="invert")
 
 
-def copy(x, dtype=None, mask=None, **kwargs):
+def copy(x, dtype=None, mask=None):
     """A copy of x in a new SBUF tile (bit-exact when the dtype is unchanged)."""
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
@@ -511,32 +517,32 @@ def _reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False):
     return out
 
 
-def sum(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+def sum(x, axis, dtype=None, keepdims=False, mask=None):
     """Sum over the given free axes."""
     return _reduce(add, x, axis, dtype, keepdims, mask)
 
 
-def prod(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+def prod(x, axis, dtype=None, keepdims=False, mask=None):
     """Product over the given free axes."""
     return _reduce(multiply, x, axis, dtype, keepdims, mask)
 
 
-def max(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+def max(x, axis, dtype=None, keepdims=False, mask=None):
     """Maximum over the given free axes."""
     return _reduce(maximum, x, axis, dtype, keepdims, mask)
 
 
-def min(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+def min(x, axis, dtype=None, keepdims=False, mask=None):
     """Minimum over the given free axes."""
     return _reduce(minimum, x, axis, dtype, keepdims, mask)
 
 
-def all(x, axis, dtype=None, mask=None, **kwargs):
+def all(x, axis, dtype=None, mask=None):
     """1 where every element along the axes is nonzero."""
     return _reduce(logical_and, x, axis, dtype if dtype is not None else bool_, False, mask)
 
 
-def mean(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
+def mean(x, axis, dtype=None, keepdims=False, mask=None):
     """Mean over the given free axes (computed in fp32)."""
     s = _reduce(add, x, axis, float32, keepdims, mask)
     count = x.size // (s.size if s.size else 1)
@@ -545,14 +551,18 @@ def mean(x, axis, dtype=None, keepdims=False, mask=None, **kwargs):
     return out
 
 
-def var(x, axis, dtype=None, mask=None, **kwargs):
-    """Population variance over the given free axes (computed in fp32)."""
-    m = mean(x, axis, dtype=float32, keepdims=False, mask=mask)
+def var(x, axis, dtype=None, keepdims=False, mask=None):
+    """Population variance over the given free axes: mean((x - mean(x)) ** 2), computed in fp32."""
+    x = _isa._check_tensor(x, "x")
+    m = mean(x, axis, dtype=float32, keepdims=True, mask=mask)
     centered = _result_tile(x.shape, float32)
-    _isa._tensor_scalar(centered, x, subtract, m.reshape(m.shape[0], 1) if m.ndim > 2 else m, mask=mask)
+    if _per_partition(m):
+        _isa._tensor_scalar(centered, x, subtract, m, mask=mask)
+    else:  # the mean repeats along the reduced (trailing) axes: a stride-0 broadcast view
+        _isa._tensor_tensor(centered, x, m.broadcast_to(x.shape), subtract, mask=mask)
     sq = _result_tile(x.shape, float32)
     _isa._tensor_tensor(sq, centered, centered, multiply, mask=mask)
-    return mean(sq, axis, dtype=to_dtype(dtype) if dtype is not None else x.dtype, mask=mask)
+    return mean(sq, axis, dtype=to_dtype(dtype) if dtype is not None else x.dtype, keepdims=keepdims, mask=mask)
 
 
 register_op(sum, alu="add")
@@ -562,9 +572,53 @@ register_op(min, alu="minimum")
 register_op(mean, alu="average")
 
 
+class _OperatorConstant:
+    """An NKI operator constant that is not a tile function, such as ``nl.average`` (the
+    tensor_partition_reduce operator)."""
+
+    __slots__ = ("__name__",)
+
+    def __init__(self, name: str):
+        self.__name__ = name
+
+    def __repr__(self) -> str:
+        return f"nl.{self.__name__}"
+
+    def __call__(self, *args, **kwargs):
+        raise TypeError(f"nl.{self.__name__} is an operator for nki.isa instructions (op=nl.{self.__name__}), "
+                        "not a function")
+
+
+average = _OperatorConstant("average")
+register_op(average, alu="average")
+
+
+class _FloatLimits:
+    """Legacy ``nl.fp32`` / ``nl.bfp16``: ``.min`` is the dtype's most negative value (Beta 1 used
+    ``on_false_value=nl.fp32.min`` in selections)."""
+
+    __slots__ = ("name", "min")
+
+    def __init__(self, name: str, minimum: float):
+        self.name = name
+        self.min = minimum
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+
+fp32 = _FloatLimits("fp32", -3.4028234663852886e38)  # bit pattern 0xff7fffff
+bfp16 = _FloatLimits("bfp16", float("-inf"))  # bit pattern 0xff80, as Beta 1 defined it
+
+
+class NKIObject:
+    """Base class NKI kernels derive their configuration classes from (a plain Python class here:
+    kernels are traced by Python, so any class works)."""
+
+
 # --- composite operations -------------------------------------------------------------------
 
-def softmax(x, axis=-1, dtype=None, compute_dtype=None, mask=None, **kwargs):
+def softmax(x, axis=-1, dtype=None, compute_dtype=None, mask=None):
     """softmax along the last free axis: exp(x - max) / sum(exp(x - max))."""
     x = _isa._check_tensor(x, "x")
     axis_n = axis + x.ndim if axis < 0 else axis
@@ -585,7 +639,7 @@ def softmax(x, axis=-1, dtype=None, compute_dtype=None, mask=None, **kwargs):
     return out
 
 
-def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None, **kwargs):
+def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None):
     """x / sqrt(mean(x ** 2) + epsilon) * w along the last free axis; w is [1, D] or [P, D]."""
     x = _isa._check_tensor(x, "x")
     p, d = x.shape[0], x.shape[-1]
@@ -613,7 +667,7 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=N
     return out
 
 
-def matmul(x, y, transpose_x=False, mask=None, **kwargs):
+def matmul(x, y, transpose_x=False, mask=None):
     """x @ y into a new fp32 PSUM tile. With transpose_x=True, x is given as x.T ([K, M], the
     stationary layout); otherwise x [M, K] is transposed on the Tensor engine first."""
     x, y = _isa._check_tensor(x, "x"), _isa._check_tensor(y, "y")
@@ -624,12 +678,12 @@ def matmul(x, y, transpose_x=False, mask=None, **kwargs):
     return _isa._legacy_nc_matmul(x, y, mask=mask)
 
 
-def transpose(x, dtype=None, mask=None, **kwargs):
+def transpose(x, dtype=None, mask=None):
     """2-D transpose: on the Vector engine up to 32x32, else on the Tensor engine into PSUM."""
-    return _isa._legacy_nc_transpose(x, dtype=dtype, mask=mask)
+    return _isa._legacy_nc_transpose(x, dtype=dtype, mask=mask, api="nl.transpose")
 
 
-def load(src, dtype=None, mask=None, **kwargs):
+def load(src, dtype=None, mask=None):
     """Loads an HBM view into a new SBUF tile (dim 0 becomes the partition dim)."""
     src = _isa._check_tensor(src, "src")
     if not src.buffer.is_hbm:
@@ -641,7 +695,7 @@ def load(src, dtype=None, mask=None, **kwargs):
     return tile
 
 
-def store(dst, value, mask=None, **kwargs):
+def store(dst, value, mask=None):
     """Stores a tile into an HBM view (PSUM tiles are staged through SBUF)."""
     dst = _isa._check_tensor(dst, "dst")
     value = _isa._check_tensor(value, "value")
@@ -655,13 +709,13 @@ def store(dst, value, mask=None, **kwargs):
     _isa.dma_copy(dst, value, mask=mask)
 
 
-def load_transpose2d(src, dtype=None, mask=None, **kwargs):
+def load_transpose2d(src, dtype=None, mask=None):
     """Loads a 2-D HBM view transposed (the DMA reads it column by column)."""
     src = _isa._check_tensor(src, "src")
     return load(src.permute((1, 0)), dtype=dtype, mask=mask)
 
 
-def where(condition, x, y, dtype=None, mask=None, **kwargs):
+def where(condition, x, y, dtype=None, mask=None):
     """x where condition is nonzero, else y (x, y tiles or numbers)."""
     condition = _isa._check_tensor(condition, "condition")
     ref = x if isinstance(x, NkiTensor) else y if isinstance(y, NkiTensor) else condition
@@ -679,7 +733,7 @@ def where(condition, x, y, dtype=None, mask=None, **kwargs):
     return out
 
 
-def broadcast_to(x, shape, dtype=None, **kwargs):
+def broadcast_to(x, shape, dtype=None):
     """A stride-0 view of x broadcast to `shape` (size-1 dims repeat)."""
     return _isa._check_tensor(x, "x").broadcast_to(shape)
 

@@ -72,8 +72,8 @@ def alu_op(op, param: str = "op") -> _core.AluOp:
     """The ALU operator named by `op`, or a KernelError naming the parameter."""
     alu, act = _lookup(op)
     if alu is None:
-        what = "an activation function" if act is not None else "not an operator"
-        raise kernel_error_at(user_frame(2), f"{param}={op_name(op)} is {what}, not an ALU operator",
+        what = "an activation function, not an ALU operator" if act is not None else "not an ALU operator"
+        raise kernel_error_at(user_frame(2), f"{param}={op_name(op)} is {what}",
                               hint="pass an ALU operator such as nl.add, nl.multiply, nl.maximum (or np.add)")
     return alu
 
@@ -82,7 +82,7 @@ def act_func(op, param: str = "op") -> _core.ActFunc:
     """The activation function named by `op`, or a KernelError naming the parameter."""
     alu, act = _lookup(op)
     if act is None:
-        what = "an ALU operator" if alu is not None else "not an operator"
-        raise kernel_error_at(user_frame(2), f"{param}={op_name(op)} is {what}, not an activation function",
+        what = "an ALU operator, not an activation function" if alu is not None else "not an activation function"
+        raise kernel_error_at(user_frame(2), f"{param}={op_name(op)} is {what}",
                               hint="pass an activation function such as nl.exp, nl.copy, nl.gelu, nl.tanh")
     return act

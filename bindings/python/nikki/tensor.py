@@ -51,19 +51,32 @@ def region_of(buffer) -> MemoryRegion:
 
 
 class DynSlice:
-    """``nl.ds(start, size)``: the slice [start, start + size)."""
+    """``nl.ds(start, size)``: the slice [start, start + size). `start` may be a runtime value (a
+    register or a 1x1 integer tensor); `size` is a compile-time integer."""
 
     __slots__ = ("start", "size")
 
-    def __init__(self, start: int, size: int):
+    def __init__(self, start, size: int):
         self.start = start
         self.size = size
 
+    @property
+    def is_runtime(self) -> bool:
+        return _is_runtime_index(self.start)
+
     def as_slice(self) -> slice:
-        return slice(self.start, self.start + self.size)
+        start = 0 if self.is_runtime else self.start
+        return slice(start, start + self.size)
 
     def __repr__(self) -> str:
         return f"nl.ds({self.start}, {self.size})"
+
+
+def _is_runtime_index(x) -> bool:
+    """A register or a tensor standing for an index known only at run time."""
+    from .isa import VirtualRegister
+
+    return isinstance(x, (VirtualRegister, NkiTensor))
 
 
 def _view_error(err: ViewError, name: str) -> KernelError:
@@ -159,28 +172,52 @@ class NkiTensor:
         if index_expr.uses_index_expr(key):
             return index_expr.subscript(self, key)
         subs = []
+        runtime = []  # (dim, runtime index) of subscripts t[reg] / t[nl.ds(reg, size)]
         for i, k in enumerate(key):
             if k is Ellipsis:
                 fill = self.ndim - (len(key) - 1)
                 subs.extend([slice(None)] * max(fill, 0))
             elif isinstance(k, DynSlice):
+                if k.is_runtime:
+                    runtime.append((len(subs), k.start))
                 subs.append(k.as_slice())
             elif isinstance(k, slice) or isinstance(k, int):
                 subs.append(k)
             elif hasattr(k, "__index__"):
                 subs.append(k.__index__())
-            elif isinstance(k, NkiTensor):
-                raise kernel_error_at(user_frame(2), "indexing with a tensor of runtime indices is not "
-                                      "supported by subscripts",
-                                      hint="gather with t.ap(pattern, vector_offset=indices) in nisa.dma_copy, or "
-                                           "offset with t.ap(pattern, scalar_offset=...)")
+            elif _is_runtime_index(k):
+                if isinstance(k, NkiTensor) and k.size != 1:
+                    raise kernel_error_at(user_frame(2), f"subscript is a tensor of shape {k.shape}; a runtime "
+                                          "subscript is a register or a 1x1 tensor",
+                                          hint="gather rows with t.ap(pattern, vector_offset=indices) in "
+                                               "nisa.dma_copy")
+                runtime.append((len(subs), k))
+                subs.append(0)
             else:
                 raise kernel_error_at(user_frame(2), f"unsupported subscript {k!r}",
                                       hint="use integers, slices, nl.ds(start, size) or ...")
         try:
-            return NkiTensor(self._ctx, self._view.subscript(subs, self.buffer.is_on_chip))
+            view = self._view.subscript(subs, self.buffer.is_on_chip)
         except ViewError as err:
             raise _view_error(err, self.name) from None
+        if runtime:
+            if len(runtime) > 1:
+                raise kernel_error_at(user_frame(2), "only one subscript of a view may be a runtime index",
+                                      hint="combine the runtime offsets into one register")
+            dim, index = runtime[0]
+            view = self._with_runtime_offset(view, self._view.strides[dim], index)
+        return NkiTensor(self._ctx, view)
+
+    def _with_runtime_offset(self, view, stride: int, index):
+        """`view` shifted at run time by index * stride elements (index: a register or a 1x1 tensor)."""
+        from .isa import VirtualRegister
+
+        if self.is_indirect():
+            raise kernel_error_at(user_frame(3), f"tensor '{self.name}': a view with runtime offsets cannot take "
+                                  "another runtime index", hint="index the base tensor once")
+        if isinstance(index, VirtualRegister):
+            return view.with_indirection(None, index._reg, stride, None, 0, 0)
+        return view.with_indirection(index._view, None, stride, None, 0, 0)
 
     def __setitem__(self, key, value) -> None:
         """Legacy assignment ``t[...] = value``: copies value (a tile or a scalar) into t[key]."""
@@ -198,11 +235,16 @@ class NkiTensor:
         """Elements [start, end) with `step` along `dim`."""
         return self._derive("slice", dim, start, end, step)
 
-    def select(self, dim: int, index: int) -> "NkiTensor":
-        """Fixes `dim` at `index` and removes it."""
-        if not isinstance(index, int):
-            raise kernel_error_at(user_frame(2), "select() with a runtime index is not supported yet",
-                                  hint="use t.ap(pattern, scalar_offset=register_or_1x1_tensor)")
+    def select(self, dim: int, index) -> "NkiTensor":
+        """Fixes `dim` at `index` and removes it; `index` may be a runtime register or 1x1 tensor."""
+        if _is_runtime_index(index):
+            if isinstance(index, NkiTensor) and index.size != 1:
+                raise kernel_error_at(user_frame(2), f"select(): index is a tensor of shape {index.shape}; a runtime "
+                                      "index is a register or a 1x1 tensor")
+            d = dim + self.ndim if dim < 0 else dim
+            selected = self._derive("select", dim, 0)
+            stride = self._view.strides[d] if 0 <= d < self.ndim else 0
+            return NkiTensor(self._ctx, self._with_runtime_offset(selected._view, stride, index))
         return self._derive("select", dim, index)
 
     def permute(self, dims) -> "NkiTensor":

@@ -110,6 +110,9 @@ class KernelBuilder {
     return kernel_.instructions.back();
   }
 
+  /** @brief Points a loop marker at its partner (loop_begin -> loop_end and back). */
+  void set_jump(int32_t index, int32_t target) { kernel_.instructions.at(index).attrs.jump = target; }
+
   /** @brief Marks a storage as a kernel output (in return order). */
   void add_output(StorageId id) { kernel_.outputs.push_back(id); }
 

@@ -381,3 +381,105 @@ inline void nc_find_index8(const Tensor& dst, const Tensor& data, const Tensor& 
 }
 
 }  // namespace nikki::isa
+
+// --- registers and runtime loops ------------------------------------------------------------
+
+namespace nikki::isa {
+
+/** @brief A 32-bit sequencer register (NKI VirtualRegister). */
+struct Register {
+  RegisterId id = -1;
+  KernelBuilder* builder = nullptr;
+};
+
+/** @brief A register operand or an integer immediate. */
+class RegisterOrInt {
+ public:
+  RegisterOrInt(int64_t v) : operand_(Operand::immediate(double(v))) {}
+  RegisterOrInt(int v) : operand_(Operand::immediate(double(v))) {}
+  RegisterOrInt(Register r) : operand_(Operand::reg_(r.id)) {}
+  const Operand& operand() const { return operand_; }
+
+ private:
+  Operand operand_;
+};
+
+namespace detail {
+inline Instruction control(Opcode op, KernelBuilder& b, const Loc& loc) {
+  Instruction inst;
+  inst.opcode = op;
+  inst.engine = Engine::sync;
+  inst.loc = b.location(loc);
+  return inst;
+}
+}  // namespace detail
+
+/** @brief A new register, optionally initialized. */
+inline Register register_alloc(std::optional<int64_t> init = std::nullopt, Loc loc = Loc::current()) {
+  KernelBuilder& b = KernelBuilder::current(loc);
+  Register r{b.new_register(), &b};
+  if (init) {
+    Instruction inst = detail::control(Opcode::register_move, b, loc);
+    inst.operands[0] = Operand::reg_(r.id);
+    inst.operands[1] = Operand::immediate(double(*init));
+    b.append(std::move(inst));
+  }
+  return r;
+}
+
+/** @brief dst = src (a register or an integer). */
+inline void register_move(Register dst, RegisterOrInt src, Loc loc = Loc::current()) {
+  Instruction inst = detail::control(Opcode::register_move, *dst.builder, loc);
+  inst.operands[0] = Operand::reg_(dst.id);
+  inst.operands[1] = src.operand();
+  dst.builder->append(std::move(inst));
+}
+
+/** @brief dst = the value of a 1x1 tensor. */
+inline void register_load(Register dst, const Tensor& src, Loc loc = Loc::current()) {
+  Instruction inst = detail::control(Opcode::register_load, *dst.builder, loc);
+  inst.operands[0] = Operand::reg_(dst.id);
+  inst.operands[1] = Operand::tensor(src.access());
+  dst.builder->append(std::move(inst));
+}
+
+/** @brief Writes register src into a 1x1 tensor. */
+inline void register_store(const Tensor& dst, Register src, Loc loc = Loc::current()) {
+  Instruction inst = detail::control(Opcode::register_store, *src.builder, loc);
+  inst.operands[0] = Operand::tensor(dst.access());
+  inst.operands[1] = Operand::reg_(src.id);
+  src.builder->append(std::move(inst));
+}
+
+}  // namespace nikki::isa
+
+namespace nikki::nl {
+
+/**
+ * @brief A loop that runs on the device: `body(i)` is traced once and repeated at run time with
+ * register i counting from lower to upper (exclusive) by step. State crosses iterations in tensors.
+ */
+template <class Body>
+void fori_loop(isa::RegisterOrInt lower, isa::RegisterOrInt upper, Body&& body, int64_t step = 1,
+               Loc loc = Loc::current()) {
+  KernelBuilder& b = KernelBuilder::current(loc);
+  if (step <= 0)
+    throw KernelError(fmt::format("fori_loop step {} must be a positive compile-time integer", step),
+                      b.source(b.location(loc)), "fori_loop", {}, {});
+  isa::Register counter{b.new_register(), &b};
+  Instruction begin = isa::detail::control(Opcode::loop_begin, b, loc);
+  begin.operands[0] = Operand::reg_(counter.id);
+  begin.operands[1] = lower.operand();
+  begin.operands[2] = upper.operand();
+  begin.attrs.step = step;
+  const auto begin_index = static_cast<int32_t>(b.kernel().instructions.size());
+  b.append(std::move(begin));
+  body(counter);
+  Instruction end = isa::detail::control(Opcode::loop_end, b, loc);
+  end.attrs.jump = begin_index;
+  const auto end_index = static_cast<int32_t>(b.kernel().instructions.size());
+  b.append(std::move(end));
+  b.set_jump(begin_index, end_index);
+}
+
+}  // namespace nikki::nl

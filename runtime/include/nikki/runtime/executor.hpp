@@ -28,6 +28,7 @@ ExecutorKind executor_from_env();
 enum class StreamOrder {
   latest_first,   // the ready instruction latest in program order: exposes any missing semaphore
   earliest_first, // the ready instruction earliest in program order
+  random,         // a ready instruction chosen by a seeded pseudo-random sequence
 };
 
 /**
@@ -41,7 +42,7 @@ class StreamExecutor {
  public:
   StreamExecutor(std::shared_ptr<const jit::DeviceProgram> program, ExecutorKind kind,
                  std::shared_ptr<const jit::NativeCode> native = nullptr,
-                 StreamOrder order = StreamOrder::latest_first);
+                 StreamOrder order = StreamOrder::latest_first, uint64_t seed = 1);
   ~StreamExecutor();
   StreamExecutor(const StreamExecutor&) = delete;
   StreamExecutor& operator=(const StreamExecutor&) = delete;

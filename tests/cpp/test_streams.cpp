@@ -1,0 +1,182 @@
+// The scheduler and the device program: streams keep each queue's program order, every semaphore
+// wait is needed (removing any one of them changes a result), runtime loops work across streams,
+// and the file format round-trips and rejects damaged files.
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "harness.hpp"
+#include "nikki/ir_printer.hpp"
+#include "nikki/kernels/softmax.hpp"
+
+namespace {
+
+using namespace nikki;
+using test::HostTensor;
+
+/** A kernel with work on every engine and DMA traffic both ways, double-buffered tiles. */
+Tensor pipeline_kernel(Tensor x, Tensor w) {
+  Tensor out = nl::ndarray({256, 64}, nl::float32, nl::shared_hbm, "out");
+  Tensor wt = nl::ndarray({64, 64}, nl::float32, nl::sbuf, "w");
+  isa::dma_copy(wt, w);
+  for (int t = 0; t < 4; ++t) {
+    Tensor xt = nl::ndarray({64, 64}, nl::float32, nl::sbuf, "x");
+    isa::dma_copy(xt, x(Slice{t * 64, t * 64 + 64}, Slice{}));
+    Tensor e = nl::ndarray({64, 64}, nl::float32, nl::sbuf, "e");
+    isa::activation(e, nl::exp, xt, {.scale = 0.25});
+    Tensor p = nl::ndarray({64, 64}, nl::float32, nl::psum, "p");
+    isa::nc_matmul(p, wt, e);
+    Tensor s = nl::ndarray({64, 64}, nl::float32, nl::sbuf, "s");
+    isa::tensor_tensor(s, p, xt, nl::add);
+    Tensor m = nl::ndarray({64, 1}, nl::float32, nl::sbuf, "m");
+    isa::tensor_reduce(m, nl::maximum, s, {1});
+    Tensor g = nl::ndarray({64, 64}, nl::float32, nl::sbuf, "g");
+    isa::tensor_scalar(g, s, nl::subtract, m);
+    Tensor io = nl::ndarray({64, 64}, nl::int32, nl::sbuf, "io");
+    isa::iota(io, {{1, 64}}, t, 1);
+    Tensor r = nl::ndarray({64, 64}, nl::float32, nl::sbuf, "r");
+    isa::tensor_tensor(r, g, io, nl::add);
+    isa::dma_copy(out(Slice{t * 64, t * 64 + 64}, Slice{}), r);
+  }
+  return out;
+}
+
+jit::Program compile_pipeline(jit::ScheduleOptions opts = {}) {
+  Kernel k = trace("pipeline", pipeline_kernel, spec({256, 64}, nl::float32, "x"), spec({64, 64}, nl::float32, "w"));
+  return jit::compile(std::move(k), jit::CompileOptions{.schedule_options = opts});
+}
+
+std::vector<uint8_t> run_streams(const jit::Program& p, HostTensor& x, HostTensor& w,
+                                 runtime::StreamOrder order = runtime::StreamOrder::latest_first, uint64_t seed = 1) {
+  HostTensor out(DType::float32, {256, 64});
+  void* in[] = {x.data(), w.data()};
+  void* outs[] = {out.data()};
+  runtime::StreamExecutor(p.device, runtime::ExecutorKind::interp, nullptr, order, seed).run(in, outs);
+  return out.bytes;
+}
+
+}  // namespace
+
+TEST_CASE("streams: every queue keeps program order and the walk matches program order") {
+  HostTensor x = test::random_tensor(DType::float32, {256, 64}, 1), w = test::random_tensor(DType::float32, {64, 64}, 2);
+  jit::Program p = compile_pipeline();
+  for (const jit::Stream& s : p.device->streams)
+    for (size_t i = 1; i < s.ops.size(); ++i) CHECK(s.ops[i - 1].ir_index < s.ops[i].ir_index);
+  size_t scheduled = 0, engines = 0;
+  for (const jit::Stream& s : p.device->streams) {
+    scheduled += s.ops.size();
+    engines += !s.ops.empty() && s.queue.kind != jit::QueueKind::dma;
+  }
+  CHECK(scheduled == p.kernel.instructions.size());
+  CHECK(engines == 4);  // tensor, vector, scalar, gpsimd all have work
+  HostTensor ref(DType::float32, {256, 64});
+  void* in[] = {x.data(), w.data()};
+  void* outs[] = {ref.data()};
+  runtime::Interpreter(p.kernel).run(in, outs);
+  CHECK(run_streams(p, x, w) == ref.bytes);
+}
+
+TEST_CASE("streams: removing any single semaphore wait changes the result") {
+  // The walks run instructions out of program order (latest-first, earliest-first, seeded random),
+  // so a missing wait lets an instruction overtake the one it depends on in at least one of them.
+  HostTensor x = test::random_tensor(DType::float32, {256, 64}, 3), w = test::random_tensor(DType::float32, {64, 64}, 4);
+  jit::Program full = compile_pipeline();
+  const std::vector<uint8_t> ref = run_streams(full, x, w);
+  const int64_t waits = jit::count_dependency_waits(*full.device);
+  REQUIRE(waits > 10);
+  int64_t caught = 0;
+  for (int64_t n = 0; n < waits; ++n) {
+    jit::Program broken = compile_pipeline({.drop_dependency = n});
+    bool differs = run_streams(broken, x, w) != ref ||
+                   run_streams(broken, x, w, runtime::StreamOrder::earliest_first) != ref;
+    for (uint64_t seed = 1; seed <= 8 && !differs; ++seed)
+      differs = run_streams(broken, x, w, runtime::StreamOrder::random, seed) != ref;
+    caught += differs;
+  }
+  CHECK_MESSAGE(caught == waits, caught << " of " << waits << " removed waits changed the result");
+}
+
+TEST_CASE("streams: independent tiles overlap across engines (waits are not a total order)") {
+  jit::Program p = compile_pipeline();
+  // Each tile's chain needs only waits on its own producers: far fewer waits than a barrier
+  // after every instruction would need.
+  const int64_t waits = jit::count_dependency_waits(*p.device);
+  CHECK(waits < int64_t(p.kernel.instructions.size()) * 2);
+  // The second tile's load does not wait for the first tile's store.
+  const jit::Stream* dma_second = nullptr;
+  for (const jit::Stream& s : p.device->streams)
+    for (const jit::StreamOp& op : s.ops)
+      if (op.ir_index == 2 + 10) dma_second = &s;  // instruction index of tile 1's x load
+  REQUIRE(dma_second != nullptr);
+}
+
+TEST_CASE("streams: runtime loops run on every stream with the right trip count") {
+  HostTensor x = test::random_tensor(DType::float32, {8, 16}, 5);
+  auto kernel = [](Tensor x) {
+    Tensor out = nl::ndarray({8, 16}, nl::float32, nl::shared_hbm, "out");
+    Tensor acc = nl::zeros({1, 16}, nl::float32, nl::sbuf, "acc");
+    nl::fori_loop(0, 6, [&](isa::Register i) {
+      Tensor row = nl::ndarray({1, 16}, nl::float32, nl::sbuf, "row");
+      isa::dma_copy(row, x.ap({{16, 1}, {1, 16}}, {.scalar_offset_register = i.id}));
+      Tensor e = nl::ndarray({1, 16}, nl::float32, nl::sbuf, "e");
+      isa::activation(e, nl::tanh, row);
+      isa::tensor_tensor(acc, acc, e, nl::add);
+      isa::dma_copy(out.ap({{16, 1}, {1, 16}}, {.scalar_offset_register = i.id}), acc);
+    });
+    Tensor tail = nl::ndarray({2, 16}, nl::float32, nl::sbuf, "tail");
+    isa::memset(tail, 1.0);
+    isa::dma_copy(out(Slice{6, 8}, Slice{}), tail);
+    return out;
+  };
+  for (test::Mode mode : {test::Mode::program_order, test::Mode::streams_interp, test::Mode::streams_native}) {
+    HostTensor out = test::run_kernel(trace("loop", kernel, x.spec("x")), {&x}, mode).at(0);
+    float acc[16] = {};
+    for (int r = 0; r < 6; ++r)
+      for (int c = 0; c < 16; ++c) {
+        acc[c] += static_cast<float>(std::tanh(double(x.get(r * 16 + c))));
+        CHECK(out.get(r * 16 + c) == acc[c]);
+      }
+    CHECK(out.get(6 * 16) == 1.0f);
+  }
+}
+
+TEST_CASE("streams: the device program file round-trips and rejects damage") {
+  jit::Program p = compile_pipeline();
+  std::vector<uint8_t> bytes = jit::serialize(*p.device);
+  jit::DeviceProgram back = jit::deserialize(bytes);
+  CHECK(back.streams == p.device->streams);
+  CHECK(to_string(back.kernel) == to_string(p.kernel));
+  CHECK(jit::disassemble(back) == jit::disassemble(*p.device));
+
+  auto error_of = [](std::vector<uint8_t> b) -> std::string {
+    try {
+      jit::deserialize(b);
+    } catch (const KernelError& e) {
+      return e.what();
+    }
+    return {};
+  };
+  std::vector<uint8_t> truncated(bytes.begin(), bytes.end() - 17);
+  CHECK(error_of(truncated).find("truncated") != std::string::npos);
+  std::vector<uint8_t> flipped = bytes;
+  flipped[bytes.size() / 2] ^= 0x40;
+  CHECK(error_of(flipped).find("checksum") != std::string::npos);
+  std::vector<uint8_t> foreign = bytes;
+  foreign[0] = 'X';
+  CHECK(error_of(foreign).find("not a nikki device program") != std::string::npos);
+  std::vector<uint8_t> future = bytes;
+  future[8] = 99;
+  CHECK(error_of(future).find("format version 99") != std::string::npos);
+  CHECK(error_of({}).find("not a nikki device program") != std::string::npos);
+}
+
+TEST_CASE("streams: the disassembly names queues, operands, addresses, waits and source lines") {
+  Kernel k = trace(TraceOptions{.target = TargetId::trn2}, "softmax", [](Tensor x) { return kernels::softmax(x); },
+                   spec({64, 32}, nl::float32, "x"));
+  jit::Program p = jit::compile(std::move(k));
+  const std::string text = jit::disassemble(*p.device);
+  for (const char* needle : {"device program 'softmax' for trn2", "qVector", "qScalar", "qDMA0", "tensor_reduce",
+                             "%x_tile sbuf f32 p[0:64] @0x0 [[32, 64], [1, 32]]", "wait qDMA0>=1", "at softmax.hpp:",
+                             "activation op=exp"})
+    CHECK_MESSAGE(text.find(needle) != std::string::npos, "missing '" << needle << "' in\n" << text);
+}
