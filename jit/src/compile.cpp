@@ -11,6 +11,7 @@
 
 #include "nikki/ir_printer.hpp"
 #include "nikki/jit/allocate.hpp"
+#include "nikki/jit/cache.hpp"
 #include "nikki/jit/native.hpp"
 #include "nikki/jit/streams.hpp"
 #include "nikki/jit/verify.hpp"
@@ -29,7 +30,7 @@ bool log_enabled(std::string_view what) {
 /** Runs stages in order, timing each and dumping its artifact when NIKKI_DUMP is set. */
 class StageRunner {
  public:
-  StageRunner(Program& program) : program_(program) {
+  StageRunner(Program& program, std::string kernel_name) : program_(program), name_(std::move(kernel_name)) {
     if (const char* dir = std::getenv("NIKKI_DUMP"); dir && *dir) dump_dir_ = dir;
   }
 
@@ -40,12 +41,12 @@ class StageRunner {
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     program_.timings.push_back({std::string(name), ms});
     if (log_enabled("stages"))
-      std::fprintf(stderr, "nikki: %s: stage %-10.*s %8.3f ms\n", program_.kernel.name.c_str(), int(name.size()),
+      std::fprintf(stderr, "nikki: %s: stage %-10.*s %8.3f ms\n", name_.c_str(), int(name.size()),
                    name.data(), ms);
     if (!dump_dir_.empty()) {
       std::filesystem::create_directories(dump_dir_);
       auto path = std::filesystem::path(dump_dir_) /
-                  fmt::format("{}.{}.{}.txt", program_.kernel.name, program_.timings.size(), name);
+                  fmt::format("{}.{}.{}.txt", name_, program_.timings.size(), name);
       std::ofstream(path) << artifact();
     }
   }
@@ -53,6 +54,7 @@ class StageRunner {
  private:
 
   Program& program_;
+  std::string name_;
   std::string dump_dir_;
 };
 
@@ -60,13 +62,31 @@ class StageRunner {
 
 Program compile(Kernel kernel, const CompileOptions& options) {
   Program program;
-  program.kernel = std::move(kernel);
-  StageRunner stages(program);
-  stages.run("verify", [&] { verify(program.kernel); }, [&] { return to_string(program.kernel); });
-  stages.run("allocate", [&] { allocate(program.kernel); }, [&] { return to_string(program.kernel); });
-  if (options.schedule || options.native) {
-    stages.run("schedule", [&] { program.device = std::make_shared<DeviceProgram>(schedule(program.kernel, options.schedule_options)); },
-               [&] { return disassemble(*program.device); });
+  StageRunner stages(program, kernel.name);
+  const bool scheduled = options.schedule || options.native;
+  DiskCache cache = options.disk_cache ? DiskCache() : DiskCache(CacheSettings{{}, false});
+  Hash128 key;
+  if (scheduled && cache.enabled()) {
+    std::vector<uint8_t> ir = serialize_kernel(kernel);
+    key = Hasher().str("device-program").bytes(&build_id(), sizeof(Hash128)).bytes(ir.data(), ir.size())
+              .u64(uint64_t(options.schedule_options.drop_dependency)).finish();
+    std::optional<std::vector<uint8_t>> hit;
+    stages.run("cache", [&] {
+      hit = cache.load("program", key);
+      if (hit) program.device = std::make_shared<DeviceProgram>(deserialize(*hit));
+    }, [&] { return fmt::format("device program {}: {}\n", key.hex(), hit ? "hit" : "miss"); });
+  }
+  if (program.device) {
+    program.kernel = program.device->kernel;
+  } else {
+    program.kernel = std::move(kernel);
+    stages.run("verify", [&] { verify(program.kernel); }, [&] { return to_string(program.kernel); });
+    stages.run("allocate", [&] { allocate(program.kernel); }, [&] { return to_string(program.kernel); });
+    if (scheduled) {
+      stages.run("schedule", [&] { program.device = std::make_shared<DeviceProgram>(schedule(program.kernel, options.schedule_options)); },
+                 [&] { return disassemble(*program.device); });
+      if (cache.enabled()) cache.store("program", key, serialize(*program.device));
+    }
   }
   if (options.native) {
     stages.run("native", [&] { program.native = compile_native(*program.device); }, [&] {

@@ -13,6 +13,7 @@
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
 #include <llvm/IR/Constants.h>
 #include <llvm/IR/IRBuilder.h>
+#include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/LLVMContext.h>
 #include <llvm/IR/Module.h>
 #include <llvm/Passes/PassBuilder.h>
@@ -21,11 +22,13 @@
 #include <llvm/Target/TargetMachine.h>
 
 #include <atomic>
+#include <map>
 #include <mutex>
 
 #include <fmt/format.h>
 
 #include "native_templates.hpp"
+#include "nikki/jit/cache.hpp"
 
 extern const unsigned char nikki_native_bitcode[];
 extern const std::size_t nikki_native_bitcode_size;
@@ -53,29 +56,42 @@ class NativeJit {
     return jit;
   }
 
+  /**
+   * Routines for a set of templates. The object code is content-addressed: a set already loaded in
+   * this process is shared, one compiled by an earlier process is loaded from the disk cache, and
+   * only a new set goes through LLVM.
+   */
   std::vector<native::Routine> compile(const std::vector<NativeTemplate>& templates, std::shared_ptr<void>& keep) {
-    std::vector<native::Routine> routines;
-    if (templates.empty()) return routines;
-    auto context = std::make_unique<llvm::LLVMContext>();
-    std::unique_ptr<llvm::Module> module = library(*context);
-    const uint64_t unit = next_unit_++;
-    std::vector<std::string> names;
-    for (size_t i = 0; i < templates.size(); ++i) names.push_back(add_wrapper(*module, templates[i], unit, i));
-    prepare(*module, names);
-    optimize(*module);
-
+    if (templates.empty()) return {};
+    const Hash128 key = key_of(templates);
+    const std::string prefix = "nikki_" + key.hex();
     std::lock_guard<std::mutex> lock(mutex_);
-    llvm::orc::ResourceTrackerSP tracker = jit_->getMainJITDylib().createResourceTracker();
-    if (llvm::Error err = jit_->addIRModule(tracker, llvm::orc::ThreadSafeModule(std::move(module), std::move(context))))
-      llvm_failure("adding a module to the JIT", std::move(err));
-    for (const std::string& name : names) {
-      llvm::orc::ExecutorAddr addr = check(jit_->lookup(name), "looking up a generated routine");
-      routines.push_back(addr.toPtr<native::Routine>());
+    if (auto it = loaded_.find(prefix); it != loaded_.end())
+      if (std::shared_ptr<Loaded> code = it->second.lock()) {
+        keep = code;
+        return code->routines;
+      }
+    DiskCache cache;
+    std::vector<uint8_t> object;
+    if (auto hit = cache.load("native", key)) {
+      object = std::move(*hit);
+    } else {
+      object = emit_object(templates, prefix);
+      cache.store("native", key, object);
     }
-    keep = std::shared_ptr<void>(nullptr, [tracker](void*) {
-      if (llvm::Error err = tracker->remove()) llvm::consumeError(std::move(err));
-    });
-    return routines;
+    auto code = std::make_shared<Loaded>();
+    code->tracker = jit_->getMainJITDylib().createResourceTracker();
+    auto buffer = llvm::MemoryBuffer::getMemBufferCopy(
+        llvm::StringRef(reinterpret_cast<const char*>(object.data()), object.size()), prefix);
+    if (llvm::Error err = jit_->addObjectFile(code->tracker, std::move(buffer)))
+      llvm_failure("loading native code", std::move(err));
+    for (size_t i = 0; i < templates.size(); ++i) {
+      llvm::orc::ExecutorAddr addr = check(jit_->lookup(fmt::format("{}_t{}", prefix, i)), "looking up a routine");
+      code->routines.push_back(addr.toPtr<native::Routine>());
+    }
+    loaded_[prefix] = code;
+    keep = code;
+    return code->routines;
   }
 
   std::string description() const { return fmt::format("{} ({})", cpu_, features_); }
@@ -107,7 +123,7 @@ class NativeJit {
     return m;
   }
 
-  static std::string add_wrapper(llvm::Module& m, const NativeTemplate& t, uint64_t unit, size_t index) {
+  static std::string add_wrapper(llvm::Module& m, const NativeTemplate& t, const std::string& prefix, size_t index) {
     llvm::LLVMContext& ctx = m.getContext();
     llvm::Function* entry = m.getFunction(t.entry);
     internal_check(entry != nullptr, "native template names a missing library entry");
@@ -116,7 +132,7 @@ class NativeJit {
     auto* desc = new llvm::GlobalVariable(m, init->getType(), /*isConstant=*/true, llvm::GlobalValue::PrivateLinkage,
                                           init, fmt::format("nikki_desc_{}", index));
     desc->setAlignment(llvm::Align(8));
-    const std::string name = fmt::format("nikki_u{}_t{}", unit, index);
+    const std::string name = fmt::format("{}_t{}", prefix, index);
     auto* ptr = llvm::PointerType::getUnqual(ctx);
     auto* fn = llvm::Function::Create(llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), {ptr}, false),
                                       llvm::GlobalValue::ExternalLinkage, name, m);
@@ -168,11 +184,46 @@ class NativeJit {
     mpm.run(m, mam);
   }
 
+  /** Object code kept loaded while any kernel uses it. */
+  struct Loaded {
+    llvm::orc::ResourceTrackerSP tracker;
+    std::vector<native::Routine> routines;
+    ~Loaded() {
+      if (tracker)
+        if (llvm::Error err = tracker->remove()) llvm::consumeError(std::move(err));
+    }
+  };
+
+  /** Everything the object code depends on: the templates, the host CPU, the nikki build. */
+  Hash128 key_of(const std::vector<NativeTemplate>& templates) const {
+    Hasher h;
+    h.str("native").bytes(&build_id(), sizeof(Hash128)).str(cpu_).str(features_);
+    for (const NativeTemplate& t : templates) h.bytes(&t.desc, sizeof(t.desc)).str(t.entry);
+    return h.finish();
+  }
+
+  /** Specializes the library for the templates and compiles it to a relocatable object. */
+  std::vector<uint8_t> emit_object(const std::vector<NativeTemplate>& templates, const std::string& prefix) {
+    llvm::LLVMContext context;
+    std::unique_ptr<llvm::Module> module = library(context);
+    std::vector<std::string> names;
+    for (size_t i = 0; i < templates.size(); ++i) names.push_back(add_wrapper(*module, templates[i], prefix, i));
+    prepare(*module, names);
+    optimize(*module);
+    llvm::SmallVector<char, 0> buffer;
+    llvm::raw_svector_ostream os(buffer);
+    llvm::legacy::PassManager codegen;
+    internal_check(!target_machine_->addPassesToEmitFile(codegen, os, nullptr, llvm::CodeGenFileType::ObjectFile),
+                   "the host target cannot emit object files");
+    codegen.run(*module);
+    return std::vector<uint8_t>(buffer.begin(), buffer.end());
+  }
+
   std::unique_ptr<llvm::TargetMachine> target_machine_;
   std::unique_ptr<llvm::orc::LLJIT> jit_;
   std::string cpu_, features_;
   std::mutex mutex_;
-  std::atomic<uint64_t> next_unit_{0};
+  std::map<std::string, std::weak_ptr<Loaded>> loaded_;
 };
 
 }  // namespace

@@ -311,6 +311,12 @@ Kernel read_kernel(Reader& r) {
 
 }  // namespace
 
+std::vector<uint8_t> serialize_kernel(const Kernel& kernel) {
+  Writer w;
+  write_kernel(w, kernel);
+  return std::move(w.out);
+}
+
 std::vector<uint8_t> serialize(const DeviceProgram& p) {
   Writer payload;
   write_kernel(payload, p.kernel);

@@ -22,6 +22,7 @@ struct StageTiming {
 struct CompileOptions {
   bool schedule = true;  // build the per-engine streams
   bool native = false;   // generate native routines through LLVM (needs schedule)
+  bool disk_cache = true;  // reuse device programs and native code from NIKKI_CACHE_DIR
   ScheduleOptions schedule_options;
 };
 
@@ -38,6 +39,8 @@ struct Program {
  * @brief Runs the stages on `kernel`: verify -> allocate -> schedule -> native. Throws KernelError
  * for user mistakes.
  *
+ * With the disk cache, a kernel compiled before (same IR, locations, target, options and nikki
+ * build) skips verify, allocate and schedule, and its native code is loaded instead of generated.
  * NIKKI_DUMP=<dir> writes each stage's artifact as <dir>/<kernel>.<n>.<stage>.txt;
  * NIKKI_LOG=stages prints each stage's time to stderr.
  */

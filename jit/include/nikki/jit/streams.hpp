@@ -90,6 +90,9 @@ std::string disassemble(const DeviceProgram& program);
 /** @brief The device program in nikki's binary file format (docs/device-program.md). */
 std::vector<uint8_t> serialize(const DeviceProgram& program);
 
+/** @brief The kernel IR alone in the file format's encoding (the content a cache key hashes). */
+std::vector<uint8_t> serialize_kernel(const Kernel& kernel);
+
 /** @brief Loads a device program; throws KernelError for a truncated, corrupt or foreign file. */
 DeviceProgram deserialize(const std::vector<uint8_t>& bytes);
 
