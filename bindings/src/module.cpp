@@ -13,6 +13,7 @@
 #include "nikki/ir_printer.hpp"
 #include "nikki/jit/compile.hpp"
 #include "nikki/nl.hpp"
+#include "nikki/runtime/executor.hpp"
 #include "nikki/runtime/interpreter.hpp"
 
 namespace py = pybind11;
@@ -82,38 +83,24 @@ void set_attribute(Attributes& a, const std::string& key, const py::handle& v) {
   else throw std::invalid_argument("unknown instruction attribute: " + key);
 }
 
-/** Compiled kernel plus its interpreter, created on first run. */
+/** A compiled kernel plus its executor (NIKKI_EXECUTOR: native by default), created on first run. */
 struct PyProgram {
   jit::Program program;
-  std::unique_ptr<runtime::Interpreter> interpreter;
+  runtime::ExecutorKind kind = runtime::ExecutorKind::native;
+  std::unique_ptr<runtime::StreamExecutor> executor;
 
-  /**
-   * Runs the program. `fill_outputs=false` is for the second and later instances of an SPMD
-   * grid, which share the shared_hbm outputs: the interpreter fills outputs with sentinels before
-   * a run, which would erase what earlier instances wrote, so for this run the outputs are
-   * presented to it as caller-initialized (writable input) memory instead.
-   */
+  /** Runs the program; `fill_outputs=false` for SPMD instances after the first, which share the
+   * shared_hbm outputs the earlier instances wrote. */
   void run(const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs, bool fill_outputs) {
-    if (!interpreter) interpreter = std::make_unique<runtime::Interpreter>(program.kernel);
+    if (!executor) {
+      auto [order, seed] = runtime::stream_order_from_env();
+      executor = std::make_unique<runtime::StreamExecutor>(program.device, kind, program.native, order, seed);
+    }
     std::vector<void*> in(inputs.size()), out(outputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) in[i] = reinterpret_cast<void*>(inputs[i]);
     for (size_t i = 0; i < outputs.size(); ++i) out[i] = reinterpret_cast<void*>(outputs[i]);
-    std::vector<StorageId> kept;
-    if (!fill_outputs)
-      for (StorageId id : program.kernel.outputs)
-        if (program.kernel.storages[id].role == StorageRole::output) {
-          program.kernel.storages[id].role = StorageRole::input;
-          kept.push_back(id);
-        }
-    struct Restore {
-      Kernel& k;
-      const std::vector<StorageId>& ids;
-      ~Restore() {
-        for (StorageId id : ids) k.storages[id].role = StorageRole::output;
-      }
-    } restore{program.kernel, kept};
     py::gil_scoped_release release;
-    interpreter->run(in, out);
+    executor->run(in, out, fill_outputs);
   }
 };
 
@@ -427,7 +414,8 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("compile", [](const Kernel& kernel) {
     auto p = std::make_unique<PyProgram>();
-    p->program = jit::compile(kernel);
+    p->kind = runtime::executor_from_env();
+    p->program = jit::compile(kernel, jit::CompileOptions{.native = p->kind == runtime::ExecutorKind::native});
     return p;
   });
 }

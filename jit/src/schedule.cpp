@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "nikki/jit/liveness.hpp"
 #include "nikki/jit/streams.hpp"
 #include "nikki/layout.hpp"
 
@@ -227,6 +228,12 @@ DeviceProgram schedule(Kernel kernel, const ScheduleOptions& options) {
   std::vector<uint32_t> position_in_epoch(insts.size(), 0);
   HazardTracker hazards;
   uint32_t next_dma = 0;
+  // A scratch tensor's first instruction also fills the whole tensor with sentinels (NaN / 4),
+  // a write to every byte of it, not just to the part the instruction names.
+  std::vector<std::vector<StorageId>> fills(insts.size());
+  const std::vector<LiveRange> ranges = live_ranges(kernel);
+  for (StorageId id = 0; id < kernel.storages.size(); ++id)
+    if (kernel.storages[id].role == StorageRole::scratch && ranges[id].used()) fills[ranges[id].begin].push_back(id);
   int64_t wait_edges = 0;
 
   for (uint32_t i = 0; i < insts.size(); ++i) {
@@ -241,7 +248,9 @@ DeviceProgram schedule(Kernel kernel, const ScheduleOptions& options) {
       continue;
     }
     const int q = inst.engine == Engine::dma ? kComputeQueues + int(next_dma++ % dma_queues) : compute_queue(inst.engine);
-    std::vector<uint32_t> deps = hazards.add(i, footprints(kernel, inst));
+    Footprints f = footprints(kernel, inst);
+    for (StorageId id : fills[i]) f.writes.push_back(whole_storage(kernel.storage(id), id));
+    std::vector<uint32_t> deps = hazards.add(i, f);
 
     // Waits: the latest dependency first, since its completion implies the most.
     StreamOp op{StreamOp::Kind::instruction, i, {}};

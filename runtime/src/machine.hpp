@@ -671,8 +671,9 @@ class Machine {
     std::fflush(stdout);
   }
 
-  /** Binds the caller's HBM buffers for one run and resets the run state; outputs get sentinels. */
-  void bind(std::span<void* const> inputs, std::span<void* const> outputs) {
+  /** Binds the caller's HBM buffers for one run and resets the run state. Outputs get sentinels
+   * unless `fill_outputs` is false (later instances of an SPMD grid share earlier ones' outputs). */
+  void bind(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs = true) {
     if (inputs.size() != k.inputs.size() || outputs.size() != k.outputs.size())
       throw KernelError(fmt::format("kernel '{}' takes {} inputs and {} outputs, got {} and {}", k.name,
                                     k.inputs.size(), k.outputs.size(), inputs.size(), outputs.size()),
@@ -681,8 +682,9 @@ class Machine {
     for (size_t i = 0; i < outputs.size(); ++i) hbm[k.outputs[i]] = static_cast<uint8_t*>(outputs[i]);
     for (StorageId id = 0; id < k.storages.size(); ++id)
       if (!scratch_hbm[id].empty()) hbm[id] = scratch_hbm[id].data();
-    for (StorageId id : k.outputs)
-      if (k.storages[id].role == StorageRole::output) fill_sentinel(id);
+    if (fill_outputs)
+      for (StorageId id : k.outputs)
+        if (k.storages[id].role == StorageRole::output) fill_sentinel(id);
     regs.assign(k.num_registers, 0);
     std::fill(scalar_acc.begin(), scalar_acc.end(), 0.0f);
     std::fill(vector_acc.begin(), vector_acc.end(), 0.0f);

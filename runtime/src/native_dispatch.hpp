@@ -48,7 +48,9 @@ class NativeDispatch {
     if (ind.scalar_tensor) v = m.resolve(inst, *ind.scalar_tensor).get_int(0, 0);
     else v = m.regs[ind.scalar_register];
     if (v < o.min_shift || v > o.max_shift)
-      m.runtime_fault(inst, fmt::format("runtime offset {} is out of bounds (valid: {} to {})", v, o.min_shift, o.max_shift),
+      m.runtime_fault(inst,
+                      fmt::format("runtime offset out of bounds: offset value {} into tensor '{}' (valid values: {} to {})",
+                                  v, m.k.storage(o.storage).name, o.min_shift, o.max_shift),
                       "check the values of the offset register or index tensor");
     return v;
   }

@@ -17,6 +17,17 @@ ExecutorKind executor_from_env() {
                     "set NIKKI_EXECUTOR=interp or NIKKI_EXECUTOR=native");
 }
 
+std::pair<StreamOrder, uint64_t> stream_order_from_env() {
+  const char* env = std::getenv("NIKKI_STREAM_ORDER");
+  if (!env || !*env) return {StreamOrder::latest_first, 1};
+  std::string_view v(env);
+  if (v == "latest") return {StreamOrder::latest_first, 1};
+  if (v == "earliest") return {StreamOrder::earliest_first, 1};
+  if (v.substr(0, 7) == "random:") return {StreamOrder::random, std::strtoull(env + 7, nullptr, 10)};
+  throw KernelError(fmt::format("NIKKI_STREAM_ORDER={} is not a stream order", v), {}, {},
+                    "orders: latest, earliest, random:<seed>", {});
+}
+
 struct StreamExecutor::Impl {
   std::shared_ptr<const jit::DeviceProgram> program;
   ExecutorKind kind;
@@ -116,8 +127,8 @@ StreamExecutor::StreamExecutor(std::shared_ptr<const jit::DeviceProgram> program
 
 StreamExecutor::~StreamExecutor() = default;
 
-void StreamExecutor::run(std::span<void* const> inputs, std::span<void* const> outputs) {
-  impl_->machine.bind(inputs, outputs);
+void StreamExecutor::run(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs) {
+  impl_->machine.bind(inputs, outputs, fill_outputs);
   impl_->run();
 }
 

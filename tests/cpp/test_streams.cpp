@@ -180,3 +180,35 @@ TEST_CASE("streams: the disassembly names queues, operands, addresses, waits and
                              "activation op=exp"})
     CHECK_MESSAGE(text.find(needle) != std::string::npos, "missing '" << needle << "' in\n" << text);
 }
+
+TEST_CASE("streams: a tile's sentinel fill waits for the readers of the memory it reuses") {
+  // Over-sized tiles written in part (edge tiles of a matmul): the fill of the new tile covers the
+  // whole tile, beyond what its first instruction names, and must not overtake the last reads of
+  // the previous tensor at that address.
+  HostTensor a = test::random_tensor(DType::float32, {200, 200}, 11), b = test::random_tensor(DType::float32, {200, 600}, 12);
+  auto kernel = [](Tensor lhsT, Tensor rhs) {
+    Tensor out = nl::ndarray({200, 600}, nl::float32, nl::shared_hbm, "out");
+    for (int64_t m0 = 0; m0 < 200; m0 += 128)
+      for (int64_t n0 = 0; n0 < 600; n0 += 512) {
+        const int64_t mm = std::min<int64_t>(128, 200 - m0), nn = std::min<int64_t>(512, 600 - n0);
+        Tensor acc = nl::ndarray({128, 512}, nl::float32, nl::psum, "acc");
+        for (int64_t k0 = 0; k0 < 200; k0 += 128) {
+          const int64_t kk = std::min<int64_t>(128, 200 - k0);
+          Tensor lt = nl::ndarray({128, 128}, nl::float32, nl::sbuf, "lt"), rt = nl::ndarray({128, 512}, nl::float32, nl::sbuf, "rt");
+          isa::dma_copy(lt(Slice{0, kk}, Slice{0, mm}), lhsT(nl::ds(k0, kk), nl::ds(m0, mm)));
+          isa::dma_copy(rt(Slice{0, kk}, Slice{0, nn}), rhs(nl::ds(k0, kk), nl::ds(n0, nn)));
+          isa::nc_matmul(acc(Slice{0, mm}, Slice{0, nn}), lt(Slice{0, kk}, Slice{0, mm}), rt(Slice{0, kk}, Slice{0, nn}));
+        }
+        Tensor res = nl::ndarray({128, 512}, nl::float32, nl::sbuf, "res");
+        isa::tensor_copy(res(Slice{0, mm}, Slice{0, nn}), acc(Slice{0, mm}, Slice{0, nn}));
+        isa::dma_copy(out(nl::ds(m0, mm), nl::ds(n0, nn)), res(Slice{0, mm}, Slice{0, nn}));
+      }
+    return out;
+  };
+  std::vector<uint8_t> ref;
+  for (test::Mode mode : {test::Mode::program_order, test::Mode::streams_interp, test::Mode::streams_native}) {
+    HostTensor out = test::run_kernel(trace("edges", kernel, a.spec("lhsT"), b.spec("rhs")), {&a, &b}, mode).at(0);
+    if (ref.empty()) ref = out.bytes;
+    CHECK(out.bytes == ref);
+  }
+}

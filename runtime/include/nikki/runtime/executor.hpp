@@ -31,6 +31,10 @@ enum class StreamOrder {
   random,         // a ready instruction chosen by a seeded pseudo-random sequence
 };
 
+/** @brief The walk order from NIKKI_STREAM_ORDER: latest (default), earliest (= program order
+ * wherever the streams allow it) or random:<seed>. */
+std::pair<StreamOrder, uint64_t> stream_order_from_env();
+
 /**
  * @brief Runs a device program on a simulated NeuronCore.
  *
@@ -47,7 +51,8 @@ class StreamExecutor {
   StreamExecutor(const StreamExecutor&) = delete;
   StreamExecutor& operator=(const StreamExecutor&) = delete;
 
-  void run(std::span<void* const> inputs, std::span<void* const> outputs);
+  /** @brief One run; `fill_outputs=false` keeps the outputs' contents (SPMD instances after the first). */
+  void run(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs = true);
 
   /** @brief Instructions executed by native routines / by the reference semantics in the last run. */
   int64_t native_count() const;

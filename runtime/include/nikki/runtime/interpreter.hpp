@@ -29,7 +29,7 @@ class Interpreter {
    * anything the kernel does not write is visible. Throws KernelError for run-time faults
    * (runtime offsets out of bounds).
    */
-  void run(std::span<void* const> inputs, std::span<void* const> outputs);
+  void run(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs = true);
 
  private:
   struct State;
