@@ -140,7 +140,24 @@ def _operand(x):
 def _emit(opcode, operands, eng=engine.unknown, name=None, **attrs) -> int:
     ctx = current()
     loc = ctx.location()
+    if opcode not in (_core.Opcode.dma_copy, _core.Opcode.device_print):
+        operands = [operands[0], *(_partition_broadcast(o) for o in operands[1:])] if operands else operands
     return ctx.builder.emit(opcode, _engine(eng), loc, [_operand(o) for o in operands], name or "", **attrs)
+
+
+def _partition_broadcast(x):
+    """An SBUF/PSUM view repeated across partitions (stride 0 on the partition dim, as
+    ``t[0:1, :].broadcast_to((128, F))`` gives) cannot be read by an engine, which streams
+    consecutive partitions; it is first copied into a full tile by a DMA (legacy kernels rely on
+    this broadcast)."""
+    if not isinstance(x, NkiTensor) or not x.buffer.is_on_chip or x.ndim < 2:
+        return x
+    stride, count = x._view.pattern[0]
+    if stride != 0 or count <= 1:
+        return x
+    staged = _new_tile(x.shape, x.dtype, sbuf, name="partition_broadcast")
+    _emit(_core.Opcode.dma_copy, (staged, x), _core.Engine.dma)
+    return staged
 
 
 def _engine(e) -> _core.Engine:
@@ -197,6 +214,23 @@ def _legacy(kwargs, is_legacy: bool, args=(), first: str = "") -> bool:
     if first and first in kwargs and args and isinstance(args[0], NkiTensor):
         return False
     return is_legacy
+
+
+def _masked_extras(mask, *extras):
+    """Applies a legacy mask= to an instruction's per-partition operands ([P, 1] scalars, bias,
+    reduce_res): they follow the partitions the mask keeps. Numbers and None pass through."""
+    if mask is None:
+        return extras
+    tensors = [e for e in extras if isinstance(e, NkiTensor)]
+    if not tensors:
+        return extras
+    from . import index_expr
+
+    masked = index_expr.apply_mask(mask, *tensors)
+    if masked is None:
+        return extras
+    it = iter(masked)
+    return tuple(next(it) if isinstance(e, NkiTensor) else e for e in extras)
 
 
 def _masked(mask, dst, *operands):
@@ -292,6 +326,7 @@ def _tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=
         operand0 = 0.0  # unary operators take no operand
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
     if ops is not None:
+        operand0, operand1 = _masked_extras(mask, operand0, operand1)
         _emit(_core.Opcode.tensor_scalar, (*ops, operand0, operand1), engine, name, **attrs)
 
 
@@ -317,6 +352,7 @@ def _scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=Fals
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"), _check_tensor(operand1, "operand1"))
     if ops is not None:
         d, x, y = ops
+        (operand0,) = _masked_extras(mask, operand0)
         _emit(_core.Opcode.scalar_tensor_tensor, (d, x, operand0, y), engine.vector, name, **attrs)
 
 
@@ -348,6 +384,7 @@ def _activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=
         bias = _constant_bias(data, float(bias))
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
     if ops is not None:
+        bias, scale, reduce_res = _masked_extras(mask, bias, scale, reduce_res)
         _emit(_core.Opcode.activation, (*ops, bias, scale, reduce_res), engine.scalar, name, **attrs)
 
 
@@ -457,6 +494,7 @@ def _tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, 
     attrs = {"op0": alu_op(op0, "op0"), "reduce_op": alu_op(reduce_op, "reduce_op"), "reverse0": bool(reverse0)}
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
     if ops is not None:
+        operand0, reduce_res = _masked_extras(mask, operand0, reduce_res)
         _emit(_core.Opcode.tensor_scalar_reduce, (*ops, operand0, reduce_res), engine.vector, name, **attrs)
 
 
@@ -480,6 +518,7 @@ def _tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, re
              "reverse1": bool(reverse1)}
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data0, "data0"), _check_tensor(data1, "data1"))
     if ops is not None:
+        (initial,) = _masked_extras(mask, initial)
         _emit(_core.Opcode.tensor_tensor_scan, (*ops, initial), engine.vector, name, **attrs)
 
 
@@ -729,6 +768,7 @@ def select_reduce(dst=None, predicate=None, on_true=None, on_false=None, reduce_
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(predicate, "predicate"),
                   _check_tensor(on_true, "on_true"))
     if ops is not None:
+        on_false, reduce_res = _masked_extras(mask, on_false, reduce_res)
         _emit(_core.Opcode.select_reduce, (*ops, on_false, reduce_res), engine.vector, name, **attrs)
 
 

@@ -513,6 +513,12 @@ def _reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False):
     if len(kept) < 2:
         kept = kept + [1] * (2 - len(kept))
     out = _result_tile(kept, to_dtype(dtype) if dtype is not None else x.dtype)
+    trailing = tuple(range(x.ndim - len(axes), x.ndim))
+    if 0 not in axes and tuple(sorted(axes)) != trailing:
+        # The engine reduces trailing axes; a permuted view (free) puts the reduced axes last.
+        order = [d for d in range(x.ndim) if d not in axes] + sorted(axes)
+        x = x.permute(order)
+        axes = trailing
     _isa._tensor_reduce(out, op, x, list(axes), negate=negate, keepdims=keepdims, mask=mask)
     return out
 
@@ -689,7 +695,8 @@ def load(src, dtype=None, mask=None):
     if not src.buffer.is_hbm:
         raise kernel_error_at(user_frame(2), f"Expected operand 'src' of 'load' to be in address space 'hbm', but got "
                               f"a tile in '{src.buffer.name}' instead.", hint="use nl.copy for on-chip tiles")
-    shape = src.shape if src.ndim >= 2 else (1, *src.shape)
+    # A 1-D view is a partition vector ([N] loads as [N, 1]), as Beta-1 kernels use it for scale=.
+    shape = src.shape if src.ndim >= 2 else (src.shape[0], 1)
     tile = _result_tile(shape, to_dtype(dtype) if dtype is not None else src.dtype)
     _isa.dma_copy(tile, src if src.ndim >= 2 else src.reshape(shape), mask=mask)
     return tile

@@ -132,10 +132,6 @@ def test_avgpool_tutorial_example_exact():
     np.testing.assert_array_equal(avgpool_current(x, 2), expected)
 
 
-@pytest.mark.xfail(
-    reason="nikki: nl.sum over non-trailing axes (the avgpool tutorial's nl.sum(in_tile[i0, k*i1+i2, k*i3+i4], "
-           "axis=[2, 4])) is rejected: 'tensor_reduce: axis 3 is not reduced but an earlier axis is'; the nl-level "
-           "reduction could move the reduced axes last (a free view permutation)", strict=True)
 def test_avgpool_legacy_tutorial_axes(rng):
     x = _input(rng, (2, 6, 6), np.float32)
     _check(avgpool_legacy(x, 2, True), x, 2, EPS_FP32)

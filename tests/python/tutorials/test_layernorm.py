@@ -249,13 +249,6 @@ def test_layernorm_bf16_io(rng, name):
     _check(out, x, gamma, beta, EPS, EPS_BF16)
 
 
-SBUF_BROADCAST_XFAIL = pytest.mark.xfail(
-    reason="nikki: an SBUF tile broadcast over partitions ([1, H].broadcast_to((128, H)), as the Beta-1 "
-           "layernorm/rmsnorm tutorials do for gamma/beta) is rejected as an engine operand: 'tensor_tensor: "
-           "data2 steps over partitions with stride 0'", strict=True)
-
-
-@SBUF_BROADCAST_XFAIL
 @pytest.mark.parametrize("name", ["legacy_reduce", "legacy_bn"])
 def test_layernorm_legacy_tutorial_sbuf_broadcast(rng, name):
     x, gamma, beta = _inputs(rng, 200, 512)
@@ -263,10 +256,6 @@ def test_layernorm_legacy_tutorial_sbuf_broadcast(rng, name):
     _check(out, x, gamma, beta, EPS, EPS_FP32)
 
 
-@pytest.mark.xfail(
-    reason="nikki: legacy mask= on an instruction is not applied to its [P, 1] per-partition operands: "
-           "nl.subtract(tile, mean_P1, mask=(i_p < 72)) fails with 'tensor_scalar: operand0 must be a scalar or a "
-           "[72, 1] vector, got shape [128, 1]' (activation's bias likewise)", strict=True)
 @pytest.mark.parametrize("name", ["legacy_reduce", "legacy_bn"])
 def test_layernorm_legacy_masked_compute(rng, name):
     x, gamma, beta = _inputs(rng, 200, 512)

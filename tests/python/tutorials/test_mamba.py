@@ -31,7 +31,7 @@ SEQ_CHUNK = 512
 def mamba_legacy(delta, u, A, B, C, sbuf_broadcast=False, int_index_A=False):
     """channels a multiple of 128, L a multiple of the chunk (as in the tutorial's v3).
     sbuf_broadcast / int_index_A select the tutorial's own spellings of two steps (see the
-    xfail tests)."""
+    tests named after them)."""
     batch, channels, L = delta.shape
     _, n_state = A.shape
     out = nl.ndarray((batch, channels, L), dtype=delta.dtype, buffer=nl.shared_hbm)
@@ -192,20 +192,11 @@ def test_mamba_legacy_and_current_agree_bitwise(rng):
     np.testing.assert_array_equal(mamba_legacy(*args), mamba_current(*args))
 
 
-@pytest.mark.xfail(
-    reason="nikki: an SBUF tile broadcast over partitions (B_i.broadcast_to((128, L)) of a [1, L] tile, as the "
-           "mamba tutorial does for B and C) is rejected as an engine operand: 'tensor_tensor: data2 steps over "
-           "partitions with stride 0'", strict=True)
 def test_mamba_legacy_tutorial_sbuf_broadcast(rng):
     args = _inputs(rng, 1, 128, 512, 2)
     _check(mamba_legacy(*args, True, False), *args)
 
 
-@pytest.mark.xfail(
-    reason="nikki: nl.load(A[c0:c0+128, s]) (integer index on the free dim of an HBM tensor) gives a [1, 128] "
-           "tile; Beta 1 gives a partition vector ([128] == [128, 1]), which the mamba tutorial passes as "
-           "activation scale=; nikki then fails 'scale must be a scalar or a [128, 1] vector, got shape [1, 128]'",
-    strict=True)
 def test_mamba_legacy_tutorial_int_index(rng):
     args = _inputs(rng, 1, 128, 512, 2)
     _check(mamba_legacy(*args, False, True), *args)

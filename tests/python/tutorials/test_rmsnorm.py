@@ -128,10 +128,6 @@ def test_rmsnorm_legacy(rng, shape, eps):
     _check(out, a, g, eps, EPS_FP32)
 
 
-@pytest.mark.xfail(
-    reason="nikki: an SBUF tile broadcast over partitions ([1, H].broadcast_to((128, H)), the Beta-1 rmsnorm "
-           "tutorial's g_bcast) is rejected as an engine operand: 'tensor_tensor: data2 steps over partitions "
-           "with stride 0'", strict=True)
 def test_rmsnorm_legacy_tutorial_sbuf_broadcast(rng):
     a, g = _inputs(rng, 300, 512)
     _check(rmsnorm_legacy(a, g, 0.0, True), a, g, 0.0, EPS_FP32)
