@@ -22,7 +22,7 @@ std::string describe_view(const Kernel& k, const AccessPattern& ap) {
   } else {
     out += fmt::format(" +{}", ap.offset);
   }
-  out += " " + print_detail::pattern(ap.pattern());
+  out += fmt::format(" {}", print_detail::pattern(ap.pattern()));
   if (ap.is_dynamic()) out += " (runtime offset)";
   return out;
 }
@@ -34,7 +34,7 @@ std::string describe_op(const DeviceProgram& p, const StreamOp& op) {
   if (op.kind == StreamOp::Kind::barrier) {
     line = fmt::format("barrier ({})", opcode_name(inst.opcode));
   } else {
-    line = std::string(opcode_name(inst.opcode)) + print_detail::attributes(inst);
+    line = fmt::format("{}{}", opcode_name(inst.opcode), print_detail::attributes(inst));
     const OpcodeSpec& spec = inst.spec();
     for (int s = 0; s < spec.num_slots; ++s) {
       const Operand& o = inst.operands[s];

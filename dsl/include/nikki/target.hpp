@@ -90,6 +90,16 @@ struct TargetConfig {
   uint32_t sram_access_overhead_cycles; // ~60 cycles per tensor access request [ARCH]
   uint32_t stride_penalty_bytes;        // minor stride > 16 B halves bandwidth [ARCH]
   uint32_t matmul_init_cycles;          // MM_INIT_LATENCY = 64 TensorE cycles [ARCH]
+  uint32_t matmul_fp32_slowdown;        // fp32 matmul costs 4x the 16-bit cycles [COST nc_matmul]
+  uint32_t pe_array_rows;               // 128 x 128 processing elements [ARCH]
+  uint32_t pe_array_cols;
+  /** Per contiguous DMA buffer (descriptor element), the time of this many bytes: with 256 B,
+   * a 256 B-per-partition transfer runs at half bandwidth ("<256 B/partition severely
+   * overhead-bound"), 2 KiB at 89% ("approaches peak"), 4 KiB at 94% ("saturates") [DMA]. */
+  uint32_t dma_buffer_overhead_bytes;
+  bool vector_perf_mode;          // NeuronCore-v3 VectorE 2x/4x modes for 16-bit SBUF data [ARCH v3]
+  bool shared_sbuf_port;          // v2: VectorE and GpSimdE cannot access SBUF at once [ARCH]
+  bool shared_psum_port;          // v2: VectorE and ScalarE cannot access PSUM at once [ARCH]
 
   uint32_t psum_bytes_per_partition() const { return psum_num_banks * psum_bank_bytes; }
   uint32_t psum_bank_fp32_elems() const { return psum_bank_bytes / 4; }
@@ -126,6 +136,13 @@ inline constexpr TargetConfig kTrn1 = {
     .sram_access_overhead_cycles = 60,
     .stride_penalty_bytes = 16,
     .matmul_init_cycles = 64,
+    .matmul_fp32_slowdown = 4,
+    .pe_array_rows = 128,
+    .pe_array_cols = 128,
+    .dma_buffer_overhead_bytes = 256,
+    .vector_perf_mode = false,
+    .shared_sbuf_port = true,
+    .shared_psum_port = true,
 };
 
 inline constexpr TargetConfig kTrn2 = {
@@ -159,6 +176,13 @@ inline constexpr TargetConfig kTrn2 = {
     .sram_access_overhead_cycles = 60,
     .stride_penalty_bytes = 16,
     .matmul_init_cycles = 64,
+    .matmul_fp32_slowdown = 4,
+    .pe_array_rows = 128,
+    .pe_array_cols = 128,
+    .dma_buffer_overhead_bytes = 256,
+    .vector_perf_mode = true,
+    .shared_sbuf_port = false,
+    .shared_psum_port = false,
 };
 
 /** @brief The config table of a target. */

@@ -1,0 +1,232 @@
+// The timing model: an event-driven replay of the streams (docs/performance-model.md).
+//
+// Each queue is an in-order engine. An instruction starts when its queue is free and every
+// semaphore it waits on has been signalled (the waited-for instruction has ended); among the
+// ready stream heads the one that can start earliest goes first, so shared resources are handed
+// out in time order. Compute instructions cost their formula's cycles at their engine's clock;
+// DMA transfers pay a fixed latency, then move their bytes through the DMA engines' shared
+// bandwidth, one data phase at a time.
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "cost_model.hpp"
+#include "nikki/runtime/profile.hpp"
+
+namespace nikki::runtime {
+
+namespace {
+
+class Replay {
+ public:
+  explicit Replay(const jit::DeviceProgram& p) : p_(p), k_(p.kernel), t_(k_.config()) {
+    const size_t n = p.streams.size();
+    pos_.assign(n, 0);
+    free_.assign(n, 0.0);
+    ends_.assign(n, {});
+    regs_.assign(k_.num_registers, std::nullopt);
+    barrier_ordinal_.assign(k_.instructions.size(), -1);
+    barrier_positions_.resize(n);
+    for (size_t s = 0; s < n; ++s)
+      for (uint32_t i = 0; i < p.streams[s].ops.size(); ++i)
+        if (p.streams[s].ops[i].kind == jit::StreamOp::Kind::barrier) {
+          if (s == 0) barrier_ordinal_[p.streams[s].ops[i].ir_index] = int32_t(barrier_positions_[s].size());
+          barrier_positions_[s].push_back(i);
+        }
+    profile_.kernel = k_.name;
+    profile_.target = fmt::format("{} ({})", t_.name, t_.core);
+    for (const jit::Stream& s : p.streams) profile_.queues.push_back({jit::queue_name(s.queue), 0, 0});
+    profile_.dma_peak_bytes_per_ns = t_.dma_engines * t_.dma_bytes_per_ns_per_engine;
+    profile_.tensor_peak_flops_per_ns = 2.0 * t_.pe_array_rows * t_.pe_array_cols * t_.clock_ghz.tensor;
+  }
+
+  Profile run() {
+    const auto& streams = p_.streams;
+    for (;;) {
+      int best = -1;
+      double best_start = std::numeric_limits<double>::infinity();
+      bool any_left = false, all_at_barrier = true;
+      for (size_t s = 0; s < streams.size(); ++s) {
+        if (pos_[s] >= streams[s].ops.size()) continue;
+        any_left = true;
+        const jit::StreamOp& op = streams[s].ops[pos_[s]];
+        if (op.kind == jit::StreamOp::Kind::barrier) continue;
+        all_at_barrier = false;
+        double start = free_[s];
+        bool ready = true;
+        for (const jit::SemaphoreWait& w : op.waits) {
+          if (ends_[w.queue].size() < w.count) {
+            ready = false;
+            break;
+          }
+          start = std::max(start, ends_[w.queue][w.count - 1]);
+        }
+        if (ready && start < best_start) {
+          best = int(s);
+          best_start = start;
+        }
+      }
+      if (best >= 0) {
+        issue(best, best_start);
+        continue;
+      }
+      if (!any_left) break;
+      internal_check(all_at_barrier, "timing replay deadlocked");
+      barrier();
+    }
+    for (const InstructionTiming& it : profile_.instructions) profile_.total_ns = std::max(profile_.total_ns, it.end_ns);
+    std::sort(profile_.instructions.begin(), profile_.instructions.end(),
+              [](const InstructionTiming& a, const InstructionTiming& b) { return a.start_ns < b.start_ns; });
+    return std::move(profile_);
+  }
+
+ private:
+  void issue(int s, double start) {
+    const jit::StreamOp& op = p_.streams[s].ops[pos_[s]];
+    const Instruction& inst = k_.instructions[op.ir_index];
+    InstructionTiming it;
+    it.ir_index = op.ir_index;
+    it.queue = uint16_t(s);
+    if (inst.engine == Engine::dma) {
+      const DmaWork w = dma_work(k_, inst);
+      const double bandwidth = t_.dma_engines * t_.dma_bytes_per_ns_per_engine;
+      const double data = (double(w.bytes) + double(w.buffers) * t_.dma_buffer_overhead_bytes) / bandwidth;
+      const double data_start = std::max(start + t_.dma_fixed_latency_ns, dma_free_);
+      it.start_ns = start;
+      it.end_ns = data_start + data;
+      it.bytes = w.bytes;
+      dma_free_ = it.end_ns;
+      profile_.dma_bytes += w.bytes;
+      profile_.dma_active_ns += data;
+    } else {
+      double cycles = compute_cycles(k_, inst);
+      // Vector/Scalar/GpSimd instructions on small tiles (N << 128) pay the static instruction
+      // overhead [ARCH VectorE rules, PERF guide "static instruction overhead ~100 cycles"].
+      const bool small_engine_op = inst.engine == Engine::vector || inst.engine == Engine::scalar ||
+                                   inst.engine == Engine::gpsimd;
+      if (small_engine_op && small_tile(inst)) cycles += t_.static_overhead_cycles;
+      start = std::max(start, port_ready(inst));
+      it.start_ns = start;
+      it.end_ns = start + cycles / clock_ghz(t_, inst.engine);
+      it.cycles = cycles;
+      hold_ports(inst, it.end_ns);
+      if (inst.opcode == Opcode::nc_matmul) {
+        const AccessPattern &st = inst.operands[1].ap, &mv = inst.operands[2].ap;
+        profile_.matmul_flops += 2 * st.dims[0].count * st.inner_elements() * mv.inner_elements();
+      }
+      if (inst.spec().is_control) control(inst);
+    }
+    profile_.queues[s].busy_ns += it.end_ns - it.start_ns;
+    profile_.queues[s].instructions += 1;
+    profile_.instructions.push_back(it);
+    ends_[s].push_back(it.end_ns);
+    free_[s] = it.end_ns;
+    ++pos_[s];
+  }
+
+  bool small_tile(const Instruction& inst) const {
+    for (int s = 0; s < inst.spec().num_slots; ++s) {
+      const Operand& o = inst.operands[s];
+      if (o.is_tensor() && o.ap.inner_elements() >= int64_t(t_.pe_array_cols)) return false;
+    }
+    return true;
+  }
+
+  /** NeuronCore-v2 port sharing: VectorE/GpSimdE take turns on SBUF, VectorE/ScalarE on PSUM. */
+  bool touches(const Instruction& inst, Buffer b) const {
+    for (int s = 0; s < inst.spec().num_slots; ++s)
+      if (inst.operands[s].is_tensor() && k_.storage(inst.operands[s].ap.storage).buffer == b) return true;
+    return false;
+  }
+  double port_ready(const Instruction& inst) const {
+    double t = 0;
+    const Engine e = inst.engine;
+    if (t_.shared_sbuf_port && (e == Engine::vector || e == Engine::gpsimd) && touches(inst, Buffer::sbuf))
+      t = std::max(t, sbuf_port_free_);
+    if (t_.shared_psum_port && (e == Engine::vector || e == Engine::scalar) && touches(inst, Buffer::psum))
+      t = std::max(t, psum_port_free_);
+    return t;
+  }
+  void hold_ports(const Instruction& inst, double end) {
+    const Engine e = inst.engine;
+    if (t_.shared_sbuf_port && (e == Engine::vector || e == Engine::gpsimd) && touches(inst, Buffer::sbuf))
+      sbuf_port_free_ = end;
+    if (t_.shared_psum_port && (e == Engine::vector || e == Engine::scalar) && touches(inst, Buffer::psum))
+      psum_port_free_ = end;
+  }
+
+  /** Registers the model can follow without data: immediates and register copies. */
+  void control(const Instruction& inst) {
+    const Operand& dst = inst.operands[0];
+    if (inst.opcode == Opcode::register_move)
+      regs_[dst.reg] = inst.operands[1].is_imm() ? std::optional<int64_t>(int64_t(inst.operands[1].imm))
+                                                 : regs_[inst.operands[1].reg];
+    else if (inst.opcode == Opcode::register_load)
+      regs_[dst.reg] = std::nullopt;
+  }
+
+  int64_t value(const Instruction& inst, const Operand& o) {
+    if (o.is_imm()) return int64_t(o.imm);
+    if (!regs_[o.reg])
+      throw KernelError("the timing estimate needs the loop's bounds at compile time, but register r" +
+                            std::to_string(o.reg) + " is read from a tensor",
+                        k_.location(inst.loc), std::string(opcode_name(inst.opcode)), {},
+                        "estimate with concrete arrays through a run, or use compile-time loop bounds");
+    return *regs_[o.reg];
+  }
+
+  /** All queues have drained at a barrier: run the loop control once, restart the counts. */
+  void barrier() {
+    double now = 0;
+    for (double f : free_) now = std::max(now, f);
+    const uint32_t ir = p_.streams[0].ops[pos_[0]].ir_index;
+    const Instruction& inst = k_.instructions[ir];
+    uint32_t target = ir;
+    if (inst.opcode == Opcode::loop_begin) {
+      const int64_t lower = value(inst, inst.operands[1]), upper = value(inst, inst.operands[2]);
+      regs_[inst.operands[0].reg] = lower;
+      if (lower >= upper) target = uint32_t(inst.attrs.jump);
+    } else {
+      const Instruction& begin = k_.instructions[inst.attrs.jump];
+      int64_t& counter = *regs_[begin.operands[0].reg];
+      counter += begin.attrs.step;
+      if (counter < value(begin, begin.operands[2])) target = uint32_t(inst.attrs.jump);
+    }
+    const int32_t ordinal = barrier_ordinal_[target];
+    for (size_t s = 0; s < pos_.size(); ++s) {
+      pos_[s] = barrier_positions_[s][ordinal] + 1;
+      free_[s] = now;
+      ends_[s].clear();
+    }
+  }
+
+  const jit::DeviceProgram& p_;
+  const Kernel& k_;
+  const TargetConfig& t_;
+  std::vector<uint32_t> pos_;
+  std::vector<double> free_;
+  std::vector<std::vector<double>> ends_;  // per queue: end times of the ops since the last barrier
+  std::vector<std::optional<int64_t>> regs_;
+  std::vector<int32_t> barrier_ordinal_;
+  std::vector<std::vector<uint32_t>> barrier_positions_;
+  double dma_free_ = 0, sbuf_port_free_ = 0, psum_port_free_ = 0;
+  Profile profile_;
+};
+
+}  // namespace
+
+Profile estimate(const jit::DeviceProgram& program) { return Replay(program).run(); }
+
+double Profile::utilization(const std::string& queue) const {
+  for (const QueueUsage& q : queues)
+    if (q.name == queue) return total_ns > 0 ? q.busy_ns / total_ns : 0;
+  return 0;
+}
+
+double Profile::tensor_flop_utilization() const {
+  return total_ns > 0 ? double(matmul_flops) / (total_ns * tensor_peak_flops_per_ns) : 0;
+}
+
+}  // namespace nikki::runtime
