@@ -15,6 +15,7 @@
 #include "nikki/nl.hpp"
 #include "nikki/runtime/executor.hpp"
 #include "nikki/runtime/interpreter.hpp"
+#include "nikki/runtime/profile.hpp"
 
 namespace py = pybind11;
 using namespace nikki;
@@ -412,10 +413,54 @@ PYBIND11_MODULE(_core, m) {
                              })
       .def("run", &PyProgram::run, py::arg("inputs"), py::arg("outputs"), py::arg("fill_outputs") = true);
 
-  m.def("compile", [](const Kernel& kernel) {
-    auto p = std::make_unique<PyProgram>();
-    p->kind = runtime::executor_from_env();
-    p->program = jit::compile(kernel, jit::CompileOptions{.native = p->kind == runtime::ExecutorKind::native});
-    return p;
+  m.def(
+      "compile",
+      [](const Kernel& kernel, bool for_running) {
+        auto p = std::make_unique<PyProgram>();
+        p->kind = runtime::executor_from_env();
+        // A program only estimated (nikki.estimate) needs no native code.
+        const bool native = for_running && p->kind == runtime::ExecutorKind::native;
+        p->program = jit::compile(kernel, jit::CompileOptions{.native = native});
+        return p;
+      },
+      py::arg("kernel"), py::arg("for_running") = true);
+
+  py::class_<runtime::Profile>(m, "Profile")
+      .def_readonly("kernel", &runtime::Profile::kernel)
+      .def_readonly("target", &runtime::Profile::target)
+      .def_readonly("total_ns", &runtime::Profile::total_ns)
+      .def_readonly("dma_bytes", &runtime::Profile::dma_bytes)
+      .def_readonly("dma_active_ns", &runtime::Profile::dma_active_ns)
+      .def_readonly("dma_peak_bytes_per_ns", &runtime::Profile::dma_peak_bytes_per_ns)
+      .def_readonly("matmul_flops", &runtime::Profile::matmul_flops)
+      .def_readonly("tensor_peak_flops_per_ns", &runtime::Profile::tensor_peak_flops_per_ns)
+      .def("utilization", &runtime::Profile::utilization)
+      .def("tensor_flop_utilization", &runtime::Profile::tensor_flop_utilization)
+      .def("dma_bytes_per_ns", &runtime::Profile::dma_bytes_per_ns)
+      .def_property_readonly("queues",
+                             [](const runtime::Profile& p) {
+                               py::list l;
+                               for (const auto& q : p.queues) l.append(py::make_tuple(q.name, q.busy_ns, q.instructions));
+                               return l;
+                             })
+      .def("instructions", [](const runtime::Profile& p, const PyProgram& prog) {
+        // (queue name, opcode, start ns, end ns, source line) per instruction, in start order
+        const Kernel& k = prog.program.device->kernel;
+        py::list l;
+        for (const auto& it : p.instructions) {
+          const Instruction& inst = k.instructions[it.ir_index];
+          const SourceLocation& loc = k.location(inst.loc);
+          l.append(py::make_tuple(p.queues[it.queue].name, std::string(opcode_name(inst.opcode)), it.start_ns, it.end_ns,
+                                  loc.known() ? loc.str() : std::string()));
+        }
+        return l;
+      });
+
+  m.def("estimate", [](const PyProgram& p) { return runtime::estimate(*p.program.device); });
+  m.def("profile_summary", [](const runtime::Profile& prof, const PyProgram& p, int top) {
+    return prof.summary(*p.program.device, top);
+  }, py::arg("profile"), py::arg("program"), py::arg("top") = 8);
+  m.def("profile_chrome_trace", [](const runtime::Profile& prof, const PyProgram& p) {
+    return prof.chrome_trace(*p.program.device);
   });
 }

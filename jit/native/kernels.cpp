@@ -22,10 +22,25 @@ namespace {
 
 NK_INLINE DType dtype_of(const OpDesc* d, int slot) { return static_cast<DType>(d->view[slot].dtype); }
 
+/** Byte offset of a slot's element at an iteration point (for the affine pattern pseudo-operand:
+ * its value). Irregular slots decompose their flattened free index into their own dims; the
+ * divisors are descriptor constants, so this folds to multiplications and shifts. */
+NK_INLINE int64_t offset_of(const OpDesc* d, int slot, int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+  const int64_t* s = d->view[slot].stride;
+  if (!(d->irregular & (1 << slot))) return i0 * s[0] + i1 * s[1] + i2 * s[2] + i3 * s[3] + i4 * s[4];
+  const IrregularView& v = d->irr[slot];
+  int64_t f = i0 * v.flat[0] + i1 * v.flat[1] + i2 * v.flat[2] + i3 * v.flat[3] + i4 * v.flat[4];
+  int64_t off = i0 * s[0];
+  for (int k = kIterDims - 1; k >= 0; --k) {
+    off += (f % v.count[k]) * v.stride[k];
+    f /= v.count[k];
+  }
+  return off;
+}
+
 NK_INLINE uint8_t* address(const OpDesc* d, const OpArgs* a, int slot, int64_t i0, int64_t i1, int64_t i2,
                            int64_t i3, int64_t i4) {
-  const int64_t* s = d->view[slot].stride;
-  return a->base[slot] + i0 * s[0] + i1 * s[1] + i2 * s[2] + i3 * s[3] + i4 * s[4];
+  return a->base[slot] + offset_of(d, slot, i0, i1, i2, i3, i4);
 }
 
 NK_INLINE float load(const OpDesc* d, int slot, const uint8_t* p) { return numerics::load_float(dtype_of(d, slot), p); }
@@ -47,10 +62,11 @@ NK_INLINE void iterate(const OpDesc* d, F&& f) {
           for (int64_t i4 = 0; i4 < d->count[4]; ++i4) f(i0, i1, i2, i3, i4);
 }
 
-/** A scalar-or-tensor operand's fp32 value at an iteration point (tensors may be [P, 1] views). */
+/** A scalar-or-tensor operand's fp32 value at an iteration point (tensors may be [P, 1] views; an
+ * absent operand reads as its immediate, 0, as in the reference). */
 NK_INLINE float operand_value(const OpDesc* d, const OpArgs* a, int slot, int64_t i0, int64_t i1, int64_t i2,
                               int64_t i3, int64_t i4) {
-  if (d->slot_kind[slot] == kSlotImm) return static_cast<float>(a->imm[slot]);
+  if (d->slot_kind[slot] != kSlotTensor) return static_cast<float>(a->imm[slot]);
   return load(d, slot, address(d, a, slot, i0, i1, i2, i3, i4));
 }
 
@@ -61,6 +77,54 @@ NK_INLINE float apply(AluOp op, bool reverse, float x, float s) {
 
 NK_INLINE int64_t apply_bits(AluOp op, bool reverse, int64_t x, int64_t s, int bits) {
   return (reverse && !is_unary_op(op)) ? alu_apply_bits(op, s, x, bits) : alu_apply_bits(op, x, s, bits);
+}
+
+/** Writes an integer value with the engines' cast rule: saturating to integer dtypes, rounded to
+ * float ones (the reference interpreter's store_integer_value). */
+NK_INLINE void store_saturated(DType t, uint8_t* p, int64_t v) {
+  if (is_float(t)) {
+    numerics::store_float(t, p, static_cast<float>(v));
+    return;
+  }
+  const int bits = 8 * static_cast<int>(dtype_size(t));
+  const int64_t lo = info(t).is_signed ? -(int64_t(1) << (bits - 1)) : 0;
+  const int64_t hi = t == DType::bool_ ? 1 : info(t).is_signed ? (int64_t(1) << (bits - 1)) - 1 : (int64_t(1) << bits) - 1;
+  numerics::store_int(t, p, v < lo ? lo : v > hi ? hi : v);
+}
+
+/** Copies one element: bit-exact when the dtypes match, through fp32 otherwise. */
+NK_INLINE void copy_element(const OpDesc* d, int dst_slot, uint8_t* dst, int src_slot, const uint8_t* src) {
+  if (d->view[dst_slot].dtype == d->view[src_slot].dtype) std::memcpy(dst, src, dtype_size(dtype_of(d, dst_slot)));
+  else store(d, dst_slot, dst, load(d, src_slot, src));
+}
+
+/** Calls f(i1..i4) over the free dims of the iteration space (`count`), innermost dim last. */
+template <class F>
+NK_INLINE void iterate_free(const int64_t* count, F&& f) {
+  for (int64_t i1 = 0; i1 < count[1]; ++i1)
+    for (int64_t i2 = 0; i2 < count[2]; ++i2)
+      for (int64_t i3 = 0; i3 < count[3]; ++i3)
+        for (int64_t i4 = 0; i4 < count[4]; ++i4) f(i1, i2, i3, i4);
+}
+
+/** Calls f(k, o1..o4) over the fixed-size output space (out_count), k the flattened free index. */
+template <class F>
+NK_INLINE void iterate_out(const OpDesc* d, F&& f) {
+  int64_t k = 0;
+  iterate_free(d->out_count, [&](int64_t o1, int64_t o2, int64_t o3, int64_t o4) { f(k++, o1, o2, o3, o4); });
+}
+
+/** The accumulator update of a reduce command (the reference interpreter's apply_reduce_cmd). */
+NK_INLINE void apply_reduce_cmd(ReduceCmd cmd, AluOp op, float identity, float& acc, float partial, bool has_partial) {
+  switch (cmd) {
+    case ReduceCmd::idle: break;
+    case ReduceCmd::reset: acc = identity; break;
+    case ReduceCmd::reduce:
+    case ReduceCmd::load_reduce:
+      if (has_partial) acc = alu_apply(op, acc, partial);
+      break;
+    case ReduceCmd::reset_reduce: acc = has_partial ? partial : identity; break;
+  }
 }
 
 }  // namespace
@@ -137,16 +201,9 @@ NK_ENTRY void nk_memset(const OpDesc* d, const OpArgs* a) {
   const DType t = dtype_of(d, 0);
   const int64_t size = dtype_size(t);
   uint8_t pattern[4];
-  if (is_float(t)) {
-    numerics::store_float(t, pattern, static_cast<float>(a->imm[1]));
-  } else {
-    // integer fill values saturate to the dtype's range (the verifier rejects out-of-range ones)
-    int64_t v = static_cast<int64_t>(a->imm[1]);
-    const int bits = 8 * static_cast<int>(size);
-    const int64_t lo = info(t).is_signed ? -(int64_t(1) << (bits - 1)) : 0;
-    const int64_t hi = t == DType::bool_ ? 1 : info(t).is_signed ? (int64_t(1) << (bits - 1)) - 1 : (int64_t(1) << bits) - 1;
-    numerics::store_int(t, pattern, v < lo ? lo : v > hi ? hi : v);
-  }
+  // integer fill values saturate to the dtype's range (the verifier rejects out-of-range ones)
+  if (is_float(t)) numerics::store_float(t, pattern, static_cast<float>(a->imm[1]));
+  else store_saturated(t, pattern, static_cast<int64_t>(a->imm[1]));
   iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
     std::memcpy(address(d, a, 0, i0, i1, i2, i3, i4), pattern, size);
   });
@@ -229,6 +286,295 @@ NK_ENTRY void nk_tensor_reduce(const OpDesc* d, const OpArgs* a) {
       }
 }
 
+/**
+ * tensor_scalar_reduce: dst = op0(data, operand0), and reduce_op folds each partition's fp32
+ * results (before rounding to dst) left to right into the Vector engine accumulator and
+ * reduce_res. The partition loop is innermost, as in tensor_reduce.
+ */
+NK_ENTRY void nk_tensor_scalar_reduce(const OpDesc* d, const OpArgs* a) {
+  const AluOp op = static_cast<AluOp>(d->op0), rop = static_cast<AluOp>(d->reduce_op);
+  const int64_t P = d->count[0];
+  float s0[kMaxPartitions], acc[kMaxPartitions];
+  for (int64_t p = 0; p < P; ++p) s0[p] = operand_value(d, a, 2, p, 0, 0, 0, 0);
+  bool first = true;
+  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    for (int64_t p = 0; p < P; ++p) {
+      const float v = alu_apply(op, load(d, 1, address(d, a, 1, p, i1, i2, i3, i4)), s0[p]);
+      store(d, 0, address(d, a, 0, p, i1, i2, i3, i4), v);
+      acc[p] = first ? v : alu_apply(rop, acc[p], v);
+    }
+    first = false;
+  });
+  for (int64_t p = 0; p < P; ++p) {
+    a->vector_acc[p] = acc[p];
+    if (d->slot_kind[3] == kSlotTensor) store(d, 3, address(d, a, 3, p, 0, 0, 0, 0), acc[p]);
+  }
+}
+
+/** tensor_tensor_scan: res = op1(op0(data0, res), data1) along the flattened free dims, from the
+ * initial value; the running value stays fp32 (each dst write rounds a copy of it). */
+NK_ENTRY void nk_scan(const OpDesc* d, const OpArgs* a) {
+  const AluOp op0 = static_cast<AluOp>(d->op0), op1 = static_cast<AluOp>(d->op1);
+  const bool r0 = d->flags & kFlagReverse0, r1 = d->flags & kFlagReverse1;
+  const int64_t P = d->count[0];
+  float prev[kMaxPartitions];
+  for (int64_t p = 0; p < P; ++p) prev[p] = operand_value(d, a, 3, p, 0, 0, 0, 0);
+  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    for (int64_t p = 0; p < P; ++p) {
+      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, i4));
+      const float y = load(d, 2, address(d, a, 2, p, i1, i2, i3, i4));
+      const float t = r0 ? alu_apply(op0, prev[p], x) : alu_apply(op0, x, prev[p]);
+      prev[p] = r1 ? alu_apply(op1, y, t) : alu_apply(op1, t, y);
+      store(d, 0, address(d, a, 0, p, i1, i2, i3, i4), prev[p]);
+    }
+  });
+}
+
+// --- predication and selection -----------------------------------------------------------------
+
+/** tensor_copy_predicated: dst = src (a tile, or an immediate rounded to dst) where the predicate
+ * is nonzero (zero with reverse_pred); other elements keep their bits. */
+NK_ENTRY void nk_copy_predicated(const OpDesc* d, const OpArgs* a) {
+  const bool reverse = d->flags & kFlagReversePred;
+  const bool scalar_src = d->slot_kind[1] == kSlotImm;
+  iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    const bool take = (load_int(d, 2, address(d, a, 2, i0, i1, i2, i3, i4)) != 0) != reverse;
+    if (!take) return;
+    uint8_t* dst = address(d, a, 0, i0, i1, i2, i3, i4);
+    if (scalar_src) store(d, 0, dst, static_cast<float>(a->imm[1]));
+    else copy_element(d, 0, dst, 1, address(d, a, 1, i0, i1, i2, i3, i4));
+  });
+}
+
+/** select_reduce: dst = predicate ? on_true : on_false, and the maximum of each partition's fp32
+ * selections updates the Vector engine accumulator per reduce_cmd (then reduce_res). */
+NK_ENTRY void nk_select_reduce(const OpDesc* d, const OpArgs* a) {
+  const bool reverse = d->flags & kFlagReversePred;
+  const ReduceCmd cmd = static_cast<ReduceCmd>(d->reduce_cmd);
+  const bool reducing = cmd == ReduceCmd::reduce || cmd == ReduceCmd::reset_reduce;
+  const int64_t P = d->count[0];
+  constexpr float kNegInf = -__builtin_inff();
+  float on_false[kMaxPartitions], best[kMaxPartitions];
+  for (int64_t p = 0; p < P; ++p) {
+    on_false[p] = operand_value(d, a, 3, p, 0, 0, 0, 0);
+    best[p] = kNegInf;
+  }
+  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    for (int64_t p = 0; p < P; ++p) {
+      const bool take = (load_int(d, 1, address(d, a, 1, p, i1, i2, i3, i4)) != 0) != reverse;
+      const float v = take ? load(d, 2, address(d, a, 2, p, i1, i2, i3, i4)) : on_false[p];
+      store(d, 0, address(d, a, 0, p, i1, i2, i3, i4), v);
+      best[p] = alu_apply(AluOp::maximum, best[p], v);
+    }
+  });
+  for (int64_t p = 0; p < P; ++p) {
+    apply_reduce_cmd(cmd, AluOp::maximum, kNegInf, a->vector_acc[p], best[p], reducing);
+    if (d->slot_kind[4] == kSlotTensor) store(d, 4, address(d, a, 4, p, 0, 0, 0, 0), a->vector_acc[p]);
+  }
+}
+
+// --- index generation ------------------------------------------------------------------------
+
+/**
+ * iota / affine_select: the affine value offset + channel_multiplier * partition + sum(step *
+ * pattern index) — the pattern pseudo-operand in the last slot — wrapped to int32 (the 64-bit sum
+ * is exact, as in the reference). iota writes it (saturating to integer dtypes); affine_select
+ * copies on_true where cmp_op(value, 0) holds and writes on_false elsewhere.
+ */
+NK_INLINE void affine(const OpDesc* d, const OpArgs* a, bool iota) {
+  const AluOp cmp = static_cast<AluOp>(d->cmp_op);
+  iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    const int64_t v = static_cast<int32_t>(static_cast<uint32_t>(d->offset + offset_of(d, kSlots - 1, i0, i1, i2, i3, i4)));
+    uint8_t* dst = address(d, a, 0, i0, i1, i2, i3, i4);
+    if (iota) store_saturated(dtype_of(d, 0), dst, v);
+    else if (alu_apply_int(cmp, v, 0)) copy_element(d, 0, dst, 1, address(d, a, 1, i0, i1, i2, i3, i4));
+    else store(d, 0, dst, static_cast<float>(a->imm[2]));
+  });
+}
+
+NK_ENTRY void nk_iota(const OpDesc* d, const OpArgs* a) { affine(d, a, true); }
+NK_ENTRY void nk_affine_select(const OpDesc* d, const OpArgs* a) { affine(d, a, false); }
+
+// --- statistics --------------------------------------------------------------------------------
+
+/**
+ * bn_stats: Welford's running (count, mean, M2) over the even and the odd elements of each
+ * partition's flattened free dims, written as 6 values. The counts are the same for every
+ * partition (exact small integers), so they are kept once.
+ */
+NK_ENTRY void nk_bn_stats(const OpDesc* d, const OpArgs* a) {
+  const int64_t P = d->count[0];
+  float mean[2][kMaxPartitions], m2[2][kMaxPartitions];
+  for (int64_t p = 0; p < P; ++p) mean[0][p] = mean[1][p] = m2[0][p] = m2[1][p] = 0.0f;
+  float count[2] = {0.0f, 0.0f};
+  int64_t f = 0;
+  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    const int lane = int(f & 1);
+    count[lane] += 1.0f;
+    const float n = count[lane];
+    float* mn = mean[lane];
+    float* q = m2[lane];
+    for (int64_t p = 0; p < P; ++p) {
+      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, i4));
+      const float delta = x - mn[p];
+      mn[p] += delta / n;
+      q[p] += delta * (x - mn[p]);
+    }
+    ++f;
+  });
+  for (int64_t p = 0; p < P; ++p) {
+    const float out[6] = {count[0], mean[0][p], m2[0][p], count[1], mean[1][p], m2[1][p]};
+    iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
+      if (k < 6) store(d, 0, address(d, a, 0, p, o1, o2, o3, o4), out[k]);
+    });
+  }
+}
+
+/** bn_aggr: Chan et al.'s merge of the (count, mean, M2) triples of each partition in order, then
+ * (mean, M2 / count) — NaN variance for an empty total. */
+NK_ENTRY void nk_bn_aggr(const OpDesc* d, const OpArgs* a) {
+  const int64_t P = d->count[0];
+  float n[kMaxPartitions], mean[kMaxPartitions], m2[kMaxPartitions], nb[kMaxPartitions], mb[kMaxPartitions];
+  for (int64_t p = 0; p < P; ++p) n[p] = mean[p] = m2[p] = 0.0f;
+  int64_t f = 0;
+  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    const int64_t phase = f % 3;
+    for (int64_t p = 0; p < P; ++p) {
+      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, i4));
+      if (phase == 0) {
+        nb[p] = x;
+      } else if (phase == 1) {
+        mb[p] = x;
+      } else if (nb[p] != 0) {
+        const float m2b = x;
+        const float total = n[p] + nb[p];
+        const float delta = mb[p] - mean[p];
+        mean[p] += delta * (nb[p] / total);
+        m2[p] += m2b + delta * delta * (n[p] * nb[p] / total);
+        n[p] = total;
+      }
+    }
+    ++f;
+  });
+  for (int64_t p = 0; p < P; ++p) {
+    const float out[2] = {mean[p], n[p] > 0 ? m2[p] / n[p] : __builtin_nanf("")};
+    iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
+      if (k < 2) store(d, 0, address(d, a, 0, p, o1, o2, o3, o4), out[k]);
+    });
+  }
+}
+
+// --- top-8 -----------------------------------------------------------------------------------
+
+namespace {
+/** max8's order: a outranks b when it is larger; a NaN outranks nothing and every number outranks
+ * a NaN; equal values (and +-0) keep their order of appearance. */
+NK_INLINE bool outranks(float a, float b) { return !__builtin_isnan(a) && (__builtin_isnan(b) || a > b); }
+}  // namespace
+
+/**
+ * max8: the first 8 elements of each partition's values stably sorted in descending order (what
+ * the reference's stable_sort gives), by insertion into a sorted top-8 that a later element
+ * enters only when it strictly outranks an entry.
+ */
+NK_ENTRY void nk_max8(const OpDesc* d, const OpArgs* a) {
+  const int64_t P = d->count[0];
+  float top[8][kMaxPartitions] = {};
+  int filled = 0;  // entries [0, filled) hold values, the same for every partition
+  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    for (int64_t p = 0; p < P; ++p) {
+      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, i4));
+      bool enter[8];
+      for (int k = 0; k < 8; ++k) enter[k] = k >= filled || outranks(x, top[k][p]);
+      for (int k = 7; k > 0; --k)
+        if (enter[k]) top[k][p] = enter[k - 1] ? top[k - 1][p] : x;
+      if (enter[0]) top[0][p] = x;
+    }
+    filled = filled < 8 ? filled + 1 : 8;
+  });
+  for (int64_t p = 0; p < P; ++p)
+    iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
+      if (k < 8) store(d, 0, address(d, a, 0, p, o1, o2, o3, o4), top[k][p]);
+    });
+}
+
+/**
+ * nc_find_index8: for each of the 8 values in order, the index of its first occurrence in the
+ * partition's flattened data not already taken by an earlier value (0xFFFFFFFF when none). One
+ * pass over the data gives each element to the first value still looking for it: equal values
+ * (a class under ==, NaN matching nothing) then take successive occurrences, as in the
+ * reference's search per value.
+ */
+NK_ENTRY void nk_find_index8(const OpDesc* d, const OpArgs* a) {
+  const int64_t P = d->count[0];
+  constexpr uint32_t kNone = 0xFFFFFFFFu;
+  float want[8][kMaxPartitions];
+  uint32_t found[8][kMaxPartitions];
+  for (int64_t p = 0; p < P; ++p)
+    iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
+      if (k < 8) {
+        want[k][p] = load(d, 2, address(d, a, 2, p, o1, o2, o3, o4));
+        found[k][p] = kNone;
+      }
+    });
+  uint32_t f = 0;
+  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    for (int64_t p = 0; p < P; ++p) {
+      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, i4));
+      bool taken = false;
+      for (int k = 0; k < 8; ++k) {
+        const bool hit = !taken && found[k][p] == kNone && x == want[k][p];
+        if (hit) found[k][p] = f;
+        taken = taken || hit;
+      }
+    }
+    ++f;
+  });
+  for (int64_t p = 0; p < P; ++p)
+    iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
+      if (k < 8) store_saturated(dtype_of(d, 0), address(d, a, 0, p, o1, o2, o3, o4), int64_t(found[k][p]));
+    });
+}
+
+// --- across partitions (GpSimd) ----------------------------------------------------------------
+
+/**
+ * tensor_partition_reduce: dst[0, f] = data[0, f] op data[1, f] op ... in partition order (average
+ * sums, then divides by the partition count). The innermost free dim is processed in blocks so
+ * the fold over partitions vectorizes along the free dim.
+ */
+NK_ENTRY void nk_partition_reduce(const OpDesc* d, const OpArgs* a) {
+  const AluOp op = static_cast<AluOp>(d->op0);
+  const bool bitvec = is_bitvec_op(op);
+  const AluOp fold_op = op == AluOp::average ? AluOp::add : op;
+  const int64_t P = d->count[0], n = d->count[4];
+  constexpr int64_t kBlock = 256;
+  float acc[kBlock];
+  int64_t acc_bits[kBlock];
+  for (int64_t i1 = 0; i1 < d->count[1]; ++i1)
+    for (int64_t i2 = 0; i2 < d->count[2]; ++i2)
+      for (int64_t i3 = 0; i3 < d->count[3]; ++i3)
+        for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
+          const int64_t len = n - j0 < kBlock ? n - j0 : kBlock;
+          for (int64_t p = 0; p < P; ++p)
+            for (int64_t j = 0; j < len; ++j) {
+              const uint8_t* x = address(d, a, 1, p, i1, i2, i3, j0 + j);
+              if (bitvec) {
+                const int64_t v = load_int(d, 1, x);
+                acc_bits[j] = p == 0 ? v : alu_apply_bits(op, acc_bits[j], v, d->bits);
+              } else {
+                const float v = load(d, 1, x);
+                acc[j] = p == 0 ? v : alu_apply(fold_op, acc[j], v);
+              }
+            }
+          for (int64_t j = 0; j < len; ++j) {
+            uint8_t* dst = address(d, a, 0, 0, i1, i2, i3, j0 + j);
+            if (bitvec) store_int(d, 0, dst, acc_bits[j]);
+            else store(d, 0, dst, op == AluOp::average ? acc[j] / static_cast<float>(P) : acc[j]);
+          }
+        }
+}
+
 // --- Tensor engine -----------------------------------------------------------------------------
 
 namespace {
@@ -248,7 +594,40 @@ NK_INLINE void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
  * at a time with 8 x 32 register tiles over operands first converted to fp32. The result then
  * overwrites or accumulates into PSUM per the accumulate mode and the per-word "written" flags.
  */
+/**
+ * nc_matmul in transpose mode (is_transpose): where moving column n is a unit vector (a single 1,
+ * zeros elsewhere) dst[m, n] is stationary[k, m] moved bit for bit; other columns sum the products
+ * without a zero factor. Either way dst is written, never accumulated, and the PSUM "written"
+ * flags are left alone, as in the reference.
+ */
+NK_INLINE void matmul_transpose_mode(const OpDesc* d, const OpArgs* a) {
+  const int64_t K = d->mm_k, M = d->mm_m, N = d->mm_n;
+  for (int64_t n = 0; n < N; ++n) {
+    int64_t unit = -1;
+    for (int64_t k = 0; k < K; ++k) {
+      const float b = load(d, 2, address(d, a, 2, k, n, 0, 0, 0));
+      if (b == 0.0f) continue;
+      unit = b == 1.0f && unit == -1 ? k : -2;
+      if (unit == -2) break;
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      uint8_t* out = address(d, a, 0, m, n, 0, 0, 0);
+      if (unit >= 0) {
+        copy_element(d, 0, out, 1, address(d, a, 1, unit, m, 0, 0, 0));
+        continue;
+      }
+      float partial = 0.0f;
+      for (int64_t k = 0; k < K; ++k) {
+        const float x = load(d, 1, address(d, a, 1, k, m, 0, 0, 0)), y = load(d, 2, address(d, a, 2, k, n, 0, 0, 0));
+        if (x != 0.0f && y != 0.0f) partial = __builtin_fmaf(x, y, partial);
+      }
+      store(d, 0, out, partial);
+    }
+  }
+}
+
 NK_ENTRY void nk_matmul(const OpDesc* d, const OpArgs* a) {
+  if (d->flags & kFlagIsTranspose) return matmul_transpose_mode(d, a);
   const int64_t K = d->mm_k, M = d->mm_m, N = d->mm_n;
   // Operands packed into fp32: A[k][m] from stationary, B[k][n] from moving, C[m][n] partial sums.
   float* A = a->scratch;
@@ -300,8 +679,7 @@ NK_ENTRY void nk_transpose(const OpDesc* d, const OpArgs* a) {
   const int64_t size = dtype_size(dtype_of(d, 1));
   for (int64_t p = 0; p < d->count[0]; ++p)
     for (int64_t f = 0; f < d->count[1]; ++f)
-      std::memcpy(a->base[0] + f * d->view[0].stride[0] + p * d->view[0].stride[1],
-                  a->base[1] + p * d->view[1].stride[0] + f * d->view[1].stride[1], size);
+      std::memcpy(address(d, a, 0, f, p, 0, 0, 0), address(d, a, 1, p, f, 0, 0, 0), size);
 }
 
 }  // namespace nikki::native

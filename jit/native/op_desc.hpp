@@ -36,7 +36,28 @@ enum Flags : int32_t {
   kFlagGpsimdInt = 32,  // tensor_tensor on GpSimd with 32-bit integer tiles: exact integer arithmetic
 };
 
-/** @brief One instruction template. Iteration dim 0 is the partition dim of engine operands. */
+/**
+ * @brief An operand whose dims do not nest with the iteration space's ("irregular"): element
+ * (i0..i4) is its flattened index f = sum(i_k * flat[k]) decomposed into its own dims (count,
+ * byte stride; innermost last, unused dims count 1), plus i0 * view.stride[0] (the partition
+ * stride of engine operands, whose flat[0] is 0).
+ */
+struct IrregularView {
+  int64_t flat[kIterDims];
+  int64_t count[kIterDims];
+  int64_t stride[kIterDims];
+};
+
+/** @brief One instruction template. Iteration dim 0 is the partition dim of engine operands.
+ *
+ * Most opcodes pair every tensor operand element by element over one iteration space (count, with
+ * each slot's byte strides in view[slot].stride; [P, 1] operands have stride 0 along the free
+ * dims; slots in the `irregular` bit set are addressed through irr[slot] instead along the free
+ * dims). Opcodes whose output has a fixed small free size of its own (bn_stats, bn_aggr, max8,
+ * nc_find_index8) iterate the data over `count` and their fixed-size operands (the `out_slots`
+ * bit set) over the second space `out_count` (dim 0 unused: the partitions are count[0]).
+ * iota / affine_select describe their affine pattern as a pseudo-operand in slot kSlots - 1 whose
+ * "strides" are value steps (dim 0: channel_multiplier). */
 struct OpDesc {
   int32_t opcode;
   int32_t engine;
@@ -45,15 +66,22 @@ struct OpDesc {
   int32_t bits;         // bit width of the data dtype, for bitvec operators
   int64_t count[kIterDims];
   int32_t slot_kind[kSlots];
-  int32_t reserved;
+  int32_t out_slots;  // bit set of slots iterated over out_count
   ViewDesc view[kSlots];
   // nc_matmul: dst[m, n] (+)= sum_k stationary[k, m] * moving[k, n]
   int64_t mm_k, mm_m, mm_n;
-  // iota / affine_select
-  int64_t offset, channel_multiplier;
-  int32_t npattern, reserved2;
-  int64_t pattern_step[4], pattern_count[4];
+  int64_t offset;  // iota / affine_select: value = offset + pattern pseudo-operand offset, wrapped to int32
+  int64_t out_count[kIterDims];
+  int32_t irregular;  // bit set of slots addressed through irr
+  int32_t reserved;
+  IrregularView irr[kSlots];
 };
+
+static_assert(sizeof(OpDesc) == 432 + kSlots * sizeof(IrregularView), "OpDesc has no padding: keep every field's offset explicit");
+
+/** @brief Largest partition count a routine keeps per-partition state for on its stack; the
+ * template builder leaves instructions over more partitions to the reference semantics. */
+inline constexpr int64_t kMaxPartitions = 128;
 
 /** @brief Run-time arguments of one instruction. */
 struct OpArgs {

@@ -63,7 +63,7 @@ class Allocator {
     const Storage& s = k_.storages[id];
     Box box{id, s.address->partition, s.address->partition + s.partitions(), s.address->byte_offset,
             s.address->byte_offset + s.partition_bytes(), ranges_[id]};
-    for (const Box& other : placed_)
+    for (const Box& other : manual_)
       if (box.conflicts(other)) {
         const Storage& o = k_.storages[other.id];
         throw KernelError(fmt::format("tensor '{}' at address ({}, {}) overlaps tensor '{}' while both are live",
@@ -73,29 +73,45 @@ class Allocator {
                                       other.p0, other.p1, other.b0, other.b1, k_.location(o.loc).str()),
                           "move one of the tensors, or let nikki place it (omit address=)");
       }
-    placed_.push_back(box);
+    manual_.push_back(box);
   }
 
   void place_automatic(StorageId id) {
     Storage& s = k_.storages[id];
     const int64_t size = footprint(s);
     Box box{id, 0, s.partitions(), 0, size, ranges_[id]};
-    // Live boxes that share partitions with this one, by start offset.
+    // Storages arrive in order of their first use, so boxes that died before this one's first
+    // use never block again.
+    std::erase_if(active_, [&](const Box& b) { return b.live.end < box.live.begin; });
     std::vector<const Box*> blockers;
-    for (const Box& b : placed_)
-      if (b.live.overlaps(box.live) && b.p0 < box.p1 && box.p0 < b.p1) blockers.push_back(&b);
+    for (const std::vector<Box>* boxes : {&active_, &manual_})
+      for (const Box& b : *boxes)
+        if (b.live.overlaps(box.live) && b.p0 < box.p1 && box.p0 < b.p1) blockers.push_back(&b);
     std::sort(blockers.begin(), blockers.end(), [](const Box* a, const Box* b) { return a->b0 < b->b0; });
-    int64_t offset = 0;
-    for (const Box* b : blockers) {
-      if (offset + size <= b->b0) break;
-      offset = std::max(offset, align_up(b->b1, granule_));
-    }
+    // Next fit: continue after the previous placement and wrap around, so consecutive tiles take
+    // different addresses (their engines and DMAs can overlap instead of waiting on each other),
+    // while a full memory still packs first-fit.
+    int64_t offset = fit(blockers, align_up(cursor_, granule_), size);
+    if (offset + size > capacity_) offset = fit(blockers, 0, size);
     if (offset + size > capacity_) report_overflow(id, blockers);
     box.b0 = offset;
     box.b1 = offset + size;
+    cursor_ = box.b1 >= capacity_ ? 0 : box.b1;
     s.address = Address{0, static_cast<uint32_t>(offset)};
-    placed_.push_back(box);
+    active_.push_back(box);
   }
+
+  /** The lowest offset >= start where `size` bytes fit between the blockers (sorted by offset). */
+  int64_t fit(const std::vector<const Box*>& blockers, int64_t start, int64_t size) const {
+    int64_t offset = start;
+    for (const Box* b : blockers) {
+      if (b->b1 <= offset) continue;
+      if (b->b0 >= offset + size) break;
+      offset = align_up(b->b1, granule_);
+    }
+    return offset;
+  }
+
 
   /** Storages of this buffer live at instruction `at`. */
   std::vector<StorageId> live_at(uint32_t at) const {
@@ -192,7 +208,9 @@ class Allocator {
   std::vector<LiveRange> ranges_;
   int64_t capacity_;
   int64_t granule_;
-  std::vector<Box> placed_;
+  std::vector<Box> manual_;  // user-placed tensors (address=)
+  std::vector<Box> active_;  // automatically placed tensors that may still be live
+  int64_t cursor_ = 0;       // next-fit position
 };
 
 }  // namespace

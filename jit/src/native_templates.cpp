@@ -75,10 +75,18 @@ int64_t first_element_offset(const Kernel& k, const AccessPattern& ap) {
   return (ap.offset / row) * partition_pitch(k.config(), s.buffer) + (ap.offset % row) * size;
 }
 
+/** An operand's dims without the size-1 ones, adjacent dims that continue each other merged (so
+ * contiguous views of different shapes, [4, 6] against [6, 4], still pair as [24]). */
 ByteDims without_unit_dims(const ByteDims& dims) {
   ByteDims out;
-  for (const ByteDim& d : dims)
-    if (d.count != 1) out.push_back(d);
+  for (const ByteDim& d : dims) {
+    if (d.count == 1) continue;
+    if (!out.empty() && out.back().stride == d.stride * d.count) {
+      out.back() = {out.back().count * d.count, d.stride};
+      continue;
+    }
+    out.push_back(d);
+  }
   return out;
 }
 
@@ -161,6 +169,7 @@ class TemplateBuilder {
     for (int s = 0; s < inst_.spec().num_slots; ++s) {
       const Operand& o = inst_.operands[s];
       NativeOperand& n = out_.operands[s];
+      if (o.is_reg()) return std::nullopt;  // register operands are read by the reference semantics
       if (o.is_imm()) {
         n.kind = NativeOperand::Kind::imm;
         n.imm = o.imm;
@@ -183,6 +192,21 @@ class TemplateBuilder {
       case Opcode::memset: ok = elementwise("nk_memset", true, {0}, {}); break;
       case Opcode::activation: ok = elementwise("nk_activation", true, {0, 1}, {2, 3, 4}); break;
       case Opcode::tensor_reduce: ok = reduce(); break;
+      case Opcode::tensor_scalar_reduce:
+        ok = elementwise("nk_tensor_scalar_reduce", true, {0, 1}, {2, 3}) && stack_partitions();
+        break;
+      case Opcode::tensor_tensor_scan: ok = elementwise("nk_scan", true, {0, 1, 2}, {3}) && stack_partitions(); break;
+      case Opcode::tensor_copy_predicated: ok = elementwise("nk_copy_predicated", true, {0, 1, 2}, {}); break;
+      case Opcode::select_reduce:
+        ok = elementwise("nk_select_reduce", true, {0, 1, 2}, {3, 4}) && stack_partitions();
+        break;
+      case Opcode::iota:
+      case Opcode::affine_select: ok = affine(); break;
+      case Opcode::bn_stats: ok = with_output_space("nk_bn_stats", {1}, {0}); break;
+      case Opcode::bn_aggr: ok = with_output_space("nk_bn_aggr", {1}, {0}); break;
+      case Opcode::max8: ok = with_output_space("nk_max8", {1}, {0}) && free_elements(1) >= 8; break;
+      case Opcode::nc_find_index8: ok = with_output_space("nk_find_index8", {1}, {0, 2}); break;
+      case Opcode::tensor_partition_reduce: ok = partition_reduce(); break;
       case Opcode::nc_matmul: ok = matmul(); break;
       case Opcode::nc_transpose: ok = transpose(); break;
       default: break;
@@ -235,8 +259,22 @@ class TemplateBuilder {
   /** Element-wise family: `full` slots pair element by element, `per_partition` slots are
    * [P, 1] views broadcast along the free dims. With `tile`, dim 0 is the partition dim. */
   bool elementwise(const char* entry, bool tile, std::vector<int> full, std::vector<int> per_partition) {
+    if (!place(tile, full, per_partition, {}, t_.desc.count)) return false;
+    t_.entry = entry;
+    return true;
+  }
+
+  /**
+   * Expresses `full` slots (and `extra` pseudo-operands: dims with strides in their own units) over
+   * one iteration space written to `count`, each slot's strides into view[slot].stride (extra
+   * ones too), free axes right-aligned so the innermost is dim 4. With `tile`, dim 0 is the
+   * partition dim and `per_partition` slots are [P, 1] views broadcast along the free dims;
+   * without, dim 0 stays 1 and the free axes cover the operands' elements in flattened order.
+   */
+  bool place(bool tile, const std::vector<int>& full, const std::vector<int>& per_partition,
+             const std::vector<std::pair<int, ByteDims>>& extra, int64_t* count) {
     std::vector<std::pair<int, ByteDims>> ops;
-    int64_t partitions = 1, partition_stride_slot = -1;
+    int64_t partitions = 1;
     std::array<int64_t, kSlots> pstride{};
     for (int s : full) {
       if (!inst_.operands[s].is_tensor()) continue;
@@ -246,14 +284,22 @@ class TemplateBuilder {
         if (dims->empty()) return false;
         partitions = (*dims)[0].count;
         pstride[s] = (*dims)[0].stride;
-        partition_stride_slot = s;
         dims->erase(dims->begin());
       }
       ops.emplace_back(s, without_unit_dims(*dims));
     }
-    (void)partition_stride_slot;
+    for (const auto& [s, dims] : extra) ops.emplace_back(s, without_unit_dims(dims));
+    if (ops.empty()) return false;
     auto axes = refine(ops);
-    if (!axes) return false;
+    // Dims that do not nest ([4, 6] against [6, 4] with different memory orders): iterate the
+    // first operand's own dims and address the others through their flattened index.
+    std::vector<std::pair<int, ByteDims>> irregular;
+    if (!axes) {
+      irregular.assign(ops.begin() + 1, ops.end());
+      ops.resize(1);
+      axes = refine(ops);
+      if (!axes) return false;
+    }
     std::vector<int> used;
     for (const auto& [s, dims] : ops) used.push_back(s);
     for (int s : per_partition) {
@@ -264,21 +310,114 @@ class TemplateBuilder {
       used.push_back(s);
     }
     std::vector<Axis> merged = merge(std::move(*axes), used);
+    // Copies between arbitrary views have no partition dim: their axes may use dim 0 too.
+    if (int(merged.size()) > kIterDims - (tile ? 1 : 0)) return false;
+    native::OpDesc& d = t_.desc;
+    for (int i = 0; i < kIterDims; ++i) count[i] = 1;
+    if (tile) count[0] = partitions;
+    for (int s : used) d.view[s].stride[0] = pstride[s];
+    const int first = kIterDims - int(merged.size());
+    std::vector<int64_t> counts;
+    for (size_t i = 0; i < merged.size(); ++i) {
+      count[first + i] = merged[i].count;
+      counts.push_back(merged[i].count);
+      for (int s : used) d.view[s].stride[first + i] = merged[i].stride[s];
+    }
+    for (const auto& [s, dims] : irregular) {
+      d.view[s].stride[0] = pstride[s];
+      if (!make_irregular(s, dims, first, counts)) return false;
+    }
+    return true;
+  }
+
+  /**
+   * Addresses `slot` through its own free dims `own`: its flattened index is row-major over the
+   * iteration dims [first, first + counts.size()) with those counts (other dims do not move it).
+   */
+  bool make_irregular(int slot, const ByteDims& own, int first, const std::vector<int64_t>& counts) {
+    if (int(own.size()) > kIterDims) return false;
+    native::IrregularView& v = t_.desc.irr[slot];
+    for (int k = 0; k < kIterDims; ++k) v.count[k] = 1, v.stride[k] = 0;
+    const int off = kIterDims - int(own.size());
+    for (size_t i = 0; i < own.size(); ++i) {
+      v.count[off + i] = own[i].count;
+      v.stride[off + i] = own[i].stride;
+    }
+    int64_t m = 1;
+    for (int i = int(counts.size()) - 1; i >= 0; --i) {
+      v.flat[first + i] = m;
+      m *= counts[i];
+    }
+    for (int k = first; k < kIterDims; ++k) t_.desc.view[slot].stride[k] = 0;
+    t_.desc.irregular |= 1 << slot;
+    return true;
+  }
+
+  /** Routines that keep per-partition state in stack arrays handle at most kMaxPartitions. */
+  bool stack_partitions() const { return t_.desc.count[0] <= native::kMaxPartitions; }
+
+  int64_t free_elements(int slot) const {
+    const AccessPattern& ap = inst_.operands[slot].ap;
+    return ap.rank ? ap.inner_elements() : 1;
+  }
+
+  /**
+   * iota / affine_select: dst (and on_true) with the affine pattern as a pseudo-operand whose
+   * "strides" are the pattern steps, so dst's free dims and the pattern's dims pair in flattened
+   * order however each is shaped.
+   */
+  bool affine() {
+    const Attributes& at = inst_.attrs;
+    constexpr int kPattern = kSlots - 1;  // a slot neither opcode uses
+    if (inst_.spec().num_slots > kPattern || at.pattern.empty()) return false;
+    ByteDims pattern;
+    for (const Dim& dim : at.pattern) pattern.push_back({dim.count, dim.stride});
+    const std::vector<int> full = inst_.opcode == Opcode::affine_select ? std::vector<int>{0, 1} : std::vector<int>{0};
+    if (!place(true, full, {}, {{kPattern, pattern}}, t_.desc.count)) return false;
+    native::OpDesc& d = t_.desc;
+    d.offset = at.offset;
+    d.view[kPattern].stride[0] = at.channel_multiplier;
+    t_.entry = inst_.opcode == Opcode::iota ? "nk_iota" : "nk_affine_select";
+    return true;
+  }
+
+  /** Data slots over `count`, fixed-size output slots (their own shape) over `out_count`. */
+  bool with_output_space(const char* entry, std::vector<int> data, std::vector<int> out) {
+    native::OpDesc& d = t_.desc;
+    if (!place(true, data, {}, {}, d.count)) return false;
+    const int64_t partitions = d.count[0];
+    if (!place(true, out, {}, {}, d.out_count) || d.out_count[0] != partitions) return false;
+    d.out_count[0] = 1;
+    for (int s : out) d.out_slots |= 1 << s;
+    t_.entry = entry;
+    return stack_partitions();
+  }
+
+  /** tensor_partition_reduce: data [P, free...] folds into dst [1, free...], free dims paired in
+   * flattened order; dst's partition stride is 0. */
+  bool partition_reduce() {
+    auto data = byte_dims(k_, inst_.operands[1].ap), dst = byte_dims(k_, inst_.operands[0].ap);
+    if (!data || !dst || data->empty() || dst->empty()) return false;
+    const ByteDims dst_free = without_unit_dims(ByteDims(dst->begin() + 1, dst->end()));
+    const ByteDims data_free = without_unit_dims(ByteDims(data->begin() + 1, data->end()));
+    auto axes = refine({{0, dst_free}, {1, data_free}});
+    const bool irregular_dst = !axes;
+    if (irregular_dst) axes = refine({{1, data_free}});
+    if (!axes) return false;
+    std::vector<Axis> merged = merge(std::move(*axes), irregular_dst ? std::vector<int>{1} : std::vector<int>{0, 1});
     if (int(merged.size()) > kIterDims - 1) return false;
     native::OpDesc& d = t_.desc;
-    d.count[0] = partitions;
-    for (int s = 0; s < kSlots; ++s) d.view[s].stride[0] = pstride[s];
+    d.count[0] = (*data)[0].count;
+    d.view[1].stride[0] = (*data)[0].stride;
     const int first = kIterDims - int(merged.size());
+    std::vector<int64_t> counts;
     for (size_t i = 0; i < merged.size(); ++i) {
       d.count[first + i] = merged[i].count;
-      for (int s = 0; s < kSlots; ++s) d.view[s].stride[first + i] = merged[i].stride[s];
+      counts.push_back(merged[i].count);
+      for (int s : {0, 1}) d.view[s].stride[first + i] = merged[i].stride[s];
     }
-    if (!tile) {
-      // Copies between arbitrary views: no partition dim, the free axes cover everything.
-      d.count[0] = 1;
-      if (int(merged.size()) > kIterDims - 1) return false;
-    }
-    t_.entry = entry;
+    if (irregular_dst && !make_irregular(0, dst_free, first, counts)) return false;
+    t_.entry = "nk_partition_reduce";
     return true;
   }
 
@@ -298,9 +437,12 @@ class TemplateBuilder {
     ByteDims reduced(data_dims->begin() + first_reduced, data_dims->end());
     ByteDims dst_free(dst_dims->begin() + 1, dst_dims->end());
     auto kept_axes = refine({{0, without_unit_dims(dst_free)}, {1, without_unit_dims(kept)}});
+    const bool irregular_dst = !kept_axes;  // dst's dims do not nest with the kept ones
+    if (irregular_dst) kept_axes = refine({{1, without_unit_dims(kept)}});
     auto reduced_axes = refine({{1, without_unit_dims(reduced)}});
     if (!kept_axes || !reduced_axes) return false;
-    std::vector<Axis> k_axes = merge(*kept_axes, {0, 1}), r_axes = merge(*reduced_axes, {1});
+    std::vector<Axis> k_axes = merge(*kept_axes, irregular_dst ? std::vector<int>{1} : std::vector<int>{0, 1}),
+                      r_axes = merge(*reduced_axes, {1});
     if (r_axes.empty()) r_axes.push_back(Axis{1, {}});
     if (k_axes.size() > 3 || k_axes.size() + r_axes.size() > size_t(kIterDims - 1)) return false;
     native::OpDesc& d = t_.desc;
@@ -318,56 +460,52 @@ class TemplateBuilder {
       d.view[1].stride[first + i] = r_axes[i].stride[1];
     }
     d.reduce_from = first;
+    if (irregular_dst) {
+      std::vector<int64_t> counts;
+      for (const Axis& a : k_axes) counts.push_back(a.count);
+      if (!make_irregular(0, without_unit_dims(dst_free), 1, counts)) return false;
+    }
     t_.entry = "nk_tensor_reduce";
-    return true;
+    return stack_partitions();
   }
 
-  /** A tile view as (partitions, pitch, free elements, free byte stride); nullopt unless its free
-   * dims merge into one strided dim. */
-  std::optional<std::array<int64_t, 4>> flat_tile(int s) {
+  /**
+   * A tile view addressed as (partition index at iteration dim 0, flattened free index at dim 1):
+   * its partition stride, and its free dims merged into one strided dim when they merge, else as
+   * an irregular operand. Returns (partitions, free elements), or nullopt.
+   */
+  std::optional<std::pair<int64_t, int64_t>> tile_2d(int s) {
     auto dims = byte_dims(k_, inst_.operands[s].ap);
     if (!dims || dims->empty()) return std::nullopt;
-    ByteDims free = without_unit_dims(ByteDims(dims->begin() + 1, dims->end()));
-    std::vector<Axis> axes;
-    for (const ByteDim& b : free) {
-      Axis a;
-      a.count = b.count;
-      a.stride[0] = b.stride;
-      axes.push_back(a);
-    }
-    axes = merge(axes, {0});
-    if (axes.size() > 1) return std::nullopt;
-    const int64_t n = axes.empty() ? 1 : axes[0].count, stride = axes.empty() ? 0 : axes[0].stride[0];
-    return std::array<int64_t, 4>{(*dims)[0].count, (*dims)[0].stride, n, stride};
+    const ByteDims free = without_unit_dims(ByteDims(dims->begin() + 1, dims->end()));
+    int64_t n = 1;
+    for (const ByteDim& b : free) n *= b.count;
+    native::ViewDesc& v = t_.desc.view[s];
+    v.stride[0] = (*dims)[0].stride;
+    if (free.size() == 1) v.stride[1] = free[0].stride;
+    else if (free.size() > 1 && !make_irregular(s, free, 1, {n})) return std::nullopt;
+    return std::make_pair((*dims)[0].count, n);
   }
 
   bool matmul() {
-    auto dst = flat_tile(0), st = flat_tile(1), mv = flat_tile(2);
+    auto dst = tile_2d(0), st = tile_2d(1), mv = tile_2d(2);
     if (!dst || !st || !mv) return false;
     native::OpDesc& d = t_.desc;
-    d.mm_k = (*st)[0];
-    d.mm_m = (*st)[2];
-    d.mm_n = (*mv)[2];
-    d.view[0].stride[0] = (*dst)[1];
-    d.view[0].stride[1] = (*dst)[3];
-    d.view[1].stride[0] = (*st)[1];
-    d.view[1].stride[1] = (*st)[3];
-    d.view[2].stride[0] = (*mv)[1];
-    d.view[2].stride[1] = (*mv)[3];
+    d.mm_k = st->first;
+    d.mm_m = st->second;
+    d.mm_n = mv->second;
     t_.entry = "nk_matmul";
     return true;
   }
 
+  /** nc_transpose: data[p, f] at (p, f), dst[f, p] at (f, p): dst's partition index is data's
+   * free index. */
   bool transpose() {
-    auto dst = flat_tile(0), data = flat_tile(1);
+    auto dst = tile_2d(0), data = tile_2d(1);
     if (!dst || !data) return false;
     native::OpDesc& d = t_.desc;
-    d.count[0] = (*data)[0];
-    d.count[1] = (*data)[2];
-    d.view[1].stride[0] = (*data)[1];
-    d.view[1].stride[1] = (*data)[3];
-    d.view[0].stride[0] = (*dst)[1];  // per data free index (dst partition)
-    d.view[0].stride[1] = (*dst)[3];  // per data partition (dst free element)
+    d.count[0] = data->first;
+    d.count[1] = data->second;
     t_.entry = "nk_transpose";
     return true;
   }

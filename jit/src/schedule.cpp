@@ -264,9 +264,6 @@ DeviceProgram schedule(Kernel kernel, const ScheduleOptions& options) {
       op.waits.push_back(SemaphoreWait{uint16_t(qj), need});
       for (int x = 0; x < num_queues; ++x) clock[x] = std::max(clock[x], done_clock[j][x]);
     }
-    std::sort(op.waits.begin(), op.waits.end(), [](const SemaphoreWait& a, const SemaphoreWait& b) {
-      return a.queue < b.queue;
-    });
     position_in_epoch[i] = count[q]++;
     clock[q] = count[q];
     done_clock[i] = clock;

@@ -33,6 +33,7 @@ struct StreamExecutor::Impl {
   ExecutorKind kind;
   StreamOrder order;
   uint64_t rng;
+  int64_t delayed;
   Machine machine;
   NativeDispatch native;
   std::vector<std::vector<uint32_t>> barrier_positions;  // [stream][barrier ordinal] -> op position
@@ -40,8 +41,9 @@ struct StreamExecutor::Impl {
   int64_t native_count = 0, interpreted_count = 0;
 
   Impl(std::shared_ptr<const jit::DeviceProgram> p, ExecutorKind k, std::shared_ptr<const jit::NativeCode> code,
-       StreamOrder o, uint64_t seed)
-      : program(std::move(p)), kind(k), order(o), rng(seed * 0x9E3779B97F4A7C15ull + 1), machine(program->kernel),
+       StreamOrder o, uint64_t seed, int64_t delayed_instruction)
+      : program(std::move(p)), kind(k), order(o), rng(seed * 0x9E3779B97F4A7C15ull + 1), delayed(delayed_instruction),
+        machine(program->kernel),
         native(program->kernel, std::move(code)) {
     const auto& streams = program->streams;
     barrier_positions.resize(streams.size());
@@ -73,7 +75,7 @@ struct StreamExecutor::Impl {
     native_count = interpreted_count = 0;
     for (;;) {
       // 1. The best ready instruction among the stream heads.
-      int best = -1;
+      int best = -1, delayed_stream = -1;
       uint32_t best_ir = 0;
       bool any_left = false, all_at_barrier = true;
       for (size_t s = 0; s < n; ++s) {
@@ -85,6 +87,10 @@ struct StreamExecutor::Impl {
         bool ready = true;
         for (const jit::SemaphoreWait& w : op.waits) ready = ready && done[w.queue] >= w.count;
         if (!ready) continue;
+        if (int64_t(op.ir_index) == delayed) {
+          delayed_stream = int(s);
+          continue;
+        }
         bool better = false;
         switch (order) {
           case StreamOrder::latest_first: better = best < 0 || op.ir_index > best_ir; break;
@@ -98,6 +104,10 @@ struct StreamExecutor::Impl {
           best = int(s);
           best_ir = op.ir_index;
         }
+      }
+      if (best < 0 && delayed_stream >= 0) {
+        best = delayed_stream;
+        best_ir = uint32_t(delayed);
       }
       if (best >= 0) {
         execute(best_ir);
@@ -122,8 +132,9 @@ struct StreamExecutor::Impl {
 };
 
 StreamExecutor::StreamExecutor(std::shared_ptr<const jit::DeviceProgram> program, ExecutorKind kind,
-                               std::shared_ptr<const jit::NativeCode> native, StreamOrder order, uint64_t seed)
-    : impl_(std::make_unique<Impl>(std::move(program), kind, std::move(native), order, seed)) {}
+                               std::shared_ptr<const jit::NativeCode> native, StreamOrder order, uint64_t seed,
+                               int64_t delayed_instruction)
+    : impl_(std::make_unique<Impl>(std::move(program), kind, std::move(native), order, seed, delayed_instruction)) {}
 
 StreamExecutor::~StreamExecutor() = default;
 

@@ -82,16 +82,16 @@ void link_loops(Kernel& k) {
 
 }  // namespace
 
-TEST_CASE("alloc: tensors with disjoint live ranges share an address") {
+TEST_CASE("alloc: tensors with disjoint live ranges share an address when memory is needed") {
+  // Two tiles of 160 KB per partition: both cannot fit, so b reuses a's bytes once a is dead.
   Kernel k = allocated([](Tensor x) {
     Tensor out = nl::ndarray({128, 512}, nl::float32, nl::shared_hbm, "out");
-    Tensor a = nl::ndarray({128, 512}, nl::float32, nl::sbuf, "a");
-    isa::dma_copy(a, x);
-    isa::dma_copy(out, a);  // last use of a
-    Tensor b = nl::ndarray({128, 512}, nl::float32, nl::sbuf, "b");
-    isa::dma_copy(b, x);
-    isa::tensor_scalar(b, b, nl::multiply, 2.0);
-    isa::dma_copy(out, b);
+    Tensor a = nl::ndarray({128, 40000}, nl::float32, nl::sbuf, "a");
+    isa::memset(a, 1.0);
+    isa::dma_copy(out, a(nl::all, nl::ds(0, 512)));  // last use of a
+    Tensor b = nl::ndarray({128, 40000}, nl::float32, nl::sbuf, "b");
+    isa::memset(b, 2.0);
+    isa::dma_copy(out, b(nl::all, nl::ds(0, 512)));
     return out;
   }, X);
   const std::vector<jit::LiveRange> live = jit::live_ranges(k);
@@ -99,6 +99,21 @@ TEST_CASE("alloc: tensors with disjoint live ranges share an address") {
   CHECK(storage(k, "a").address == Address{0, 0});
   CHECK(storage(k, "b").address == storage(k, "a").address);
   CHECK(k.allocated);
+}
+
+TEST_CASE("alloc: consecutive tiles rotate through free memory so their work can overlap") {
+  // Next fit: a tile placed after another dead one takes the following bytes while memory lasts,
+  // so the next iteration's load does not have to wait for the previous iteration's store.
+  Kernel k = allocated([](Tensor x) {
+    Tensor out = nl::ndarray({128, 512}, nl::float32, nl::shared_hbm, "out");
+    for (int i = 0; i < 4; ++i) {
+      Tensor t = nl::ndarray({128, 512}, nl::float32, nl::sbuf, fmt::format("t{}", i));
+      isa::dma_copy(t, x);
+      isa::dma_copy(out, t);
+    }
+    return out;
+  }, X);
+  for (int i = 0; i < 4; ++i) CHECK(storage(k, fmt::format("t{}", i)).address == Address{0, uint32_t(i * 2048)});
 }
 
 TEST_CASE("alloc: tensors live at the same time do not overlap") {
@@ -137,10 +152,14 @@ TEST_CASE("alloc: PSUM tensors start on bank boundaries and take whole banks") {
     isa::tensor_copy(s, p2);
     isa::tensor_tensor(s, s, p0(nl::all, nl::ds(0, 10)), nl::add);
     isa::tensor_tensor(s, s, p1(nl::all, nl::ds(0, 10)), nl::add);
-    // p0, p1, p2 are dead now: a new PSUM tile reuses the first bank.
+    // p0, p1, p2 are dead now: a new PSUM tile takes the next bank (rotation), and one that
+    // does not fit after it wraps around to bank 0.
     Tensor p3 = nl::ndarray({128, 10}, nl::float32, nl::psum, "p3");
     isa::tensor_copy(p3, s);
     isa::tensor_copy(s, p3);
+    Tensor p4 = nl::ndarray({128, 2000}, nl::float32, nl::psum, "p4");  // 4 banks: only banks 0-3 are free
+    isa::memset(p4, 0.0);
+    isa::tensor_tensor(s, s, p4(nl::all, nl::ds(0, 10)), nl::add);
     Tensor out = nl::ndarray({128, 10}, nl::float32, nl::shared_hbm, "out");
     isa::dma_copy(out, s);
     return out;
@@ -149,8 +168,9 @@ TEST_CASE("alloc: PSUM tensors start on bank boundaries and take whole banks") {
   CHECK(placement(k, "p0").b0 == 0);
   CHECK(placement(k, "p1").b0 == 1 * bank);  // p0's 400 bytes take all of bank 0
   CHECK(placement(k, "p2").b0 == 3 * bank);  // p1's 2400 bytes take banks 1 and 2
-  CHECK(placement(k, "p3").b0 == 0);
-  for (const char* name : {"p0", "p1", "p2", "p3"}) CHECK(placement(k, name).b0 % bank == 0);
+  CHECK(placement(k, "p3").b0 == 4 * bank);
+  CHECK(placement(k, "p4").b0 == 0);
+  for (const char* name : {"p0", "p1", "p2", "p3", "p4"}) CHECK(placement(k, name).b0 % bank == 0);
 }
 
 TEST_CASE("alloc: manual addresses are honoured and automatic tensors avoid them") {
@@ -355,14 +375,17 @@ TEST_CASE("alloc: a tensor used inside a runtime loop stays live for the whole l
 }
 
 TEST_CASE("alloc: values stay correct when addresses are reused") {
-  // Four row blocks go through an SBUF tile and a PSUM tile each; the blocks' tiles are never live
-  // together, so every block reuses the same SBUF and PSUM addresses.
+  // Four row blocks go through an SBUF tile and a PSUM tile each; the tiles are too large for two
+  // to be live together (120 KB of SBUF, 5 PSUM banks per partition), so every block reuses the
+  // same SBUF and PSUM addresses.
   auto kernel = [](Tensor x) {
     Tensor out = nl::ndarray({128, 512}, nl::float32, nl::shared_hbm, "out");
     for (int64_t i = 0; i < 4; ++i) {
-      Tensor t = nl::ndarray({32, 512}, nl::float32, nl::sbuf, fmt::format("t{}", i));
+      Tensor t_big = nl::ndarray({32, 30000}, nl::float32, nl::sbuf, fmt::format("t{}", i));
+      Tensor t = t_big(nl::all, nl::ds(0, 512));
       isa::dma_copy(t, x(nl::ds(32 * i, 32), nl::all));
-      Tensor p = nl::ndarray({32, 512}, nl::float32, nl::psum, fmt::format("p{}", i));
+      Tensor p_big = nl::ndarray({32, 2560}, nl::float32, nl::psum, fmt::format("p{}", i));
+      Tensor p = p_big(nl::all, nl::ds(0, 512));
       isa::tensor_scalar(p, t, nl::multiply, double(i + 1), {.op1 = nl::add, .operand1 = isa::Scalar(0.5)});
       Tensor r = nl::ndarray({32, 512}, nl::float32, nl::sbuf, fmt::format("r{}", i));
       isa::tensor_copy(r, p);
@@ -391,10 +414,13 @@ TEST_CASE("alloc: a reused address does not leak the previous tensor's values") 
   auto kernel = [](Tensor x) {
     Tensor out0 = nl::ndarray({128, 512}, nl::float32, nl::shared_hbm, "out0");
     Tensor out1 = nl::ndarray({128, 512}, nl::float32, nl::shared_hbm, "out1");
-    Tensor a = nl::ndarray({128, 512}, nl::float32, nl::sbuf, "a");
+    // 160 KB per partition each: b must reuse a's bytes.
+    Tensor a_big = nl::ndarray({128, 40000}, nl::float32, nl::sbuf, "a");
+    Tensor a = a_big(nl::all, nl::ds(0, 512));
     isa::dma_copy(a, x);
     isa::dma_copy(out0, a);
-    Tensor b = nl::ndarray({128, 512}, nl::float32, nl::sbuf, "b");
+    Tensor b_big = nl::ndarray({128, 40000}, nl::float32, nl::sbuf, "b");
+    Tensor b = b_big(nl::all, nl::ds(0, 512));
     isa::dma_copy(b(nl::all, nl::ds(0, 256)), x(nl::all, nl::ds(0, 256)));  // half of b written
     isa::dma_copy(out1, b);
     return std::make_tuple(out0, out1);

@@ -14,13 +14,14 @@ _core._set_error_classes(KernelError, ViewError)
 from . import isa, language  # noqa: E402
 from . import typing  # noqa: E402
 from .dtypes import dtype  # noqa: E402
-from .entry import baremetal, benchmark, profile, simulate, simulate_kernel  # noqa: E402
+from .entry import baremetal, simulate, simulate_kernel  # noqa: E402
+from .profiling import Profile, benchmark, estimate, profile  # noqa: E402
 from .kernel import Kernel, jit  # noqa: E402
 from .spec import TensorSpec, spec  # noqa: E402
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "simulate", "simulate_kernel", "baremetal", "benchmark", "profile", "Kernel", "KernelError", "spec",
+    "jit", "simulate", "simulate_kernel", "baremetal", "benchmark", "profile", "estimate", "Profile", "Kernel", "KernelError", "spec",
     "TensorSpec", "dtype", "language", "isa", "typing", "__version__",
 ]

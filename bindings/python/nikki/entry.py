@@ -8,7 +8,7 @@ import sys
 from .errors import KernelError, without_internal_frames
 from .kernel import Kernel
 
-__all__ = ["simulate", "simulate_kernel", "baremetal", "benchmark", "profile"]
+__all__ = ["simulate", "simulate_kernel", "baremetal"]
 
 
 def _as_kernel(kernel) -> Kernel:
@@ -55,15 +55,3 @@ def baremetal(kernel=None, **kwargs):
         return run
 
     return wrap if kernel is None else wrap(kernel)
-
-
-def benchmark(kernel=None, **kwargs):
-    """Legacy ``@nki.benchmark``: needs the timing model, which this nikki build does not have yet."""
-    raise NotImplementedError("nki.benchmark needs nikki's timing model, which is not available yet "
-                              "(see docs/api-coverage.md)")
-
-
-def profile(func=None, **kwargs):
-    """Legacy ``@nki.profile``: needs the timing model, which this nikki build does not have yet."""
-    raise NotImplementedError("nki.profile needs nikki's timing model, which is not available yet "
-                              "(see docs/api-coverage.md)")

@@ -98,6 +98,14 @@ class Kernel:
         launched._cache = self._cache
         return launched
 
+    def with_target(self, target: str) -> "Kernel":
+        """The same kernel compiled for another target ("trn1" or "trn2"); shares no cache entries."""
+        k = Kernel.__new__(Kernel)
+        k.__dict__.update(self.__dict__)
+        k.target = target
+        k._cache = {}
+        return k
+
     def __repr__(self) -> str:
         return f"<nikki kernel {self.fn.__name__}{list(self.grid) if self.grid else ''}>"
 
@@ -151,7 +159,7 @@ class Kernel:
         except Exception as err:
             raise _for_user(err, sys._getframe(1)) from None
 
-    def compile_for(self, values, grid) -> Compiled:
+    def compile_for(self, values, grid, for_running: bool = True) -> Compiled:
         specs = [self._classify(i, v) for i, v in enumerate(values)]
         target = _resolve_target(self.target or self.options.get("platform_target"))
         ids = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
@@ -164,7 +172,7 @@ class Kernel:
                 raise self._error_at_return(f"kernel '{self.fn.__name__}': program instances {ids[0]} and "
                                             f"{program_ids} return different outputs",
                                             hint="all instances must return the same shared_hbm tensors")
-            programs.append(_core.compile(kernel))
+            programs.append(_core.compile(kernel, for_running))
         output_specs, results = outputs
         return Compiled(programs, output_specs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
                                                  and i in self._mutable], results)

@@ -69,8 +69,9 @@ struct DeviceProgram {
 
 /** @brief Options of the scheduling pass. */
 struct ScheduleOptions {
-  /** Testing hook: drop the wait of the n-th dependency edge (-1: keep all), to prove that tests
-   * catch a missing semaphore. */
+  /** Testing hook: drop the n-th semaphore wait (-1: keep all), counting waits instruction by
+   * instruction in program order and within an instruction in the order of its `waits`, to prove
+   * that tests catch a missing semaphore. */
   int64_t drop_dependency = -1;
 };
 

@@ -44,9 +44,12 @@ std::pair<StreamOrder, uint64_t> stream_order_from_env();
  */
 class StreamExecutor {
  public:
+  /** `delayed_instruction` (a testing hook) runs that instruction only when nothing else is ready,
+   * to show that whatever depends on it waits for it. */
   StreamExecutor(std::shared_ptr<const jit::DeviceProgram> program, ExecutorKind kind,
                  std::shared_ptr<const jit::NativeCode> native = nullptr,
-                 StreamOrder order = StreamOrder::latest_first, uint64_t seed = 1);
+                 StreamOrder order = StreamOrder::latest_first, uint64_t seed = 1,
+                 int64_t delayed_instruction = -1);
   ~StreamExecutor();
   StreamExecutor(const StreamExecutor&) = delete;
   StreamExecutor& operator=(const StreamExecutor&) = delete;
