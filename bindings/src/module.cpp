@@ -411,6 +411,24 @@ PYBIND11_MODULE(_core, m) {
                                for (const auto& t : p.program.timings) l.append(py::make_tuple(t.stage, t.milliseconds));
                                return l;
                              })
+      .def("disassemble", [](const PyProgram& p) { return jit::disassemble(*p.program.device); })
+      .def("serialize", [](const PyProgram& p) {
+        std::vector<uint8_t> bytes = jit::serialize(*p.program.device);
+        return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      })
+      .def_property_readonly("executor", [](const PyProgram& p) {
+        return p.kind == runtime::ExecutorKind::native ? "native" : "interp";
+      })
+      .def_property_readonly("native_stats", [](const PyProgram& p) {
+        py::dict d;
+        if (!p.program.native) return d;
+        const jit::NativeStats& s = p.program.native->stats();
+        d["instructions"] = s.instructions;
+        d["fallbacks"] = s.fallbacks;
+        d["templates"] = s.templates;
+        d["milliseconds"] = s.milliseconds;
+        return d;
+      })
       .def("run", &PyProgram::run, py::arg("inputs"), py::arg("outputs"), py::arg("fill_outputs") = true);
 
   m.def(

@@ -587,12 +587,6 @@ def test_unsupported_language_functions_name_the_api(name):
     assert set(nikki_frames(err)) <= {"__call__"}
 
 
-@pytest.mark.parametrize("entry", ["benchmark", "profile"])
-def test_unsupported_entry_points_name_the_api(entry):
-    with pytest.raises(NotImplementedError, match=f"nki.{entry} needs nikki's timing model"):
-        getattr(nki, entry)(lambda a: a)
-
-
 @pytest.mark.parametrize("entry", ["simulate", "simulate_kernel", "baremetal"])
 def test_errors_through_other_entry_points_stay_located(entry, monkeypatch):
     monkeypatch.setattr(nki.entry, "_said_baremetal", True)  # keep stderr quiet
