@@ -1,6 +1,8 @@
 #include "nikki/jit/allocate.hpp"
 
 #include <algorithm>
+#include <deque>
+#include <map>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -15,6 +17,10 @@ namespace nikki::jit {
 namespace {
 
 constexpr int64_t kSbufAlignment = 4;
+
+// Buffers per allocation site: double buffering, the default factor of NKI's multi_buffer
+// allocation control (nki.compiler.multi_buffer(factor=2), Beta-1 API).
+constexpr size_t kMultiBuffer = 2;
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
@@ -88,12 +94,20 @@ class Allocator {
       for (const Box& b : *boxes)
         if (b.live.overlaps(box.live) && b.p0 < box.p1 && box.p0 < b.p1) blockers.push_back(&b);
     std::sort(blockers.begin(), blockers.end(), [](const Box* a, const Box* b) { return a->b0 < b->b0; });
-    // Next fit: continue after the previous placement and wrap around, so consecutive tiles take
-    // different addresses (their engines and DMAs can overlap instead of waiting on each other),
-    // while a full memory still packs first-fit.
-    int64_t offset = fit(blockers, align_up(cursor_, granule_), size);
+    // Each allocation site (source line and size) cycles through kMultiBuffer buffers, as a
+    // compiler multi-buffers a tile declared in a loop: iteration i + kMultiBuffer reuses
+    // iteration i's buffer, so at most that many iterations are in flight.
+    std::deque<int64_t>& ring = sites_[{s.loc, size}];
+    int64_t offset = capacity_;
+    if (ring.size() >= kMultiBuffer && fit(blockers, ring.front(), size) == ring.front()) offset = ring.front();
+    // Otherwise next fit: continue after the previous placement and wrap around, so consecutive
+    // tiles take different addresses (their engines and DMAs overlap instead of waiting on each
+    // other), while a full memory still packs first-fit.
+    if (offset + size > capacity_) offset = fit(blockers, align_up(cursor_, granule_), size);
     if (offset + size > capacity_) offset = fit(blockers, 0, size);
     if (offset + size > capacity_) report_overflow(id, blockers);
+    if (ring.size() >= kMultiBuffer) ring.pop_front();
+    ring.push_back(offset);
     box.b0 = offset;
     box.b1 = offset + size;
     cursor_ = box.b1 >= capacity_ ? 0 : box.b1;
@@ -211,6 +225,7 @@ class Allocator {
   std::vector<Box> manual_;  // user-placed tensors (address=)
   std::vector<Box> active_;  // automatically placed tensors that may still be live
   int64_t cursor_ = 0;       // next-fit position
+  std::map<std::pair<LocId, int64_t>, std::deque<int64_t>> sites_;  // recent offsets per allocation site
 };
 
 }  // namespace

@@ -193,7 +193,15 @@ class Machine {
     uint8_t pattern[4];
     if (is_float(s.dtype)) numerics::store_float(s.dtype, pattern, std::numeric_limits<float>::quiet_NaN());
     else numerics::store_int(s.dtype, pattern, 4);
-    for (int64_t e = 0; e < n; ++e) std::memcpy(element(id, s.dtype, e), pattern, size);
+    // Row by row: one partition's bytes are contiguous (HBM tensors are one row).
+    const int64_t rows = s.on_chip() ? s.partitions() : 1;
+    const int64_t row_bytes = s.on_chip() ? s.partition_bytes() : n * size;
+    const int64_t pitch = s.buffer == Buffer::sbuf ? sbuf_row : psum_row;
+    uint8_t* base = storage_base(id);
+    for (int64_t r = 0; r < rows; ++r) {
+      uint8_t* row = base + r * pitch;
+      for (int64_t b = 0; b < row_bytes; b += size) std::memcpy(row + b, pattern, size);
+    }
     if (s.buffer == Buffer::psum) {
       for (int64_t p = 0; p < s.partitions(); ++p) {
         const int64_t word0 = ((s.address->partition + p) * psum_row + s.address->byte_offset) / 4;

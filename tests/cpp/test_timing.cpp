@@ -1,6 +1,6 @@
 // The timing model against hand-computed timelines (docs/performance-model.md has the formulas).
 // trn1 clocks: TensorE 2.8 GHz, VectorE 1.12 GHz, ScalarE 1.4 GHz; DMA: 16 engines x 17 B/ns,
-// 1300 ns per transfer, 256 B-equivalent per contiguous buffer.
+// 1300 ns per transfer, 512 B-equivalent per contiguous buffer.
 #include "harness.hpp"
 #include "nikki/runtime/profile.hpp"
 
@@ -28,7 +28,7 @@ Timeline estimate(Fn fn, const Specs&... specs) {
 }
 
 constexpr double kVectorGHz = 1.12, kScalarGHz = 1.4, kTensorGHz = 2.8;
-constexpr double kDmaLatency = 1300, kDmaBandwidth = 16 * 17.0, kBufferBytes = 256;
+constexpr double kDmaLatency = 1300, kDmaBandwidth = 16 * 17.0, kBufferBytes = 512;
 
 double dma_ns(double bytes, double buffers) { return kDmaLatency + (bytes + buffers * kBufferBytes) / kDmaBandwidth; }
 

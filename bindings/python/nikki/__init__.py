@@ -18,6 +18,9 @@ from .entry import baremetal, simulate, simulate_kernel  # noqa: E402
 from .profiling import Profile, benchmark, estimate, profile  # noqa: E402
 from .kernel import Kernel, jit  # noqa: E402
 from .spec import TensorSpec, spec  # noqa: E402
+from .tensor import NkiTensor  # noqa: E402
+
+tensor = NkiTensor  # Beta 1's nki.tensor class (isinstance checks); the module stays nikki.tensor in sys.modules
 
 __version__ = "0.1.0"
 

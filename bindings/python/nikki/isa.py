@@ -69,6 +69,9 @@ class reduce_cmd(enum.IntEnum):
 
 _ReduceCmd = reduce_cmd
 
+_BITVEC = {getattr(_core.AluOp, n) for n in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
+                                              "invert", "arith_shift_right")}
+
 
 class dge_mode(enum.IntEnum):
     unknown = 0
@@ -150,10 +153,10 @@ def _partition_broadcast(x):
     ``t[0:1, :].broadcast_to((128, F))`` gives) cannot be read by an engine, which streams
     consecutive partitions; it is first copied into a full tile by a DMA (legacy kernels rely on
     this broadcast)."""
-    if not isinstance(x, NkiTensor) or not x.buffer.is_on_chip or x.ndim < 2:
+    if not isinstance(x, NkiTensor) or x.ndim < 2:
         return x
     stride, count = x._view.pattern[0]
-    if stride != 0 or count <= 1:
+    if stride != 0 or count <= 1 or not x.buffer.is_on_chip:
         return x
     staged = _new_tile(x.shape, x.dtype, sbuf, name="partition_broadcast")
     _emit(_core.Opcode.dma_copy, (staged, x), _core.Engine.dma)
@@ -163,6 +166,9 @@ def _partition_broadcast(x):
 def _engine(e) -> _core.Engine:
     if isinstance(e, _core.Engine):
         return e
+    core = _ENGINES.get(e)  # plain dict lookup first: the IntEnum constructor is slow
+    if core is not None:
+        return core
     try:
         return _ENGINES[engine(e)]
     except ValueError:
@@ -293,8 +299,13 @@ def tensor_tensor(*args, **kwargs):
 def _tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None, mask=None):
     alu = alu_op(op, "op")
     eng = engine
-    if int(eng) == 0 and alu == _core.AluOp.power:
-        eng = _Engine.gpsimd
+    if int(eng) == 0:
+        # NKI's defaults: power runs on GpSimd, and so do all-32-bit-integer tiles (exact integer
+        # arithmetic there) unless a tile is in PSUM, which GpSimd cannot read.
+        tiles = (_check_tensor(dst, "dst"), _check_tensor(data1, "data1"), _check_tensor(data2, "data2"))
+        int32 = all(t.dtype.name in ("int32", "uint32") for t in tiles) and not any(t.buffer is psum for t in tiles)
+        if alu == _core.AluOp.power or (int32 and alu not in _BITVEC):
+            eng = _Engine.gpsimd
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data1, "data1"), _check_tensor(data2, "data2"))
     if ops is not None:
         _emit(_core.Opcode.tensor_tensor, ops, eng, name, op0=alu)

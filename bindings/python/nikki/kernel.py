@@ -111,6 +111,12 @@ class Kernel:
 
     # --- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
+        from .tracing import maybe_current
+
+        if maybe_current() is not None:
+            # Called while another kernel is being traced: a sub-kernel (Beta 1's
+            # @nki.jit(mode='trace') helpers), inlined into the caller like any Python function.
+            return self.fn(*args, **kwargs)
         try:
             return self._call(args, kwargs)
         except Exception as err:
@@ -360,12 +366,22 @@ def _is_mutable_annotation(annotation, fn_globals) -> bool:
     return annotation is mutable_tensor or getattr(annotation, "_nikki_mutable", False)
 
 
+_IGNORED_JIT_OPTIONS = ("compile_config", "specialization_config", "additional_compile_opt")
+
+
 def jit(fn=None, *, target=None, mode=None, platform_target=None, **kwargs):
     """Decorates a kernel function: ``@nki.jit`` or ``@nki.jit(target="trn1")``.
 
     ``mode=`` is accepted and ignored (as in NKI 0.3+); nikki always runs on its simulated
-    NeuronCore. ``platform_target=`` is accepted as an alias of ``target=``.
+    NeuronCore. ``platform_target=`` is accepted as an alias of ``target=``. NKI 2.33's
+    ``compile_config=`` / ``specialization_config=`` are accepted and ignored; any other keyword is
+    an error, as misspelled options would otherwise be silently dropped.
     """
+    unknown = [k for k in kwargs if k not in _IGNORED_JIT_OPTIONS]
+    if unknown:
+        raise TypeError(f"nki.jit() got an unexpected keyword argument '{unknown[0]}'")
+    kwargs = {}
+
     def wrap(f):
         try:
             return Kernel(f, target=target or platform_target, **kwargs)

@@ -267,7 +267,9 @@ def nc(n: int) -> int:
     return n
 
 
-spmd_dim = nc
+def spmd_dim(*sizes) -> int:
+    """Legacy grid dim built from several sizes (``nl.spmd_dim(nl.nc(2), 2)``): their product."""
+    return math.prod(int(s) for s in sizes)
 
 
 def device_print(print_prefix, tensor: NkiTensor) -> None:

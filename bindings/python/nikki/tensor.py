@@ -108,7 +108,12 @@ class NkiTensor:
 
     @property
     def buffer(self) -> MemoryRegion:
-        return _REGIONS[self._ctx.builder.storage_buffer(self._view.storage)]
+        regions = self._ctx.regions
+        storage = self._view.storage
+        region = regions.get(storage)
+        if region is None:
+            region = regions[storage] = _REGIONS[self._ctx.builder.storage_buffer(storage)]
+        return region
 
     @property
     def ndim(self) -> int:

@@ -23,6 +23,7 @@ class TraceContext:
         self.grid = tuple(grid)
         self.program_ids = tuple(program_ids)
         self._locations: dict = {}
+        self.regions: dict = {}  # storage id -> MemoryRegion, cached: the binding call is slow
         # index -> NkiTensor of fresh PSUM tiles produced by a legacy functional nc_matmul, so
         # `psum[...] += nisa.nc_matmul(...)` can accumulate in place.
         self.pending_matmul: dict = {}

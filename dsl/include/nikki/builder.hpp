@@ -147,9 +147,11 @@ class KernelBuilder {
     }
   };
 
+  /** "x", then "x_1", "x_2", ...: a counter per base name keeps this O(1) for tiles allocated in loops. */
   std::string unique_name(std::string_view base) {
     std::string name(base);
-    for (int n = 1; !names_.insert(name).second; ++n) name = fmt::format("{}_{}", base, n);
+    int& next = next_suffix_[name];
+    while (!names_.insert(name).second) name = fmt::format("{}_{}", base, ++next);
     return name;
   }
 
@@ -158,6 +160,7 @@ class KernelBuilder {
   std::unordered_map<CppKey, LocId, CppKeyHash> cpp_locations_;
   std::unordered_map<std::string, LocId> locations_;
   std::unordered_set<std::string> names_;
+  std::unordered_map<std::string, int> next_suffix_;
 };
 
 /** @brief Makes a builder the current one for the lifetime of the scope (nests). */

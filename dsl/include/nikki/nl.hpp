@@ -164,7 +164,7 @@ inline TileSize tile_size_of(const TargetConfig& t) {
           .bn_stats_fmax = t.bn_stats_fmax,
           .sbuf_fmax_bytes = t.sbuf_bytes_per_partition,
           .sbuf_fmax = t.sbuf_bytes_per_partition / 4,
-          .sbuf_size_bytes = int64_t(t.sbuf_bytes_per_partition) * t.num_partitions};
+          .sbuf_size_bytes = int64_t(t.sbuf_physical_bytes_per_partition) * t.num_partitions};
 }
 
 /** @brief Tile sizes of the target of the kernel being traced. */
