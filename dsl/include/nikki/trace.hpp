@@ -57,6 +57,14 @@ void add_outputs(KernelBuilder& b, const R& result, const Loc& loc) {
   }
 }
 
+/** @brief Creates the HBM input tensor of one spec in the kernel being built. */
+inline Tensor make_input(KernelBuilder& builder, const TensorSpec& s) {
+  StorageId id = builder.add_storage(s.name.empty() ? "in" : s.name, Buffer::hbm, s.dtype, s.shape,
+                                     StorageRole::input, 0);
+  builder.storage(id).writable_input = s.writable;
+  return Tensor(&builder, full_view(id, s.dtype, s.shape));
+}
+
 }  // namespace detail
 
 /**
@@ -68,21 +76,29 @@ Kernel trace(const TraceOptions& options, std::string name, Fn&& fn, const Specs
   static_assert((std::is_convertible_v<Specs, TensorSpec> && ...), "kernel inputs are given as TensorSpec");
   KernelBuilder builder(std::move(name), options.target, options.grid);
   BuilderScope scope(builder);
-  auto make_input = [&](const TensorSpec& s) {
-    StorageId id = builder.add_storage(s.name.empty() ? "in" : s.name, Buffer::hbm, s.dtype, s.shape,
-                                       StorageRole::input, 0);
-    builder.storage(id).writable_input = s.writable;
-    return Tensor(&builder, full_view(id, s.dtype, s.shape));
-  };
   // Inputs are created left to right so storage ids follow parameter order.
   std::vector<Tensor> inputs;
-  (inputs.push_back(make_input(specs)), ...);
-  (void)make_input;  // unused when the kernel takes no inputs
+  (inputs.push_back(detail::make_input(builder, specs)), ...);
   auto call = [&]<size_t... I>(std::index_sequence<I...>) { return fn(inputs[I]...); };
   using Result = decltype(call(std::index_sequence_for<Specs...>{}));
   static_assert(!std::is_void_v<Result>, "a kernel returns its outputs");
   Result result = call(std::index_sequence_for<Specs...>{});
   detail::add_outputs(builder, result, Loc::current());
+  return builder.finish();
+}
+
+/**
+ * @brief Traces a kernel whose inputs are known only at run time (the library registry, the
+ * Python bindings): `fn` receives one HBM tensor per spec, in order, and returns its outputs.
+ */
+template <class Fn>
+Kernel trace_specs(const TraceOptions& options, std::string name, const std::vector<TensorSpec>& specs, Fn&& fn) {
+  KernelBuilder builder(std::move(name), options.target, options.grid);
+  BuilderScope scope(builder);
+  std::vector<Tensor> inputs;
+  inputs.reserve(specs.size());
+  for (const TensorSpec& s : specs) inputs.push_back(detail::make_input(builder, s));
+  detail::add_outputs(builder, fn(std::as_const(inputs)), Loc::current());
   return builder.finish();
 }
 

@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <optional>
 
-#include "nikki/nikki.hpp"
+#include "nikki/kernels/library.hpp"
 
 namespace nikki::kernels {
 
@@ -42,6 +42,21 @@ inline Tensor matmul(const Tensor& lhsT, const Tensor& rhs, std::optional<DType>
     }
   }
   return out;
+}
+
+inline KernelInfo matmul_info() {
+  return KernelInfo{
+      .name = "matmul",
+      .summary = "matrix product of lhsT.T and rhs",
+      .doc = "out[M, N] = lhsT[K, M].T @ rhs[K, N], fp32 accumulation in PSUM; any M, K, N.",
+      .inputs = {"lhsT", "rhs"},
+      .outputs = {"out"},
+      .params = {},
+      .backward = "",
+      .saved_outputs = {},
+      .body = [](const KernelCall& c) { return std::vector<Tensor>{matmul(c.inputs[0], c.inputs[1])}; },
+      .examples = {{{spec({384, 200}, DType::bfloat16), spec({384, 700}, DType::bfloat16)}, {}, "tails"}},
+  };
 }
 
 }  // namespace nikki::kernels
