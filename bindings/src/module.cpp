@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "library_bindings.hpp"
 #include "nikki/builder.hpp"
 #include "nikki/ir_printer.hpp"
 #include "nikki/jit/compile.hpp"
@@ -481,4 +482,6 @@ PYBIND11_MODULE(_core, m) {
   m.def("profile_chrome_trace", [](const runtime::Profile& prof, const PyProgram& p) {
     return prof.chrome_trace(*p.program.device);
   });
+
+  nikki::bindings::bind_library(m);
 }

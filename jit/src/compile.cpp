@@ -60,6 +60,17 @@ class StageRunner {
 
 }  // namespace
 
+Hash128 program_cache_key(const Kernel& kernel, const CompileOptions& options, const Hash128& build) {
+  // The serialized IR holds the target, every instruction, storage and source location.
+  std::vector<uint8_t> ir = serialize_kernel(kernel);
+  return Hasher()
+      .str("device-program")
+      .bytes(&build, sizeof(Hash128))
+      .bytes(ir.data(), ir.size())
+      .u64(uint64_t(options.schedule_options.drop_dependency))
+      .finish();
+}
+
 Program compile(Kernel kernel, const CompileOptions& options) {
   Program program;
   StageRunner stages(program, kernel.name);
@@ -67,13 +78,18 @@ Program compile(Kernel kernel, const CompileOptions& options) {
   DiskCache cache = options.disk_cache ? DiskCache() : DiskCache(CacheSettings{{}, false});
   Hash128 key;
   if (scheduled && cache.enabled()) {
-    std::vector<uint8_t> ir = serialize_kernel(kernel);
-    key = Hasher().str("device-program").bytes(&build_id(), sizeof(Hash128)).bytes(ir.data(), ir.size())
-              .u64(uint64_t(options.schedule_options.drop_dependency)).finish();
+    key = program_cache_key(kernel, options, build_id());
     std::optional<std::vector<uint8_t>> hit;
     stages.run("cache", [&] {
       hit = cache.load("program", key);
-      if (hit) program.device = std::make_shared<DeviceProgram>(deserialize(*hit));
+      if (!hit) return;
+      try {
+        program.device = std::make_shared<DeviceProgram>(deserialize(*hit));
+      } catch (const KernelError&) {
+        // An entry that passes the cache's checksum but not the program format (written by a
+        // build with a colliding id, or edited by hand): recompile and overwrite it.
+        hit.reset();
+      }
     }, [&] { return fmt::format("device program {}: {}\n", key.hex(), hit ? "hit" : "miss"); });
   }
   if (program.device) {

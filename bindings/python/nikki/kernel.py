@@ -15,6 +15,7 @@ import numpy as np
 
 from . import _core
 from .dtypes import from_numpy, from_torch, numpy_dtype, to_dtype, torch_dtype
+from .spec import TensorSpec
 from .errors import KernelError, is_internal_frame, kernel_error_at, user_frame, without_internal_frames
 from .tensor import NkiTensor, shared_hbm
 from .tracing import TraceContext
@@ -140,6 +141,17 @@ class Kernel:
 
     def _call(self, args, kwargs):
         values = self._bind(args, kwargs)
+        grid = self._grid()
+        key = self._key(values)
+        compiled = self._cache.get(key)
+        if compiled is None:
+            compiled = self.compile_for(values, grid)
+            self._cache[key] = compiled
+        return self._launch(compiled, values)
+
+    def _key(self, values) -> tuple:
+        """The specialization key of a call: shapes, dtypes and kinds of arrays, constants' values,
+        the target and the grid. Cheap by design: it runs on every call."""
         key_parts = []
         for v in values:
             if isinstance(v, np.ndarray):
@@ -147,17 +159,39 @@ class Kernel:
                 key_parts.append((v.shape, v.dtype, 0))
             elif _is_torch(v):
                 key_parts.append((tuple(v.shape), v.dtype, 1))
+            elif isinstance(v, TensorSpec):
+                key_parts.append((v.shape, v.dtype, 2))
             else:
                 key_parts.append(("const", _constant_key(v)))
-        grid = self._grid()
-        key = (tuple(key_parts), self.target, os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"), grid)
-        compiled = self._cache.get(key)
-        if compiled is None:
-            compiled = self.compile_for(values, grid)
-            self._cache[key] = compiled
-        return self._launch(compiled, values)
+        return (tuple(key_parts), self.target, os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"), self._grid())
 
     # --- compiling ------------------------------------------------------------------------
+    def trace_outputs(self, values) -> tuple:
+        """(output_specs, results) of a bound call, as :class:`Compiled` has them, from tracing
+        alone (no compiling); cached per specialization. Frameworks use it for shape inference."""
+        key = self._key(values)
+        cache = self.__dict__.setdefault("_outputs_cache", {})
+        found = cache.get(key)
+        if found is None:
+            compiled = self._cache.get(key)
+            if compiled is not None:
+                found = (compiled.output_specs, compiled.results)
+            else:
+                specs = [self._classify(i, v) for i, v in enumerate(values)]
+                target = _resolve_target(self.target or self.options.get("platform_target"))
+                grid = self._grid()
+                _kernel, found = self._trace(specs, target, grid, tuple(0 for _ in grid))
+            cache[key] = found
+        return found
+
+    def output_specs(self, *args, **kwargs) -> list:
+        """[(shape, dtype)] of the outputs for these inputs (arrays, tensors or nikki.spec
+        placeholders), from tracing alone."""
+        try:
+            return self.trace_outputs(self._bind(args, kwargs))[0]
+        except Exception as err:
+            raise _for_user(err, sys._getframe(1)) from None
+
     def specialize(self, *args, **kwargs) -> Compiled:
         """Traces and compiles for these arguments without running (arrays or nikki.spec placeholders)."""
         try:
@@ -184,8 +218,6 @@ class Kernel:
                                                  and i in self._mutable], results)
 
     def _classify(self, index, value):
-        from .spec import TensorSpec
-
         name = self._params[index].name if index < len(self._params) else f"arg{index}"
         try:
             if isinstance(value, TensorSpec):

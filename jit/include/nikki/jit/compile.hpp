@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "nikki/ir.hpp"
+#include "nikki/jit/cache.hpp"
 #include "nikki/jit/native.hpp"
 #include "nikki/jit/streams.hpp"
 
@@ -45,5 +46,9 @@ struct Program {
  * NIKKI_LOG=stages prints each stage's time to stderr.
  */
 Program compile(Kernel kernel, const CompileOptions& options = {});
+
+/** @brief The disk-cache key of a kernel's device program: a hash of the canonical IR (with the
+ * target and source locations), the options that change the program, and the nikki build. */
+Hash128 program_cache_key(const Kernel& kernel, const CompileOptions& options, const Hash128& build);
 
 }  // namespace nikki::jit

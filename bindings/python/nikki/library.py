@@ -1,0 +1,144 @@
+"""Library kernels: the prebuilt C++ kernels of nikki's registry as callable kernels.
+
+A :class:`LibraryKernel` behaves like an ``@nki.jit`` kernel (same specialization cache, launch
+path, ``nikki.estimate`` / ``nikki.profile`` support), but its body is the C++ kernel of the
+registry instead of a traced Python function. Called inside another kernel being traced, it inlines
+its body there.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+from . import _core
+from .dtypes import to_dtype
+from .errors import KernelError
+from .kernel import Kernel, _TensorArg
+from .tensor import NkiTensor
+
+__all__ = ["LibraryKernel", "library_kernels"]
+
+_PY_TYPES = {"bool": bool, "int": int, "float": float, "float?": float}
+
+
+class LibraryKernel(Kernel):
+    """One kernel of nikki's library, e.g. ``nikki.kernels.softmax``.
+
+    Calling it runs the kernel on numpy arrays or torch CPU tensors (outputs of the inputs' kind);
+    tensor inputs come first, then the kernel's scalar parameters (keyword or positional).
+    """
+
+    def __init__(self, info: dict, target=None):
+        self.info = info
+        self.name = info["name"]
+        self.inputs = tuple(info["inputs"])
+        self.outputs = tuple(info["outputs"])
+        self.saved_outputs = tuple(info["saved_outputs"])
+        self.backward = info["backward"] or None
+        self.param_kinds = {name: kind for name, kind, _default, _doc in info["params"]}
+        params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.inputs]
+        params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
+                   for name, _kind, default, _doc in info["params"]]
+        self._signature = inspect.Signature(params)
+        self._params = params
+        self._positional_only = not info["params"]
+        self._mutable = set()
+        self._cache = {}
+        self.target = target
+        self.grid = ()
+        self.options = {}
+        self.fn = _named_stub(self.name, self._doc())
+        self.__name__ = self.name
+        self.__qualname__ = self.name
+        self.__doc__ = self.fn.__doc__
+        self.__signature__ = self._signature
+
+    def _doc(self) -> str:
+        lines = [self.info["doc"]]
+        if self.info["params"]:
+            lines += ["", "Parameters:"]
+            for name, kind, default, doc in self.info["params"]:
+                lines.append(f"    {name} ({kind}, default {default!r}): {doc}")
+        lines += ["", f"Returns {', '.join(self.outputs)}" + (" (a tuple)." if len(self.outputs) > 1 else ".")]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<nikki library kernel {self.name}>"
+
+    def with_target(self, target: str) -> "LibraryKernel":
+        return LibraryKernel(self.info, target)
+
+    def __getitem__(self, grid):
+        raise KernelError(f"library kernel '{self.name}' has no SPMD launch grid",
+                          hint=f"call nikki.kernels.{self.name}(...) directly")
+
+    def __call__(self, *args, **kwargs):
+        from .tracing import maybe_current
+
+        ctx = maybe_current()
+        if ctx is None:
+            return super().__call__(*args, **kwargs)
+        return self._inline(ctx, self._bind(args, kwargs))
+
+    # --- specialization ---------------------------------------------------------------------
+    def param_values(self, values) -> dict:
+        """The scalar parameters of a bound call as the registry takes them (validated)."""
+        out = {}
+        for name, value in zip(self._signature.parameters, values):
+            if name not in self.param_kinds:
+                continue
+            kind = self.param_kinds[name]
+            if value is None and kind == "float?":
+                out[name] = None
+                continue
+            ok = isinstance(value, bool) if kind == "bool" else (
+                isinstance(value, int) and not isinstance(value, bool) if kind == "int" else
+                isinstance(value, (int, float)) and not isinstance(value, bool))
+            if not ok or (kind != "bool" and not math.isfinite(float(value))):
+                raise KernelError(f"kernel '{self.name}': parameter '{name}' must be "
+                                  f"{'a bool' if kind == 'bool' else 'an int' if kind == 'int' else 'a finite number'}"
+                                  f"{' or None' if kind == 'float?' else ''}, got {value!r}")
+            out[name] = float(value)
+        return out
+
+    def _trace(self, specs, target, grid, program_ids):
+        tensors = []
+        for name, spec in zip(self.inputs, specs):
+            if not isinstance(spec, _TensorArg):
+                raise KernelError(f"kernel '{self.name}': input '{name}' must be an array or tensor, "
+                                  f"got {type(spec).__name__}")
+            tensors.append((list(spec.shape), spec.dtype.core))
+        kernel = _core.trace_library(self.name, tensors, self.param_values(specs), target)
+        output_specs = [(tuple(shape), to_dtype(dt)) for shape, dt in kernel.output_specs()]
+        return kernel, (output_specs, [("output", k) for k in range(len(output_specs))])
+
+    def _inline(self, ctx, values):
+        views = []
+        for name, v in zip(self.inputs, values):
+            if not isinstance(v, NkiTensor):
+                raise KernelError(f"kernel '{self.name}': input '{name}' must be a tensor, got {type(v).__name__}")
+            views.append(v._view)
+        results = _core.inline_library(ctx.builder, self.name, views, self.param_values(values))
+        tensors = tuple(NkiTensor(ctx, view) for view in results)
+        return tensors[0] if len(tensors) == 1 else tensors
+
+
+def _named_stub(name: str, doc: str):
+    def stub(*args, **kwargs):
+        raise RuntimeError("library kernels run through their LibraryKernel object")
+
+    stub.__name__ = stub.__qualname__ = name
+    stub.__doc__ = doc
+    return stub
+
+
+_registry: dict | None = None
+
+
+def library_kernels() -> dict:
+    """name -> LibraryKernel for every kernel of the registry (forward and backward)."""
+    global _registry
+    if _registry is None:
+        _registry = {info["name"]: LibraryKernel(info) for info in _core.library_kernels()}
+    return _registry

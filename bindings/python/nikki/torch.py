@@ -1,0 +1,318 @@
+"""PyTorch integration: nikki kernels as torch.library custom operators.
+
+``nki_op`` turns any ``@nki.jit`` kernel into a custom op that works in eager code, under
+``torch.compile(fullgraph=True)`` and with autograd. Its fake (meta) implementation comes from
+tracing the kernel on the input shapes, so no shape function is written by hand. Every kernel of
+nikki's library is registered the same way as ``torch.ops.nikki.<name>``, with autograd wired to
+its backward kernel; the functions below (:func:`matmul`, :func:`softmax`, :func:`layer_norm`,
+:func:`rms_norm`, :func:`flash_attention`) take PyTorch's conventions.
+
+Kernels run on CPU tensors, on nikki's simulated NeuronCore.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+import textwrap
+
+import torch
+
+from . import library as _library
+from .dtypes import torch_dtype
+from .kernel import Kernel
+from .spec import TensorSpec
+
+__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "library_op"]
+
+
+# --- nki_op ---------------------------------------------------------------------------------------
+
+def nki_op(name: str, *, mutates_args=(), schema: str | None = None):
+    """Registers an ``@nki.jit`` kernel as the torch custom op `name` ("namespace::op").
+
+    Tensor parameters are the kernel's parameters without defaults; parameters with defaults are
+    scalar arguments typed by their default (bool, int, float) or by their annotation. The number
+    of results is read from the kernel's ``return`` statements; pass ``schema=`` (torch's schema
+    syntax, e.g. ``"(Tensor x, float eps=1e-5) -> (Tensor, Tensor)"``) when it cannot be. Inputs
+    the kernel writes (``nt.mutable_tensor``) must be listed in `mutates_args` and are not returned.
+
+    Returns torch's ``CustomOpDef``: call it like the kernel, and add a backward with
+    ``op.register_autograd(backward, setup_context=...)``. ``op.kernel`` is the kernel.
+    """
+    mutates = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)
+
+    def register(kernel):
+        if not isinstance(kernel, Kernel):
+            raise TypeError(f"nki_op({name!r}) decorates an @nki.jit kernel, got {type(kernel).__name__}; "
+                            "put @nki_op(...) above @nki.jit")
+        op_schema = schema or _infer_schema(kernel, mutates, name)
+        positions = _tensor_positions(kernel)
+        unknown = [m for m in mutates if m not in [kernel._params[i].name for i in positions]]
+        if unknown:
+            raise ValueError(f"nki_op({name!r}): mutates_args names {unknown[0]!r}, which is not a tensor "
+                             "parameter of the kernel")
+
+        def impl(*args):
+            results = kernel(*args)
+            return _op_results(kernel, args, results)
+
+        def fake(*args):
+            specs = [TensorSpec(tuple(int(s) for s in a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
+                     for a in args]
+            output_specs, results = kernel.trace_outputs(kernel._bind(specs, {}))
+            device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+            outs = [torch.empty(shape, dtype=torch_dtype(dt), device=device) for shape, dt in output_specs]
+            returned = [outs[k] for kind, k in results if kind == "output"]
+            return None if not returned else returned[0] if len(returned) == 1 else tuple(returned)
+
+        op = torch.library.custom_op(name, impl, mutates_args=mutates, schema=op_schema)
+        op.register_fake(fake)
+        op.kernel = kernel
+        return op
+
+    return register
+
+
+def _op_results(kernel, args, results):
+    """The op's results from the kernel's: mutated inputs the kernel returns are dropped (torch
+    custom ops must not return their inputs)."""
+    if not isinstance(results, tuple):
+        results = (results,)
+    kept = tuple(r for r in results if not any(r is a for a in args))
+    return None if not kept else kept[0] if len(kept) == 1 else kept
+
+
+def _tensor_positions(kernel) -> list:
+    if isinstance(kernel, _library.LibraryKernel):
+        return list(range(len(kernel.inputs)))
+    return [i for i, p in enumerate(kernel._params) if p.default is inspect.Parameter.empty]
+
+
+_SCALAR_TYPES = {bool: "bool", int: "int", float: "float", str: "str"}
+
+
+def _infer_schema(kernel, mutates, name) -> str:
+    if isinstance(kernel, _library.LibraryKernel):
+        return _library_schema(kernel)
+    args, alias = [], 0
+    for p in kernel._params:
+        annotation = p.annotation if p.annotation is not inspect.Parameter.empty else None
+        if p.default is inspect.Parameter.empty:
+            if p.name in mutates:
+                args.append(f"Tensor({chr(ord('a') + alias)}!) {p.name}")
+                alias += 1
+            else:
+                args.append(f"Tensor {p.name}")
+            continue
+        if annotation is None and p.default is None:
+            raise ValueError(f"nki_op({name!r}): parameter '{p.name}' defaults to None, so its type is unknown; "
+                             f"annotate it (e.g. '{p.name}: float | None = None') or pass schema=")
+        type_name = _annotation_type(annotation) if annotation is not None else _SCALAR_TYPES.get(type(p.default))
+        if type_name is None:
+            raise ValueError(f"nki_op({name!r}): cannot express parameter '{p.name}' (default {p.default!r}) in a "
+                             "torch schema; pass schema=")
+        args.append(f"{type_name} {p.name}={_default_text(p.default)}")
+    count = _result_count(kernel, mutates, name)
+    returns = "()" if count == 0 else "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
+    return f"({', '.join(args)}) -> {returns}"
+
+
+def _annotation_type(annotation) -> str | None:
+    text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", repr(annotation))
+    text = text.replace("typing.", "").replace(" ", "")
+    optional = "None" in text or text.startswith("Optional")
+    for py, name in (("bool", "bool"), ("int", "int"), ("float", "float"), ("str", "str"), ("Tensor", "Tensor")):
+        if py in text:
+            return name + ("?" if optional else "")
+    return None
+
+
+def _default_text(value) -> str:
+    if value is None:
+        return "None"
+    if isinstance(value, str):
+        return repr(value).replace("'", '"')
+    return repr(value)
+
+
+def _result_count(kernel, mutates, name) -> int:
+    """How many tensors the op returns: the arity of the kernel's return statements, minus the
+    mutated inputs it returns."""
+    try:
+        source = textwrap.dedent(inspect.getsource(kernel.fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        tree = None
+    fn_node = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+                    and n.name == kernel.fn.__name__), None) if tree is not None else None
+    if fn_node is None:
+        raise ValueError(f"nki_op({name!r}): the kernel's source is not available to count its results; "
+                         "pass schema=")
+    counts = set()
+    for node in _returns(fn_node):
+        if node.value is None:
+            counts.add(0)
+            continue
+        elements = node.value.elts if isinstance(node.value, (ast.Tuple, ast.List)) else [node.value]
+        counts.add(sum(1 for e in elements if not (isinstance(e, ast.Name) and e.id in mutates)))
+    if len(counts) != 1:
+        raise ValueError(f"nki_op({name!r}): the kernel's return statements return different numbers of "
+                         "tensors (or none is found); pass schema=")
+    return counts.pop()
+
+
+def _returns(fn_node):
+    stack = list(fn_node.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Return):
+            yield node
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            stack.extend(ast.iter_child_nodes(node))
+
+
+# --- library ops ----------------------------------------------------------------------------------
+
+_KIND_SCHEMA = {"bool": "bool", "int": "int", "float": "float", "float?": "float?"}
+
+
+def _library_schema(kernel) -> str:
+    args = [f"Tensor {n}" for n in kernel.inputs]
+    for pname, kind, default, _doc in kernel.info["params"]:
+        args.append(f"{_KIND_SCHEMA[kind]} {pname}={_default_text(default)}")
+    n = len(kernel.outputs)
+    returns = "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
+    return f"({', '.join(args)}) -> {returns}"
+
+
+_ops: dict = {}
+
+
+def library_op(name: str):
+    """The custom op torch.ops.nikki.<name> of a library kernel (registered on first use)."""
+    op = _ops.get(name)
+    if op is None:
+        kernels = _library.library_kernels()
+        if name not in kernels:
+            raise ValueError(f"no library kernel named {name!r}; available: {', '.join(sorted(kernels))}")
+        op = nki_op(f"nikki::{name}")(kernels[name])
+        _ops[name] = op
+        if kernels[name].backward:
+            _register_library_autograd(op, kernels[name], library_op(kernels[name].backward))
+        elif name in _AUTOGRAD_RULES:
+            _AUTOGRAD_RULES[name](op)
+    return op
+
+
+def _register_library_autograd(op, forward, backward_op) -> None:
+    """Autograd for a library op through its backward kernel, wired by the registry's naming
+    contract: backward inputs are forward inputs, forward outputs or grad_<output>; backward
+    outputs are grad_<input>."""
+    backward = backward_op.kernel
+    param_names = [p[0] for p in forward.info["params"]]
+    backward_params = [p[0] for p in backward.info["params"]]
+    saved = set(forward.saved_outputs)
+
+    def setup_context(ctx, inputs, output):
+        outputs = output if isinstance(output, tuple) else (output,)
+        tensors = dict(zip(forward.inputs, inputs))
+        tensors.update(zip(forward.outputs, outputs))
+        ctx.needed = [n for n in backward.inputs if not n.startswith("grad_") or n[5:] not in forward.outputs]
+        ctx.save_for_backward(*[tensors[n] for n in ctx.needed])
+        ctx.params = dict(zip(param_names, inputs[len(forward.inputs):]))
+        ctx.mark_non_differentiable(*[outputs[i] for i, n in enumerate(forward.outputs) if n in saved])
+
+    def backward_fn(ctx, *grads):
+        tensors = dict(zip(ctx.needed, ctx.saved_tensors))
+        for out_name, g in zip(forward.outputs, grads):
+            if out_name in saved:
+                continue
+            ref = tensors.get(out_name)
+            tensors[f"grad_{out_name}"] = g if g is not None else torch.zeros_like(ref)
+        args = [tensors[n] for n in backward.inputs] + [ctx.params[p] for p in backward_params]
+        results = backward_op(*args)
+        results = results if isinstance(results, tuple) else (results,)
+        by_name = dict(zip(backward.outputs, results))
+        grads_in = [by_name.get(f"grad_{n}") if ctx.needs_input_grad[i] else None
+                    for i, n in enumerate(forward.inputs)]
+        return tuple(grads_in) + (None,) * len(param_names)
+
+    op.register_autograd(backward_fn, setup_context=setup_context)
+
+
+# --- PyTorch-style functions ----------------------------------------------------------------------
+
+def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` with nikki's matmul kernel: a [..., M, K] (leading dims flattened into M) and
+    b [K, N]. Differentiable: the gradients run the same kernel on transposed operands."""
+    if a.dim() < 2 or b.dim() != 2:
+        raise ValueError(f"nikki.torch.matmul takes a [..., M, K] and b [K, N], got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    if a.shape[-1] != b.shape[0]:
+        raise ValueError(f"nikki.torch.matmul: inner dimensions differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
+    out = _mm(a.reshape(-1, a.shape[-1]), b)
+    return out.reshape(*a.shape[:-1], b.shape[1])
+
+
+def _mm(a, b):
+    """a [M, K] @ b [K, N] through the library op."""
+    return library_op("matmul")(a.contiguous(), b.contiguous())
+
+
+def _register_matmul_autograd(op) -> None:
+    # dA = dOut @ B^T and dB = A^T @ dOut are matmuls themselves: the op is its own backward.
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs)
+
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        ga = _mm(grad, b.t()) if ctx.needs_input_grad[0] else None
+        gb = _mm(a.t(), grad) if ctx.needs_input_grad[1] else None
+        return ga, gb
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
+# Kernels whose gradient is expressed with other library ops instead of a backward kernel.
+_AUTOGRAD_RULES = {"matmul": _register_matmul_autograd}
+
+
+def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """``torch.softmax(x, dim)`` with nikki's softmax kernel (any rank; rows along `dim`)."""
+    moved = x.movedim(dim, -1)
+    out = library_op("softmax")(moved.reshape(-1, moved.shape[-1]).contiguous())
+    return out.reshape(moved.shape).movedim(-1, dim)
+
+
+def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
+    """``F.layer_norm`` with nikki's layernorm kernel (statistics with bn_stats / bn_aggr)."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if tuple(x.shape[len(x.shape) - len(shape):]) != shape:
+        raise ValueError(f"nikki.torch.layer_norm: normalized_shape {shape} does not match the trailing "
+                         f"dimensions of x {tuple(x.shape)}")
+    h = math.prod(shape)
+    weight = torch.ones(h, dtype=x.dtype) if weight is None else weight.reshape(h)
+    bias = torch.zeros(h, dtype=x.dtype) if bias is None else bias.reshape(h)
+    out, _mean, _rstd = library_op("layernorm")(x.reshape(-1, h).contiguous(), weight, bias, eps=float(eps))
+    return out.reshape(x.shape)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    """``F.rms_norm(x, (H,), weight, eps)`` over the last dimension with nikki's rmsnorm kernel."""
+    h = x.shape[-1]
+    weight = torch.ones(h, dtype=x.dtype) if weight is None else weight
+    out, _rstd = library_op("rmsnorm")(x.reshape(-1, h).contiguous(), weight, eps=float(eps))
+    return out.reshape(x.shape)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    scale: float | None = None) -> torch.Tensor:
+    """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)``
+    with nikki's flash attention kernels: q [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv
+    dividing H (grouped-query attention)."""
+    out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(),
+                                              causal=bool(causal), scale=None if scale is None else float(scale))
+    return out

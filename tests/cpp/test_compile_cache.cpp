@@ -1,0 +1,263 @@
+// The two compile caches: the disk cache of device programs (keys, corrupt and truncated entries,
+// concurrent writers in two processes) and JitKernel's in-memory cache of specializations.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "harness.hpp"
+#include "nikki/runtime/jit_kernel.hpp"
+
+namespace nikki::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+/** Points NIKKI_CACHE_DIR at a fresh directory for the test's lifetime. */
+class TempCacheDir {
+ public:
+  TempCacheDir() {
+    path_ = fs::temp_directory_path() / fmt::format("nikki-cache-test-{}-{}", ::getpid(), counter()++);
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+    if (const char* old = std::getenv("NIKKI_CACHE_DIR")) previous_ = old;
+    ::setenv("NIKKI_CACHE_DIR", path_.c_str(), 1);
+  }
+  ~TempCacheDir() {
+    if (previous_) ::setenv("NIKKI_CACHE_DIR", previous_->c_str(), 1);
+    else ::unsetenv("NIKKI_CACHE_DIR");
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  static std::atomic<int>& counter() {
+    static std::atomic<int> n{0};
+    return n;
+  }
+  fs::path path_;
+  std::optional<std::string> previous_;
+};
+
+// out = a * scale + b over a [rows, cols] tile; `op` and `scale` vary the IR.
+Kernel axpb(Shape shape, DType dtype, TargetId target = TargetId::trn2, nl::Op op = nl::add, double scale = 2.0) {
+  return trace(TraceOptions{.target = target}, "axpb",
+               [&](const Tensor& a, const Tensor& b) {
+                 Tensor out = nl::ndarray(shape, dtype, nl::shared_hbm, "out");
+                 Tensor ta = nl::ndarray(shape, nl::float32, nl::sbuf, "ta");
+                 Tensor tb = nl::ndarray(shape, nl::float32, nl::sbuf, "tb");
+                 isa::dma_copy(ta, a);
+                 isa::dma_copy(tb, b);
+                 Tensor r = nl::ndarray(shape, dtype, nl::sbuf, "r");
+                 isa::scalar_tensor_tensor(r, ta, nl::multiply, scale, op, tb);
+                 isa::dma_copy(out, r);
+                 return out;
+               },
+               spec(shape, dtype, "a"), spec(shape, dtype, "b"));
+}
+
+bool has_stage(const jit::Program& p, const std::string& stage) {
+  for (const jit::StageTiming& t : p.timings)
+    if (t.stage == stage) return true;
+  return false;
+}
+
+// Runs a compiled axpb on fixed inputs and checks a*2+b exactly (fp32, exact for these values).
+void check_axpb_result(const jit::Program& p) {
+  HostTensor a(DType::float32, {128, 64}), b(DType::float32, {128, 64}), out(DType::float32, {128, 64});
+  for (int64_t i = 0; i < a.size(); ++i) {
+    a.set(i, float(i % 7));
+    b.set(i, float(i % 5));
+  }
+  void* ins[] = {a.data(), b.data()};
+  void* outs[] = {out.data()};
+  runtime::StreamExecutor(p.device, p.native ? runtime::ExecutorKind::native : runtime::ExecutorKind::interp,
+                          p.native)
+      .run(ins, outs);
+  for (int64_t i = 0; i < out.size(); ++i) REQUIRE(out.get(i) == float(i % 7) * 2 + float(i % 5));
+}
+
+TEST_CASE("compile cache: the program key covers IR, shapes, dtypes, target, options and the build") {
+  const jit::Hash128 build = jit::build_id();
+  const Shape s{128, 64};
+  auto key = [&](const Kernel& k, jit::CompileOptions o = {}, jit::Hash128 b = jit::build_id()) {
+    return jit::program_cache_key(k, o, b);
+  };
+  const jit::Hash128 base = key(axpb(s, DType::float32));
+  CHECK(key(axpb(s, DType::float32)) == base);  // deterministic
+  std::set<std::string> keys{base.hex()};
+  keys.insert(key(axpb({128, 65}, DType::float32)).hex());
+  keys.insert(key(axpb(s, DType::bfloat16)).hex());
+  keys.insert(key(axpb(s, DType::float32, TargetId::trn1)).hex());
+  keys.insert(key(axpb(s, DType::float32, TargetId::trn2, nl::subtract)).hex());
+  keys.insert(key(axpb(s, DType::float32, TargetId::trn2, nl::add, 3.0)).hex());
+  jit::CompileOptions dropped;
+  dropped.schedule_options.drop_dependency = 0;
+  keys.insert(key(axpb(s, DType::float32), dropped).hex());
+  jit::Hash128 other_build = build;
+  other_build.lo ^= 1;
+  keys.insert(key(axpb(s, DType::float32), {}, other_build).hex());
+  CHECK(keys.size() == 8);
+}
+
+TEST_CASE("compile cache: a second compile is a disk hit that skips verify, allocate and schedule") {
+  TempCacheDir dir;
+  jit::Program first = jit::compile(axpb({128, 64}, DType::float32));
+  CHECK(has_stage(first, "schedule"));
+  jit::Program second = jit::compile(axpb({128, 64}, DType::float32));
+  CHECK(has_stage(second, "cache"));
+  CHECK_FALSE(has_stage(second, "verify"));
+  CHECK_FALSE(has_stage(second, "schedule"));
+  check_axpb_result(second);
+  CHECK(jit::disassemble(*first.device) == jit::disassemble(*second.device));
+}
+
+TEST_CASE("compile cache: NIKKI_ALWAYS_COMPILE=1 neither reads nor writes the cache") {
+  TempCacheDir dir;
+  ::setenv("NIKKI_ALWAYS_COMPILE", "1", 1);
+  jit::Program p = jit::compile(axpb({128, 64}, DType::float32));
+  jit::Program q = jit::compile(axpb({128, 64}, DType::float32));
+  ::unsetenv("NIKKI_ALWAYS_COMPILE");
+  CHECK(has_stage(q, "schedule"));
+  CHECK(fs::is_empty(dir.path()));
+}
+
+TEST_CASE("compile cache: truncated, corrupt and foreign entries are rebuilt, never trusted") {
+  TempCacheDir dir;
+  Kernel k = axpb({128, 64}, DType::float32);
+  const jit::Hash128 key = jit::program_cache_key(k, {}, jit::build_id());
+  const std::string path = jit::DiskCache().path("program", key);
+  jit::compile(k);
+  REQUIRE(fs::exists(path));
+  const auto full_size = fs::file_size(path);
+
+  SUBCASE("truncated") { fs::resize_file(path, full_size / 2); }
+  SUBCASE("empty") { fs::resize_file(path, 0); }
+  SUBCASE("corrupt payload byte") {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(full_size - 10));
+    f.put('\x5a');
+  }
+  SUBCASE("valid checksum, not a device program") {
+    jit::DiskCache().store("program", key, std::vector<uint8_t>(100, 0xab));
+  }
+  jit::Program rebuilt = jit::compile(k);
+  CHECK(has_stage(rebuilt, "schedule"));  // the entry was not used
+  check_axpb_result(rebuilt);
+  CHECK(fs::file_size(path) == full_size);  // and was rewritten
+  jit::Program hit = jit::compile(k);
+  CHECK_FALSE(has_stage(hit, "schedule"));
+}
+
+TEST_CASE("compile cache: two processes compiling the same kernel at once both succeed") {
+  TempCacheDir dir;
+  int go[2];
+  REQUIRE(::pipe(go) == 0);
+  pid_t children[2];
+  for (pid_t& child : children) {
+    child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      // Wait for the parent's signal so both compile at the same moment.
+      char c;
+      ::close(go[1]);
+      int code = ::read(go[0], &c, 1) == 1 ? 0 : 3;
+      try {
+        jit::CompileOptions o;
+        o.native = true;
+        jit::Program p = jit::compile(axpb({128, 96}, DType::float32), o);
+        code = p.device && p.native ? code : 4;
+      } catch (...) {
+        code = 5;
+      }
+      ::_exit(code);
+    }
+  }
+  ::close(go[0]);
+  const char start[2] = {'g', 'g'};
+  REQUIRE(::write(go[1], start, 2) == 2);
+  ::close(go[1]);
+  for (pid_t child : children) {
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+  // The entry they wrote is whole and usable.
+  jit::Program hit = jit::compile(axpb({128, 96}, DType::float32));
+  CHECK_FALSE(has_stage(hit, "schedule"));
+  for (const auto& entry : fs::recursive_directory_iterator(dir.path()))
+    CHECK_MESSAGE(entry.path().extension() != ".tmp", "a temporary file was left behind: " << entry.path());
+}
+
+TEST_CASE("JitKernel: one compile per specialization, then memory hits") {
+  TempCacheDir dir;
+  int traces = 0;
+  runtime::JitKernel k("scale", [&](const std::vector<Tensor>& in) {
+    ++traces;
+    const Tensor& x = in[0];
+    Tensor out = nl::ndarray(x.shape(), x.dtype(), nl::shared_hbm, "out");
+    Tensor t = nl::ndarray(x.shape(), nl::float32, nl::sbuf, "t");
+    isa::dma_copy(t, x);
+    Tensor r = nl::ndarray(x.shape(), x.dtype(), nl::sbuf, "r");
+    isa::tensor_scalar(r, t, nl::multiply, 3.0);
+    isa::dma_copy(out, r);
+    return std::vector<Tensor>{out};
+  });
+  runtime::Specialization s{{spec({64, 32}, DType::float32)}, {}, 0};
+  const jit::Program* first = &k.program(s);
+  CHECK(&k.program(s) == first);
+  CHECK(&k.program(runtime::Specialization{{spec({64, 32}, DType::float32, "renamed")}, {}, 0}) == first);
+  CHECK(traces == 1);
+  k.program({{spec({64, 33}, DType::float32)}, {}, 0});
+  k.program({{spec({64, 32}, DType::bfloat16)}, {}, 0});
+  k.program({{spec({64, 32}, DType::float32)}, {.target = TargetId::trn1}, 0});
+  k.program({{spec({64, 32}, DType::float32)}, {}, 7});
+  CHECK(traces == 5);
+  CHECK(k.size() == 5);
+
+  HostTensor x = random_tensor(DType::float32, {64, 32}, 3);
+  HostTensor out(DType::float32, {64, 32});
+  void* ins[] = {x.data()};
+  void* outs[] = {out.data()};
+  k.run(s, ins, outs);
+  for (int64_t i = 0; i < x.size(); ++i) REQUIRE(out.get(i) == x.get(i) * 3.0f);
+  CHECK(traces == 5);
+}
+
+TEST_CASE("JitKernel: concurrent runs of one specialization from two threads") {
+  runtime::JitKernel k("negate", [](const std::vector<Tensor>& in) {
+    Tensor out = nl::ndarray(in[0].shape(), in[0].dtype(), nl::shared_hbm, "out");
+    Tensor t = nl::ndarray(in[0].shape(), nl::float32, nl::sbuf, "t");
+    isa::dma_copy(t, in[0]);
+    isa::tensor_scalar(t, t, nl::multiply, -1.0);
+    isa::dma_copy(out, t);
+    return std::vector<Tensor>{out};
+  });
+  runtime::Specialization s{{spec({128, 256}, DType::float32)}, {}, 0};
+  std::atomic<int> failures{0};
+  auto worker = [&](uint32_t seed) {
+    for (int iter = 0; iter < 20; ++iter) {
+      HostTensor x = random_tensor(DType::float32, {128, 256}, seed + iter);
+      HostTensor out(DType::float32, {128, 256});
+      void* ins[] = {x.data()};
+      void* outs[] = {out.data()};
+      k.run(s, ins, outs);
+      for (int64_t i = 0; i < x.size(); ++i) failures += out.get(i) != -x.get(i);
+    }
+  };
+  std::thread a(worker, 100), b(worker, 200);
+  a.join();
+  b.join();
+  CHECK(failures == 0);
+  CHECK(k.size() == 1);
+}
+
+}  // namespace
+}  // namespace nikki::test
