@@ -1,10 +1,11 @@
 // The scheduling pass: program order -> per-queue streams with semaphore waits.
 //
 // Hazards are found on memory footprints: each operand's bounding box in SBUF/PSUM (partitions x
-// bytes, absolute after allocation), its byte range in an HBM tensor, or a register. Boxes are
-// conservative (a strided view claims its whole bounding box), so a hazard is never missed; a
-// false one only costs overlap. Records are bucketed by address so each instruction compares
-// against nearby accesses only, and accesses fully covered by a later write are retired.
+// bytes, absolute after allocation), its box in an HBM tensor seen as rows of its last dimension
+// (rows x bytes, so tiles of one matrix are told apart), or a register. Boxes are conservative (a
+// strided view claims its whole bounding box), so a hazard is never missed; a false one only costs
+// overlap. Records are bucketed by address so each instruction compares against nearby accesses
+// only, and accesses fully covered by a later write are retired.
 #include <algorithm>
 #include <array>
 #include <unordered_map>
@@ -22,7 +23,7 @@ namespace {
 
 enum class Space : uint8_t { sbuf, psum, hbm, reg };
 
-/** A box of memory touched by one access. */
+/** A box of memory touched by one access: partitions (HBM: rows) x bytes. */
 struct Region {
   Space space;
   uint32_t object = 0;  // HBM: storage id; register: register id; on-chip: 0
@@ -38,7 +39,14 @@ struct Region {
 };
 
 constexpr int64_t kOnChipBucketBytes = 1024;
-constexpr int64_t kHbmBucketBytes = 64 * 1024;
+constexpr int64_t kHbmBucketRows = 16;
+constexpr int64_t kHbmBucketBytes = 4096;
+
+/** Bytes in one row of an HBM tensor: its last dimension (a 0-D or 1-D tensor is one row). */
+int64_t hbm_row_bytes(const Storage& s) {
+  const int64_t last = s.shape.rank() >= 2 ? s.shape[s.shape.rank() - 1] : s.shape.num_elements();
+  return std::max<int64_t>(1, last * dtype_size(s.dtype));
+}
 
 Region whole_storage(const Storage& s, StorageId id) {
   if (s.on_chip()) {
@@ -49,17 +57,36 @@ Region whole_storage(const Storage& s, StorageId id) {
     r.b1 = r.b0 + s.partition_bytes();
     return r;
   }
-  return Region{Space::hbm, id, 0, 1, 0, s.total_bytes()};
+  const int64_t row = hbm_row_bytes(s);
+  return Region{Space::hbm, id, 0, std::max<int64_t>(1, (s.total_bytes() + row - 1) / row), 0, row};
+}
+
+/** An HBM view's box in (row, byte-in-row) coordinates: exact for rectangular slices of the
+ * tensor's rows and columns, the full width of the rows it touches otherwise. */
+Region hbm_footprint(const Storage& s, const AccessPattern& ap) {
+  const int64_t row = hbm_row_bytes(s);
+  const int64_t size = dtype_size(ap.dtype);
+  const int64_t start = ap.offset * size;
+  int64_t rows = 0, bytes = size;
+  bool rectangular = true;
+  for (int d = 0; d < ap.rank && rectangular; ++d) {
+    const int64_t stride = ap.dims[d].stride * size, count = ap.dims[d].count;
+    if (count <= 1) continue;
+    if (stride >= 0 && stride % row == 0) rows += (count - 1) * (stride / row);
+    else if (stride >= 0 && stride < row) bytes += (count - 1) * stride;
+    else rectangular = false;
+  }
+  if (rectangular && start % row + bytes <= row)
+    return Region{Space::hbm, ap.storage, start / row, start / row + rows + 1, start % row, start % row + bytes};
+  LinearExtent e = linear_extent(ap);
+  return Region{Space::hbm, ap.storage, e.first * size / row, (e.last + 1) * size / row + 1, 0, row};
 }
 
 Region footprint(const Kernel& k, const AccessPattern& ap) {
   const Storage& s = k.storage(ap.storage);
   if (ap.is_dynamic()) return whole_storage(s, ap.storage);
   const int64_t size = dtype_size(ap.dtype);
-  if (!s.on_chip()) {
-    LinearExtent e = linear_extent(ap);
-    return Region{Space::hbm, ap.storage, 0, 1, e.first * size, (e.last + 1) * size};
-  }
+  if (!s.on_chip()) return hbm_footprint(s, ap);
   TileGeometry g = tile_geometry(s, ap);
   if (!g.partition_contiguous || !g.rows_in_bounds) return whole_storage(s, ap.storage);
   Region r{s.buffer == Buffer::sbuf ? Space::sbuf : Space::psum};
@@ -111,9 +138,17 @@ void for_each_bucket(const Region& r, F&& f) {
     f(space | r.object);
     return;
   }
-  const int64_t unit = r.space == Space::hbm ? kHbmBucketBytes : kOnChipBucketBytes;
+  if (r.space == Space::hbm) {
+    // Keys mix tensor, row group and byte group; two cells sharing a key only cost an extra
+    // overlap test, never a missed hazard.
+    for (int64_t g = r.p0 / kHbmBucketRows; g <= (r.p1 - 1) / kHbmBucketRows; ++g)
+      for (int64_t c = r.b0 / kHbmBucketBytes; c <= (r.b1 - 1) / kHbmBucketBytes; ++c)
+        f(space | ((uint64_t(r.object) * 0x9e3779b97f4a7c15ull) ^ (uint64_t(g) << 20) ^ uint64_t(c)) >> 4);
+    return;
+  }
   const uint64_t object = uint64_t(r.object) << 32;
-  for (int64_t c = r.b0 / unit; c <= (r.b1 - 1) / unit; ++c) f(space | object | uint64_t(c));
+  for (int64_t c = r.b0 / kOnChipBucketBytes; c <= (r.b1 - 1) / kOnChipBucketBytes; ++c)
+    f(space | object | uint64_t(c));
 }
 
 struct Record {
