@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "library_bindings.hpp"
+#include "program_introspection.hpp"
 #include "nikki/builder.hpp"
 #include "nikki/ir_printer.hpp"
 #include "nikki/jit/compile.hpp"
@@ -484,4 +485,5 @@ PYBIND11_MODULE(_core, m) {
   });
 
   nikki::bindings::bind_library(m);
+  nikki::bindings::bind_introspection(m);
 }

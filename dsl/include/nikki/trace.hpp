@@ -2,6 +2,7 @@
 // C++ loops and conditionals run at trace time, exactly as Python ones do under @nki.jit).
 #pragma once
 
+#include <algorithm>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -55,6 +56,11 @@ void add_outputs(KernelBuilder& b, const R& result, const Loc& loc) {
   } else {
     std::apply([&](const auto&... ts) { (add_output(b, ts, loc), ...); }, result);
   }
+  // shared_hbm tensors the kernel does not return are its HBM scratch space.
+  const std::vector<StorageId>& outputs = b.kernel().outputs;
+  for (StorageId id = 0; id < b.kernel().storages.size(); ++id)
+    if (b.storage(id).role == StorageRole::output && std::find(outputs.begin(), outputs.end(), id) == outputs.end())
+      b.storage(id).role = StorageRole::scratch;
 }
 
 /** @brief Creates the HBM input tensor of one spec in the kernel being built. */
