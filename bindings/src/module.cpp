@@ -434,6 +434,20 @@ PYBIND11_MODULE(_core, m) {
       .def("run", &PyProgram::run, py::arg("inputs"), py::arg("outputs"), py::arg("fill_outputs") = true);
 
   m.def(
+      "load_program",
+      [](const py::bytes& data) {
+        const std::string_view view = data;
+        std::vector<uint8_t> bytes(view.begin(), view.end());
+        auto p = std::make_unique<PyProgram>();
+        auto device = std::make_shared<jit::DeviceProgram>(jit::deserialize(bytes));
+        p->program.kernel = device->kernel;
+        p->program.device = std::move(device);
+        p->kind = runtime::ExecutorKind::interp;  // a loaded program carries no native code
+        return p;
+      },
+      py::arg("data"), "Loads a device program file written by Program.serialize (KernelError if damaged).");
+
+  m.def(
       "compile",
       [](const Kernel& kernel, bool for_running) {
         auto p = std::make_unique<PyProgram>();

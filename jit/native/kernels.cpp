@@ -6,7 +6,16 @@
 // Numerics must match the reference interpreter bit for bit: both use nikki/numerics.hpp,
 // nikki/alu.hpp and nikki/activation.hpp for element conversions and operators, and the loops
 // here keep the interpreter's order of every rounding step (sequential folds per partition,
-// fused multiply-adds in increasing k for matmul).
+// fused multiply-adds in increasing k for matmul). Accumulating routines read and update the
+// engines' per-partition accumulators (OpArgs::scalar_acc / vector_acc) exactly as the reference
+// does, so reduce_cmd sequences carry across instructions whichever executor ran each one.
+//
+// Loop shapes: element-wise routines walk partitions, then the free dims (innermost vectorizes).
+// Routines folding along a partition's row either run partitions innermost (tensor_reduce: the
+// fold vectorizes across partitions) or walk chunks of the row with every partition's fold in
+// turn (iterate_chunks: the element-wise part vectorizes along the chunk, the independent folds
+// overlap). Partitions never interact, and engine operands of one instruction cover the same or
+// disjoint partitions, so reordering partitions never changes a result.
 #include <cstring>
 
 #include "nikki/activation.hpp"
@@ -16,6 +25,12 @@
 
 #define NK_INLINE __attribute__((always_inline)) inline
 #define NK_ENTRY extern "C" __attribute__((always_inline))
+// Entries copy their OpArgs to a local first: stores through the operands' byte pointers could
+// alias the caller's OpArgs, which would otherwise force a reload of every base address after
+// every store and keep loops from vectorizing.
+#define NK_LOCAL_ARGS                  \
+  const OpArgs nk_local_args = *args; \
+  const OpArgs* const a = &nk_local_args
 
 namespace nikki::native {
 namespace {
@@ -107,6 +122,39 @@ NK_INLINE void iterate_free(const int64_t* count, F&& f) {
         for (int64_t i4 = 0; i4 < count[4]; ++i4) f(i1, i2, i3, i4);
 }
 
+/** Elements of the innermost dim a folding routine handles per partition at a time. */
+inline constexpr int64_t kChunk = 64;
+
+/**
+ * For routines that fold each partition's elements in order: calls f(p, i1, i2, i3, j0, len,
+ * start) for chunks [j0, j0 + len) of the innermost dim, every partition of a chunk before the
+ * next chunk (start: the partition's first chunk). Within a chunk the element-wise work
+ * vectorizes along the row, and the partitions' sequential folds are independent of each other.
+ */
+template <class F>
+NK_INLINE void iterate_chunks(const OpDesc* d, F&& f) {
+  const int64_t n = d->count[4];
+  for (int64_t i1 = 0; i1 < d->count[1]; ++i1)
+    for (int64_t i2 = 0; i2 < d->count[2]; ++i2)
+      for (int64_t i3 = 0; i3 < d->count[3]; ++i3)
+        for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+          const int64_t len = n - j0 < kChunk ? n - j0 : kChunk;
+          const bool start = (i1 | i2 | i3 | j0) == 0;
+          for (int64_t p = 0; p < d->count[0]; ++p) f(p, i1, i2, i3, j0, len, start);
+        }
+}
+
+/** Calls f(i1, i2, i3, j0, len) for one partition's chunks in order, until f returns false. */
+template <class F>
+NK_INLINE void iterate_row_chunks(const OpDesc* d, F&& f) {
+  const int64_t n = d->count[4];
+  for (int64_t i1 = 0; i1 < d->count[1]; ++i1)
+    for (int64_t i2 = 0; i2 < d->count[2]; ++i2)
+      for (int64_t i3 = 0; i3 < d->count[3]; ++i3)
+        for (int64_t j0 = 0; j0 < n; j0 += kChunk)
+          if (!f(i1, i2, i3, j0, n - j0 < kChunk ? n - j0 : kChunk)) return;
+}
+
 /** Calls f(k, o1..o4) over the fixed-size output space (out_count), k the flattened free index. */
 template <class F>
 NK_INLINE void iterate_out(const OpDesc* d, F&& f) {
@@ -131,7 +179,8 @@ NK_INLINE void apply_reduce_cmd(ReduceCmd cmd, AluOp op, float identity, float& 
 
 // --- copies (dma_copy, tensor_copy) ------------------------------------------------------------
 
-NK_ENTRY void nk_copy(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_copy(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const bool same = d->view[0].dtype == d->view[1].dtype;
   const int64_t size = dtype_size(dtype_of(d, 0));
   iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
@@ -144,7 +193,8 @@ NK_ENTRY void nk_copy(const OpDesc* d, const OpArgs* a) {
 
 // --- element-wise ------------------------------------------------------------------------------
 
-NK_ENTRY void nk_tensor_tensor(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_tensor_tensor(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const AluOp op = static_cast<AluOp>(d->op0);
   iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
     uint8_t* dst = address(d, a, 0, i0, i1, i2, i3, i4);
@@ -156,7 +206,8 @@ NK_ENTRY void nk_tensor_tensor(const OpDesc* d, const OpArgs* a) {
   });
 }
 
-NK_ENTRY void nk_tensor_scalar(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_tensor_scalar(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const AluOp op0 = static_cast<AluOp>(d->op0), op1 = static_cast<AluOp>(d->op1);
   const bool r0 = d->flags & kFlagReverse0, r1 = d->flags & kFlagReverse1;
   const bool two = d->slot_kind[3] != kSlotNone;
@@ -179,7 +230,8 @@ NK_ENTRY void nk_tensor_scalar(const OpDesc* d, const OpArgs* a) {
   });
 }
 
-NK_ENTRY void nk_scalar_tensor_tensor(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_scalar_tensor_tensor(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const AluOp op0 = static_cast<AluOp>(d->op0), op1 = static_cast<AluOp>(d->op1);
   const bool r0 = d->flags & kFlagReverse0, r1 = d->flags & kFlagReverse1;
   iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
@@ -191,13 +243,15 @@ NK_ENTRY void nk_scalar_tensor_tensor(const OpDesc* d, const OpArgs* a) {
   });
 }
 
-NK_ENTRY void nk_reciprocal(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_reciprocal(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
     store(d, 0, address(d, a, 0, i0, i1, i2, i3, i4), 1.0f / load(d, 1, address(d, a, 1, i0, i1, i2, i3, i4)));
   });
 }
 
-NK_ENTRY void nk_memset(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_memset(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const DType t = dtype_of(d, 0);
   const int64_t size = dtype_size(t);
   uint8_t pattern[4];
@@ -211,7 +265,8 @@ NK_ENTRY void nk_memset(const OpDesc* d, const OpArgs* a) {
 
 // --- activation (Scalar engine) ----------------------------------------------------------------
 
-NK_ENTRY void nk_activation(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_activation(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const ActFunc func = static_cast<ActFunc>(d->func);
   const ReduceCmd cmd = static_cast<ReduceCmd>(d->reduce_cmd);
   const bool reducing = cmd == ReduceCmd::reduce || cmd == ReduceCmd::reset_reduce;
@@ -232,15 +287,8 @@ NK_ENTRY void nk_activation(const OpDesc* d, const OpArgs* a) {
               first = false;
             }
           }
-    float& acc = a->scalar_acc[p];
-    switch (cmd) {
-      case ReduceCmd::idle: break;
-      case ReduceCmd::reset: acc = 0.0f; break;
-      case ReduceCmd::reduce:
-      case ReduceCmd::load_reduce: acc = acc + sum; break;
-      case ReduceCmd::reset_reduce: acc = sum; break;
-    }
-    if (d->slot_kind[4] == kSlotTensor) store(d, 4, address(d, a, 4, p, 0, 0, 0, 0), acc);
+    apply_reduce_cmd(cmd, AluOp::add, 0.0f, a->scalar_acc[p], sum, reducing);
+    if (d->slot_kind[4] == kSlotTensor) store(d, 4, address(d, a, 4, p, 0, 0, 0, 0), a->scalar_acc[p]);
   }
 }
 
@@ -249,12 +297,13 @@ NK_ENTRY void nk_activation(const OpDesc* d, const OpArgs* a) {
 /** tensor_reduce: dims >= reduce_from are folded left to right, the first element seeding the fold.
  * Partitions are independent, so the partition loop is innermost: the fold order per partition
  * stays sequential while the loop vectorizes across partitions. */
-NK_ENTRY void nk_tensor_reduce(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_tensor_reduce(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const AluOp op = static_cast<AluOp>(d->op0);
   const bool negate = d->flags & kFlagNegate;
   const int64_t P = d->count[0];
-  float acc[128];
-  int64_t acc_bits[128];
+  float acc[kMaxPartitions];
+  int64_t acc_bits[kMaxPartitions];
   // Kept dims are 1..reduce_from-1, reduced dims reduce_from..4; dst strides on reduced dims are 0.
   for (int64_t i1 = 0; i1 < (d->reduce_from > 1 ? d->count[1] : 1); ++i1)
     for (int64_t i2 = 0; i2 < (d->reduce_from > 2 ? d->count[2] : 1); ++i2)
@@ -289,21 +338,23 @@ NK_ENTRY void nk_tensor_reduce(const OpDesc* d, const OpArgs* a) {
 /**
  * tensor_scalar_reduce: dst = op0(data, operand0), and reduce_op folds each partition's fp32
  * results (before rounding to dst) left to right into the Vector engine accumulator and
- * reduce_res. The partition loop is innermost, as in tensor_reduce.
+ * reduce_res.
  */
-NK_ENTRY void nk_tensor_scalar_reduce(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_tensor_scalar_reduce(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const AluOp op = static_cast<AluOp>(d->op0), rop = static_cast<AluOp>(d->reduce_op);
   const int64_t P = d->count[0];
   float s0[kMaxPartitions], acc[kMaxPartitions];
   for (int64_t p = 0; p < P; ++p) s0[p] = operand_value(d, a, 2, p, 0, 0, 0, 0);
-  bool first = true;
-  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
-    for (int64_t p = 0; p < P; ++p) {
-      const float v = alu_apply(op, load(d, 1, address(d, a, 1, p, i1, i2, i3, i4)), s0[p]);
-      store(d, 0, address(d, a, 0, p, i1, i2, i3, i4), v);
-      acc[p] = first ? v : alu_apply(rop, acc[p], v);
+  iterate_chunks(d, [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, bool start) {
+    float v[kChunk];
+    for (int64_t j = 0; j < len; ++j) {
+      v[j] = alu_apply(op, load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j)), s0[p]);
+      store(d, 0, address(d, a, 0, p, i1, i2, i3, j0 + j), v[j]);
     }
-    first = false;
+    float r = start ? v[0] : alu_apply(rop, acc[p], v[0]);
+    for (int64_t j = 1; j < len; ++j) r = alu_apply(rop, r, v[j]);
+    acc[p] = r;
   });
   for (int64_t p = 0; p < P; ++p) {
     a->vector_acc[p] = acc[p];
@@ -313,30 +364,64 @@ NK_ENTRY void nk_tensor_scalar_reduce(const OpDesc* d, const OpArgs* a) {
 
 /** tensor_tensor_scan: res = op1(op0(data0, res), data1) along the flattened free dims, from the
  * initial value; the running value stays fp32 (each dst write rounds a copy of it). */
-NK_ENTRY void nk_scan(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_scan(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const AluOp op0 = static_cast<AluOp>(d->op0), op1 = static_cast<AluOp>(d->op1);
   const bool r0 = d->flags & kFlagReverse0, r1 = d->flags & kFlagReverse1;
   const int64_t P = d->count[0];
   float prev[kMaxPartitions];
   for (int64_t p = 0; p < P; ++p) prev[p] = operand_value(d, a, 3, p, 0, 0, 0, 0);
-  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
-    for (int64_t p = 0; p < P; ++p) {
-      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, i4));
-      const float y = load(d, 2, address(d, a, 2, p, i1, i2, i3, i4));
-      const float t = r0 ? alu_apply(op0, prev[p], x) : alu_apply(op0, x, prev[p]);
-      prev[p] = r1 ? alu_apply(op1, y, t) : alu_apply(op1, t, y);
-      store(d, 0, address(d, a, 0, p, i1, i2, i3, i4), prev[p]);
+  iterate_chunks(d, [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, bool) {
+    float r = prev[p];
+    for (int64_t j = 0; j < len; ++j) {
+      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
+      const float y = load(d, 2, address(d, a, 2, p, i1, i2, i3, j0 + j));
+      const float t = r0 ? alu_apply(op0, r, x) : alu_apply(op0, x, r);
+      r = r1 ? alu_apply(op1, y, t) : alu_apply(op1, t, y);
+      store(d, 0, address(d, a, 0, p, i1, i2, i3, j0 + j), r);
     }
+    prev[p] = r;
   });
 }
 
 // --- predication and selection -----------------------------------------------------------------
 
+namespace {
+/** tensor_copy_predicated on T-sized elements that copy bit for bit: every element is rewritten,
+ * unselected ones with the bits they had, so the loop vectorizes as a blend. */
+template <class T>
+NK_INLINE void copy_predicated_bits(const OpDesc* d, const OpArgs* a, const uint8_t* pattern) {
+  const bool reverse = d->flags & kFlagReversePred;
+  T fill;
+  if (pattern) std::memcpy(&fill, pattern, sizeof(T));
+  iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    const bool take = (load_int(d, 2, address(d, a, 2, i0, i1, i2, i3, i4)) != 0) != reverse;
+    uint8_t* dst = address(d, a, 0, i0, i1, i2, i3, i4);
+    T old, v;
+    std::memcpy(&old, dst, sizeof(T));
+    if (pattern) v = fill;
+    else std::memcpy(&v, address(d, a, 1, i0, i1, i2, i3, i4), sizeof(T));
+    const T out = take ? v : old;
+    std::memcpy(dst, &out, sizeof(T));
+  });
+}
+}  // namespace
+
 /** tensor_copy_predicated: dst = src (a tile, or an immediate rounded to dst) where the predicate
  * is nonzero (zero with reverse_pred); other elements keep their bits. */
-NK_ENTRY void nk_copy_predicated(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_copy_predicated(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const bool reverse = d->flags & kFlagReversePred;
   const bool scalar_src = d->slot_kind[1] == kSlotImm;
+  const int64_t size = dtype_size(dtype_of(d, 0));
+  if (scalar_src || d->view[0].dtype == d->view[1].dtype) {
+    uint8_t pattern[4];
+    if (scalar_src) store(d, 0, pattern, static_cast<float>(a->imm[1]));
+    const uint8_t* p = scalar_src ? pattern : nullptr;
+    if (size == 1) return copy_predicated_bits<uint8_t>(d, a, p);
+    if (size == 2) return copy_predicated_bits<uint16_t>(d, a, p);
+    if (size == 4) return copy_predicated_bits<uint32_t>(d, a, p);
+  }
   iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
     const bool take = (load_int(d, 2, address(d, a, 2, i0, i1, i2, i3, i4)) != 0) != reverse;
     if (!take) return;
@@ -348,7 +433,8 @@ NK_ENTRY void nk_copy_predicated(const OpDesc* d, const OpArgs* a) {
 
 /** select_reduce: dst = predicate ? on_true : on_false, and the maximum of each partition's fp32
  * selections updates the Vector engine accumulator per reduce_cmd (then reduce_res). */
-NK_ENTRY void nk_select_reduce(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_select_reduce(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const bool reverse = d->flags & kFlagReversePred;
   const ReduceCmd cmd = static_cast<ReduceCmd>(d->reduce_cmd);
   const bool reducing = cmd == ReduceCmd::reduce || cmd == ReduceCmd::reset_reduce;
@@ -359,13 +445,17 @@ NK_ENTRY void nk_select_reduce(const OpDesc* d, const OpArgs* a) {
     on_false[p] = operand_value(d, a, 3, p, 0, 0, 0, 0);
     best[p] = kNegInf;
   }
-  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
-    for (int64_t p = 0; p < P; ++p) {
-      const bool take = (load_int(d, 1, address(d, a, 1, p, i1, i2, i3, i4)) != 0) != reverse;
-      const float v = take ? load(d, 2, address(d, a, 2, p, i1, i2, i3, i4)) : on_false[p];
-      store(d, 0, address(d, a, 0, p, i1, i2, i3, i4), v);
-      best[p] = alu_apply(AluOp::maximum, best[p], v);
+  iterate_chunks(d, [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, bool) {
+    float v[kChunk];
+    for (int64_t j = 0; j < len; ++j) {
+      const bool take = (load_int(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j)) != 0) != reverse;
+      const float t = load(d, 2, address(d, a, 2, p, i1, i2, i3, j0 + j));  // read either way: it vectorizes
+      v[j] = take ? t : on_false[p];
+      store(d, 0, address(d, a, 0, p, i1, i2, i3, j0 + j), v[j]);
     }
+    float m = best[p];
+    for (int64_t j = 0; j < len; ++j) m = alu_apply(AluOp::maximum, m, v[j]);
+    best[p] = m;
   });
   for (int64_t p = 0; p < P; ++p) {
     apply_reduce_cmd(cmd, AluOp::maximum, kNegInf, a->vector_acc[p], best[p], reducing);
@@ -392,8 +482,14 @@ NK_INLINE void affine(const OpDesc* d, const OpArgs* a, bool iota) {
   });
 }
 
-NK_ENTRY void nk_iota(const OpDesc* d, const OpArgs* a) { affine(d, a, true); }
-NK_ENTRY void nk_affine_select(const OpDesc* d, const OpArgs* a) { affine(d, a, false); }
+NK_ENTRY void nk_iota(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
+  affine(d, a, true);
+}
+NK_ENTRY void nk_affine_select(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
+  affine(d, a, false);
+}
 
 // --- statistics --------------------------------------------------------------------------------
 
@@ -402,28 +498,34 @@ NK_ENTRY void nk_affine_select(const OpDesc* d, const OpArgs* a) { affine(d, a, 
  * partition's flattened free dims, written as 6 values. The counts are the same for every
  * partition (exact small integers), so they are kept once.
  */
-NK_ENTRY void nk_bn_stats(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_bn_stats(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const int64_t P = d->count[0];
   float mean[2][kMaxPartitions], m2[2][kMaxPartitions];
   for (int64_t p = 0; p < P; ++p) mean[0][p] = mean[1][p] = m2[0][p] = m2[1][p] = 0.0f;
-  float count[2] = {0.0f, 0.0f};
-  int64_t f = 0;
-  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
-    const int lane = int(f & 1);
-    count[lane] += 1.0f;
-    const float n = count[lane];
-    float* mn = mean[lane];
-    float* q = m2[lane];
-    for (int64_t p = 0; p < P; ++p) {
-      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, i4));
-      const float delta = x - mn[p];
-      mn[p] += delta / n;
-      q[p] += delta * (x - mn[p]);
+  // The flattened index of the chunk's first element (its lane parity) and the lanes' counts
+  // before the chunk are the same for every partition.
+  int64_t f0 = 0;
+  float count0[2] = {0.0f, 0.0f};
+  iterate_chunks(d, [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, bool) {
+    float count[2] = {count0[0], count0[1]};
+    float mn[2] = {mean[0][p], mean[1][p]}, q[2] = {m2[0][p], m2[1][p]};
+    for (int64_t j = 0; j < len; ++j) {
+      const int lane = int((f0 + j) & 1);
+      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
+      count[lane] += 1.0f;
+      const float delta = x - mn[lane];
+      mn[lane] += delta / count[lane];
+      q[lane] += delta * (x - mn[lane]);
     }
-    ++f;
+    mean[0][p] = mn[0], mean[1][p] = mn[1], m2[0][p] = q[0], m2[1][p] = q[1];
+    if (p == P - 1) {
+      count0[0] = count[0], count0[1] = count[1];
+      f0 += len;
+    }
   });
   for (int64_t p = 0; p < P; ++p) {
-    const float out[6] = {count[0], mean[0][p], m2[0][p], count[1], mean[1][p], m2[1][p]};
+    const float out[6] = {count0[0], mean[0][p], m2[0][p], count0[1], mean[1][p], m2[1][p]};
     iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
       if (k < 6) store(d, 0, address(d, a, 0, p, o1, o2, o3, o4), out[k]);
     });
@@ -432,7 +534,8 @@ NK_ENTRY void nk_bn_stats(const OpDesc* d, const OpArgs* a) {
 
 /** bn_aggr: Chan et al.'s merge of the (count, mean, M2) triples of each partition in order, then
  * (mean, M2 / count) — NaN variance for an empty total. */
-NK_ENTRY void nk_bn_aggr(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_bn_aggr(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const int64_t P = d->count[0];
   float n[kMaxPartitions], mean[kMaxPartitions], m2[kMaxPartitions], nb[kMaxPartitions], mb[kMaxPartitions];
   for (int64_t p = 0; p < P; ++p) n[p] = mean[p] = m2[p] = 0.0f;
@@ -475,27 +578,41 @@ NK_INLINE bool outranks(float a, float b) { return !__builtin_isnan(a) && (__bui
 /**
  * max8: the first 8 elements of each partition's values stably sorted in descending order (what
  * the reference's stable_sort gives), by insertion into a sorted top-8 that a later element
- * enters only when it strictly outranks an entry.
+ * enters only when it strictly outranks an entry. Once 8 values are held, a chunk whose elements
+ * all fail to outrank the 8th (a vectorized test) cannot change them and is skipped.
  */
-NK_ENTRY void nk_max8(const OpDesc* d, const OpArgs* a) {
-  const int64_t P = d->count[0];
-  float top[8][kMaxPartitions] = {};
-  int filled = 0;  // entries [0, filled) hold values, the same for every partition
-  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
-    for (int64_t p = 0; p < P; ++p) {
-      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, i4));
-      bool enter[8];
-      for (int k = 0; k < 8; ++k) enter[k] = k >= filled || outranks(x, top[k][p]);
-      for (int k = 7; k > 0; --k)
-        if (enter[k]) top[k][p] = enter[k - 1] ? top[k - 1][p] : x;
-      if (enter[0]) top[0][p] = x;
-    }
-    filled = filled < 8 ? filled + 1 : 8;
-  });
-  for (int64_t p = 0; p < P; ++p)
-    iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
-      if (k < 8) store(d, 0, address(d, a, 0, p, o1, o2, o3, o4), top[k][p]);
+NK_ENTRY void nk_max8(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
+  for (int64_t p = 0; p < d->count[0]; ++p) {
+    float top[8] = {};
+    int filled = 0;  // elements seen, up to 8: entries [0, filled) hold values
+    iterate_row_chunks(d, [&](int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len) {
+      if (filled == 8) {
+        const float last = top[7];
+        const bool last_nan = __builtin_isnan(last);
+        int hits = 0;  // elements outranking the 8th (written without branches, so it vectorizes)
+        for (int64_t j = 0; j < len; ++j) {
+          const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
+          hits += int(!__builtin_isnan(x) & (last_nan | (x > last)));
+        }
+        if (hits == 0) return true;
+      }
+      for (int64_t j = 0; j < len; ++j) {
+        const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
+        if (filled == 8 && !outranks(x, top[7])) continue;  // enters nowhere
+        bool enter[8];
+        for (int k = 0; k < 8; ++k) enter[k] = k >= filled || outranks(x, top[k]);
+        for (int k = 7; k > 0; --k)
+          if (enter[k]) top[k] = enter[k - 1] ? top[k - 1] : x;
+        if (enter[0]) top[0] = x;
+        filled = filled < 8 ? filled + 1 : 8;
+      }
+      return true;
     });
+    iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
+      if (k < 8) store(d, 0, address(d, a, 0, p, o1, o2, o3, o4), top[k]);
+    });
+  }
 }
 
 /**
@@ -503,37 +620,50 @@ NK_ENTRY void nk_max8(const OpDesc* d, const OpArgs* a) {
  * partition's flattened data not already taken by an earlier value (0xFFFFFFFF when none). One
  * pass over the data gives each element to the first value still looking for it: equal values
  * (a class under ==, NaN matching nothing) then take successive occurrences, as in the
- * reference's search per value.
+ * reference's search per value. Chunks without any match (a vectorized test) are skipped, and
+ * the pass ends once every value is found.
  */
-NK_ENTRY void nk_find_index8(const OpDesc* d, const OpArgs* a) {
-  const int64_t P = d->count[0];
+NK_ENTRY void nk_find_index8(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   constexpr uint32_t kNone = 0xFFFFFFFFu;
-  float want[8][kMaxPartitions];
-  uint32_t found[8][kMaxPartitions];
-  for (int64_t p = 0; p < P; ++p)
+  for (int64_t p = 0; p < d->count[0]; ++p) {
+    float active[8];  // the values still looking (NaN once found: it matches nothing)
+    uint32_t found[8];
+    int remaining = 0;
     iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
-      if (k < 8) {
-        want[k][p] = load(d, 2, address(d, a, 2, p, o1, o2, o3, o4));
-        found[k][p] = kNone;
-      }
+      if (k >= 8) return;
+      active[k] = load(d, 2, address(d, a, 2, p, o1, o2, o3, o4));
+      found[k] = kNone;
+      remaining += !__builtin_isnan(active[k]);
     });
-  uint32_t f = 0;
-  iterate_free(d->count, [&](int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
-    for (int64_t p = 0; p < P; ++p) {
-      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, i4));
-      bool taken = false;
-      for (int k = 0; k < 8; ++k) {
-        const bool hit = !taken && found[k][p] == kNone && x == want[k][p];
-        if (hit) found[k][p] = f;
-        taken = taken || hit;
+    uint32_t f0 = 0;
+    iterate_row_chunks(d, [&](int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len) {
+      if (remaining == 0) return false;
+      int hits = 0;  // elements equal to a value still looking (without branches: it vectorizes)
+      for (int64_t j = 0; j < len; ++j) {
+        const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
+        hits += int((x == active[0]) | (x == active[1]) | (x == active[2]) | (x == active[3]) | (x == active[4]) |
+                    (x == active[5]) | (x == active[6]) | (x == active[7]));
       }
-    }
-    ++f;
-  });
-  for (int64_t p = 0; p < P; ++p)
+      if (hits) {
+        for (int64_t j = 0; j < len; ++j) {
+          const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
+          for (int k = 0; k < 8; ++k)
+            if (x == active[k]) {
+              found[k] = f0 + uint32_t(j);
+              active[k] = __builtin_nanf("");
+              --remaining;
+              break;
+            }
+        }
+      }
+      f0 += uint32_t(len);
+      return true;
+    });
     iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
-      if (k < 8) store_saturated(dtype_of(d, 0), address(d, a, 0, p, o1, o2, o3, o4), int64_t(found[k][p]));
+      if (k < 8) store_saturated(dtype_of(d, 0), address(d, a, 0, p, o1, o2, o3, o4), int64_t(found[k]));
     });
+  }
 }
 
 // --- across partitions (GpSimd) ----------------------------------------------------------------
@@ -543,7 +673,8 @@ NK_ENTRY void nk_find_index8(const OpDesc* d, const OpArgs* a) {
  * sums, then divides by the partition count). The innermost free dim is processed in blocks so
  * the fold over partitions vectorizes along the free dim.
  */
-NK_ENTRY void nk_partition_reduce(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_partition_reduce(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const AluOp op = static_cast<AluOp>(d->op0);
   const bool bitvec = is_bitvec_op(op);
   const AluOp fold_op = op == AluOp::average ? AluOp::add : op;
@@ -626,7 +757,8 @@ NK_INLINE void matmul_transpose_mode(const OpDesc* d, const OpArgs* a) {
   }
 }
 
-NK_ENTRY void nk_matmul(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_matmul(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   if (d->flags & kFlagIsTranspose) return matmul_transpose_mode(d, a);
   const int64_t K = d->mm_k, M = d->mm_m, N = d->mm_n;
   // Operands packed into fp32: A[k][m] from stationary, B[k][n] from moving, C[m][n] partial sums.
@@ -675,7 +807,8 @@ NK_ENTRY void nk_matmul(const OpDesc* d, const OpArgs* a) {
 }
 
 /** nc_transpose: dst[f, p] = data[p, f], bit for bit. */
-NK_ENTRY void nk_transpose(const OpDesc* d, const OpArgs* a) {
+NK_ENTRY void nk_transpose(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
   const int64_t size = dtype_size(dtype_of(d, 1));
   for (int64_t p = 0; p < d->count[0]; ++p)
     for (int64_t f = 0; f < d->count[1]; ++f)

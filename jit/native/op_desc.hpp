@@ -77,7 +77,9 @@ struct OpDesc {
   IrregularView irr[kSlots];
 };
 
-static_assert(sizeof(OpDesc) == 432 + kSlots * sizeof(IrregularView), "OpDesc has no padding: keep every field's offset explicit");
+// No padding anywhere: both compilers must agree on every field's offset.
+static_assert(sizeof(IrregularView) == 3 * kIterDims * 8);
+static_assert(sizeof(OpDesc) == 432 + kSlots * sizeof(IrregularView));
 
 /** @brief Largest partition count a routine keeps per-partition state for on its stack; the
  * template builder leaves instructions over more partitions to the reference semantics. */

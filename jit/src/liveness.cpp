@@ -47,4 +47,43 @@ std::vector<LiveRange> live_ranges(const Kernel& kernel) {
   return ranges;
 }
 
+namespace {
+
+bool covers_storage(const Storage& s, const AccessPattern& ap) {
+  return !ap.indirection && ap.offset == 0 && dtype_size(ap.dtype) == dtype_size(s.dtype) &&
+         ap.num_elements() == s.shape.num_elements() && is_contiguous(ap);
+}
+
+/** Whether instruction `inst` overwrites all of storage `id` without reading any of it. */
+bool overwrites_unread(const Kernel& kernel, const Instruction& inst, StorageId id) {
+  bool covered = false;
+  for (int slot = 0; slot < inst.spec().num_slots; ++slot) {
+    const Operand& o = inst.operands[slot];
+    if (!o.is_tensor()) continue;
+    if (const Indirection* ind = o.ap.indirection.get()) {
+      if ((ind->scalar_tensor && ind->scalar_tensor->storage == id) ||
+          (ind->vector_offset && ind->vector_offset->storage == id))
+        return false;
+    }
+    if (o.ap.storage != id) continue;
+    if (inst.access(slot) != Access::write) return false;
+    covered = covered || covers_storage(kernel.storage(id), o.ap);
+  }
+  return covered;
+}
+
+}  // namespace
+
+std::vector<std::vector<StorageId>> sentinel_fills(const Kernel& kernel, const std::vector<LiveRange>& ranges) {
+  std::vector<std::vector<StorageId>> fills(kernel.instructions.size());
+  for (StorageId id = 0; id < kernel.storages.size(); ++id) {
+    const Storage& s = kernel.storages[id];
+    if (s.role != StorageRole::scratch || !ranges[id].used()) continue;
+    const Instruction& first = kernel.instructions[ranges[id].begin];
+    if (s.buffer != Buffer::psum && overwrites_unread(kernel, first, id)) continue;
+    fills[ranges[id].begin].push_back(id);
+  }
+  return fills;
+}
+
 }  // namespace nikki::jit

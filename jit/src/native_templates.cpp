@@ -2,9 +2,13 @@
 // common iteration space, so a routine addresses every operand with base + sum(index * stride).
 //
 // Views of different shapes with the same element count (dst [128, 512] and src [128, 2, 256])
-// pair elements by their flattened order; their dims are split to a common refinement. When no
-// common affine refinement exists (or a view is not affine in bytes), the instruction keeps the
-// reference semantics.
+// pair elements by their flattened order; their dims are split to a common refinement. When the
+// dims do not nest ([4, 6] against [6, 4], each in its own memory order), the iteration space is
+// the first operand's and the others are "irregular": addressed by decomposing the flattened
+// index into their own dims. Instructions keep the reference semantics only when a view is not
+// affine in bytes (an on-chip dim that runs across partition rows, a vector offset), has more
+// dims than a routine iterates, reads register operands, or overlaps another operand in a way a
+// routine's order of reads and writes would change (see in_order_safe).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -196,7 +200,9 @@ class TemplateBuilder {
         ok = elementwise("nk_tensor_scalar_reduce", true, {0, 1}, {2, 3}) && stack_partitions();
         break;
       case Opcode::tensor_tensor_scan: ok = elementwise("nk_scan", true, {0, 1, 2}, {3}) && stack_partitions(); break;
-      case Opcode::tensor_copy_predicated: ok = elementwise("nk_copy_predicated", true, {0, 1, 2}, {}); break;
+      case Opcode::tensor_copy_predicated:
+        ok = !inst_.operands[1].is_none() && elementwise("nk_copy_predicated", true, {0, 1, 2}, {});
+        break;
       case Opcode::select_reduce:
         ok = elementwise("nk_select_reduce", true, {0, 1, 2}, {3, 4}) && stack_partitions();
         break;
@@ -205,8 +211,15 @@ class TemplateBuilder {
       case Opcode::bn_stats: ok = with_output_space("nk_bn_stats", {1}, {0}); break;
       case Opcode::bn_aggr: ok = with_output_space("nk_bn_aggr", {1}, {0}); break;
       case Opcode::max8: ok = with_output_space("nk_max8", {1}, {0}) && free_elements(1) >= 8; break;
-      case Opcode::nc_find_index8: ok = with_output_space("nk_find_index8", {1}, {0, 2}); break;
-      case Opcode::tensor_partition_reduce: ok = partition_reduce(); break;
+      case Opcode::nc_find_index8:
+        // The routine reads all of a partition's vals and data before writing its indices, the
+        // reference writes each index as it goes: only equal when no write lands on a later read.
+        ok = in_order_safe(0, 1) && in_order_safe(0, 2) && with_output_space("nk_find_index8", {1}, {0, 2});
+        break;
+      case Opcode::tensor_partition_reduce:
+        // Columns are read in blocks before their sums are written (the reference: one at a time).
+        ok = in_order_safe(0, 1) && partition_reduce();
+        break;
       case Opcode::nc_matmul: ok = matmul(); break;
       case Opcode::nc_transpose: ok = transpose(); break;
       default: break;
@@ -290,28 +303,39 @@ class TemplateBuilder {
     }
     for (const auto& [s, dims] : extra) ops.emplace_back(s, without_unit_dims(dims));
     if (ops.empty()) return false;
-    auto axes = refine(ops);
-    // Dims that do not nest ([4, 6] against [6, 4] with different memory orders): iterate the
-    // first operand's own dims and address the others through their flattened index.
-    std::vector<std::pair<int, ByteDims>> irregular;
-    if (!axes) {
-      irregular.assign(ops.begin() + 1, ops.end());
-      ops.resize(1);
-      axes = refine(ops);
-      if (!axes) return false;
-    }
-    std::vector<int> used;
-    for (const auto& [s, dims] : ops) used.push_back(s);
+    std::vector<int> broadcast;  // per-partition slots: stride 0 along every free axis
     for (int s : per_partition) {
       if (!inst_.operands[s].is_tensor()) continue;
       auto dims = byte_dims(k_, inst_.operands[s].ap);
       if (!dims || dims->empty()) return false;
-      pstride[s] = (*dims)[0].stride;  // free strides stay 0: broadcast along the row
-      used.push_back(s);
+      pstride[s] = (*dims)[0].stride;
+      broadcast.push_back(s);
     }
-    std::vector<Axis> merged = merge(std::move(*axes), used);
     // Copies between arbitrary views have no partition dim: their axes may use dim 0 too.
-    if (int(merged.size()) > kIterDims - (tile ? 1 : 0)) return false;
+    const int max_axes = kIterDims - (tile ? 1 : 0);
+    auto common = [&](const std::vector<std::pair<int, ByteDims>>& with) -> std::optional<std::vector<Axis>> {
+      auto axes = refine(with);
+      if (!axes) return std::nullopt;
+      std::vector<int> used = broadcast;
+      for (const auto& [s, dims] : with) used.push_back(s);
+      std::vector<Axis> merged = merge(std::move(*axes), used);
+      if (int(merged.size()) > max_axes) return std::nullopt;
+      return merged;
+    };
+    auto axes = common(ops);
+    // Dims that do not nest ([4, 6] against [6, 4] with different memory orders), or whose common
+    // refinement has too many axes: iterate the first operand's own dims and address the others
+    // through their flattened index.
+    std::vector<std::pair<int, ByteDims>> irregular;
+    if (!axes) {
+      irregular.assign(ops.begin() + 1, ops.end());
+      ops.resize(1);
+      axes = common(ops);
+      if (!axes) return false;
+    }
+    std::vector<int> used = broadcast;
+    for (const auto& [s, dims] : ops) used.push_back(s);
+    const std::vector<Axis>& merged = *axes;
     native::OpDesc& d = t_.desc;
     for (int i = 0; i < kIterDims; ++i) count[i] = 1;
     if (tile) count[0] = partitions;
@@ -351,6 +375,32 @@ class TemplateBuilder {
     for (int k = first; k < kIterDims; ++k) t_.desc.view[slot].stride[k] = 0;
     t_.desc.irregular |= 1 << slot;
     return true;
+  }
+
+  /**
+   * Whether a routine that reads `src` ahead of writing `dst` (within a partition) computes what
+   * the reference's interleaved order does: true when the two views touch different bytes, or
+   * when dst's element i is src's element i of the same partition (an in-place update).
+   */
+  bool in_order_safe(int dst, int src) const {
+    const AccessPattern &x = inst_.operands[dst].ap, &y = inst_.operands[src].ap;
+    if (!inst_.operands[src].is_tensor() || x.storage != y.storage) return true;
+    const Storage& st = k_.storage(x.storage);
+    auto dx = byte_dims(k_, x), dy = byte_dims(k_, y);
+    if (dx && dy && !dx->empty() && !dy->empty() && dtype_size(x.dtype) == dtype_size(y.dtype) &&
+        first_element_offset(k_, x) == first_element_offset(k_, y)) {
+      const ByteDims a = without_unit_dims(ByteDims(dx->begin() + 1, dx->end())),
+                     b = without_unit_dims(ByteDims(dy->begin() + 1, dy->end()));
+      bool same = a.size() == b.size();
+      for (size_t i = 0; same && i < a.size(); ++i) same = a[i].count == b[i].count && a[i].stride == b[i].stride;
+      if (same) return true;
+    }
+    if (!st.on_chip()) return false;
+    const TileGeometry gx = tile_geometry(st, x), gy = tile_geometry(st, y);
+    const bool rows = gx.first_partition < gy.first_partition + gy.partitions &&
+                      gy.first_partition < gx.first_partition + gx.partitions;
+    const ByteRange bx = partition_byte_range(st, x), by = partition_byte_range(st, y);
+    return !(rows && bx.begin < by.end && by.begin < bx.end);
   }
 
   /** Routines that keep per-partition state in stack arrays handle at most kMaxPartitions. */

@@ -265,10 +265,7 @@ DeviceProgram schedule(Kernel kernel, const ScheduleOptions& options) {
   uint32_t next_dma = 0;
   // A scratch tensor's first instruction also fills the whole tensor with sentinels (NaN / 4),
   // a write to every byte of it, not just to the part the instruction names.
-  std::vector<std::vector<StorageId>> fills(insts.size());
-  const std::vector<LiveRange> ranges = live_ranges(kernel);
-  for (StorageId id = 0; id < kernel.storages.size(); ++id)
-    if (kernel.storages[id].role == StorageRole::scratch && ranges[id].used()) fills[ranges[id].begin].push_back(id);
+  const std::vector<std::vector<StorageId>> fills = sentinel_fills(kernel, live_ranges(kernel));
   int64_t wait_edges = 0;
 
   for (uint32_t i = 0; i < insts.size(); ++i) {

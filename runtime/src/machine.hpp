@@ -93,11 +93,9 @@ class Machine {
         scratch_hbm(kernel.storages.size()),
         scalar_acc(t.num_partitions, 0.0f),
         vector_acc(t.num_partitions, 0.0f),
-        fills(kernel.instructions.size()) {
-    std::vector<jit::LiveRange> ranges = jit::live_ranges(kernel);
+        fills(jit::sentinel_fills(kernel, jit::live_ranges(kernel))) {
     for (StorageId id = 0; id < kernel.storages.size(); ++id) {
       const Storage& s = kernel.storages[id];
-      if (s.role == StorageRole::scratch && ranges[id].used()) fills[ranges[id].begin].push_back(id);
       if (s.role == StorageRole::scratch && is_hbm(s.buffer)) scratch_hbm[id].resize(s.total_bytes());
     }
   }
@@ -198,10 +196,11 @@ class Machine {
     const int64_t row_bytes = s.on_chip() ? s.partition_bytes() : n * size;
     const int64_t pitch = s.buffer == Buffer::sbuf ? sbuf_row : psum_row;
     uint8_t* base = storage_base(id);
-    for (int64_t r = 0; r < rows; ++r) {
-      uint8_t* row = base + r * pitch;
-      for (int64_t b = 0; b < row_bytes; b += size) std::memcpy(row + b, pattern, size);
-    }
+    // The first row by doubling copies of the pattern, then whole-row copies: memcpy speed.
+    if (row_bytes > 0) std::memcpy(base, pattern, size);
+    for (int64_t done = size; done < row_bytes; done *= 2)
+      std::memcpy(base + done, base, std::min(done, row_bytes - done));
+    for (int64_t r = 1; r < rows; ++r) std::memcpy(base + r * pitch, base, row_bytes);
     if (s.buffer == Buffer::psum) {
       for (int64_t p = 0; p < s.partitions(); ++p) {
         const int64_t word0 = ((s.address->partition + p) * psum_row + s.address->byte_offset) / 4;

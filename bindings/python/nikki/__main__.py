@@ -1,4 +1,12 @@
-"""Command line: ``python -m nikki run file.py [args...]`` runs an NKI script on nikki."""
+"""Command line (``nikki`` or ``python -m nikki``):
+
+- ``nikki run file.py [args...]`` runs an NKI script on nikki (``import nki`` / ``neuronxcc.nki``
+  resolve to nikki);
+- ``nikki profile [--out DIR] [--target trn1|trn2] file.py [args...]`` runs it the same way and
+  prints the estimated profile of every kernel it launched, writing a Perfetto trace per kernel;
+- ``nikki disasm file`` prints a device program file (``Program.serialize()``, ``nki.profile``'s
+  NEFF-named output) as a kernel author reads it.
+"""
 
 from __future__ import annotations
 
@@ -9,26 +17,89 @@ import sys
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m nikki", description="nikki: NKI kernels on a simulated NeuronCore")
+    parser = argparse.ArgumentParser(prog="nikki", description="nikki: NKI kernels on a simulated NeuronCore")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a Python file whose `import nki` / `neuronxcc.nki` imports resolve to nikki")
     run.add_argument("file")
     run.add_argument("args", nargs=argparse.REMAINDER)
+    prof = sub.add_parser("profile", help="run a Python file and print the estimated profile of each kernel it "
+                                          "launches (Perfetto traces in --out)")
+    prof.add_argument("--out", default="nikki-profile", help="directory for traces (default: ./nikki-profile)")
+    prof.add_argument("--top", type=int, default=8, help="longest instructions listed per kernel")
+    prof.add_argument("file")
+    prof.add_argument("args", nargs=argparse.REMAINDER)
+    dis = sub.add_parser("disasm", help="print a device program file")
+    dis.add_argument("file")
     ns = parser.parse_args(argv)
 
     if ns.command == "run":
-        from . import compat
+        _run_script(ns.file, ns.args)
+    elif ns.command == "profile":
+        return _profile_script(ns.file, ns.args, ns.out, ns.top)
+    elif ns.command == "disasm":
+        return _disassemble(ns.file)
+    return 0
 
-        compat.install()
-        sys.argv = [ns.file, *ns.args]
-        # As `python file.py` does: the script's directory comes first on sys.path, so the script
-        # can import the modules next to it (NKI samples import their kernels that way).
-        script_dir = os.path.dirname(os.path.abspath(ns.file))
-        if sys.path and sys.path[0] in ("", os.getcwd()):
-            sys.path[0] = script_dir
-        else:
-            sys.path.insert(0, script_dir)
-        runpy.run_path(ns.file, run_name="__main__")
+
+def _run_script(path: str, args) -> None:
+    from . import compat
+
+    compat.install()
+    sys.argv = [path, *args]
+    # As `python file.py` does: the script's directory comes first on sys.path, so the script
+    # can import the modules next to it (NKI samples import their kernels that way).
+    script_dir = os.path.dirname(os.path.abspath(path))
+    if sys.path and sys.path[0] in ("", os.getcwd()):
+        sys.path[0] = script_dir
+    else:
+        sys.path.insert(0, script_dir)
+    runpy.run_path(path, run_name="__main__")
+
+
+def _profile_script(path: str, args, out_dir: str, top: int) -> int:
+    from . import kernel as kernel_module
+    from .profiling import Profile, _core
+
+    launched = {}  # id(compiled) -> (kernel, compiled, launches)
+
+    def observe(k, compiled):
+        entry = launched.get(id(compiled))
+        launched[id(compiled)] = (k, compiled, (entry[2] if entry else 0) + 1)
+
+    kernel_module.launch_observers.append(observe)
+    try:
+        _run_script(path, args)
+    finally:
+        kernel_module.launch_observers.remove(observe)
+    if not launched:
+        print(f"nikki profile: {path} launched no kernel", file=sys.stderr)
+        return 1
+    os.makedirs(out_dir, exist_ok=True)
+    print(f"\nnikki profile: {len(launched)} kernel specialization(s) launched by {path}. All times are ESTIMATES "
+          "of nikki's timing model, not measurements.")
+    for n, (k, compiled, launches) in enumerate(launched.values()):
+        profiles = [_core.estimate(p) for p in compiled.programs]
+        target = compiled.programs[0].kernel.target
+        prof = Profile(k.fn.__name__, target, compiled.programs, profiles)
+        trace = prof.save_trace(os.path.join(out_dir, f"{n:02d}_{k.fn.__name__}.json"))
+        print(f"\n== {k.fn.__name__} (launched {launches}x) ==")
+        print(prof.summary(top))
+        print(f"trace: {trace} (open in https://ui.perfetto.dev or chrome://tracing)")
+    return 0
+
+
+def _disassemble(path: str) -> int:
+    from . import _core
+    from .errors import KernelError
+
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        program = _core.load_program(data)
+    except KernelError as err:
+        print(f"nikki disasm: {path}: {err.summary}", file=sys.stderr)
+        return 1
+    sys.stdout.write(program.disassemble())
     return 0
 
 

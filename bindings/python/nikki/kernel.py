@@ -22,6 +22,9 @@ from .tracing import TraceContext
 
 __all__ = ["Kernel", "jit"]
 
+# Callables told of every kernel launch as (kernel, compiled), e.g. by `nikki profile`.
+launch_observers: list = []
+
 
 def _is_torch(x) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
@@ -310,6 +313,9 @@ class Kernel:
 
     # --- running --------------------------------------------------------------------------
     def _launch(self, compiled: Compiled, values):
+        if launch_observers:
+            for observe in launch_observers:
+                observe(self, compiled)
         in_ptrs, keep, write_back, torch_out = [], [], [], False
         for i, v in enumerate(values):
             if isinstance(v, np.ndarray):

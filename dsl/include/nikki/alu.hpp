@@ -4,6 +4,10 @@
 //  - Arithmetic operators take and return fp32 (the engines compute in fp32).
 //  - Comparisons and logical operators return 1.0f or 0.0f; logical operators treat nonzero as true.
 //  - maximum/minimum propagate NaN (as numpy does), so uninitialized (NaN sentinel) data stays visible.
+//  - Every NaN result is the canonical quiet NaN (0x7fc00000). Which NaN operand IEEE arithmetic
+//    passes on is left to the host (x86 keeps the first source, and compilers may swap the
+//    operands of + and *), so canonicalizing is what makes results identical across executors,
+//    compilers and hosts.
 //  - Bitvec operators act on the integer bit patterns, widened to 64 bits, of the source dtype;
 //    right_shift is logical within `bits`, shifts by `bits` or more give 0.
 #pragma once
@@ -15,8 +19,16 @@
 
 namespace nikki {
 
+inline float alu_apply_raw(AluOp op, float a, float b);
+
 /** @brief fp32 result of arithmetic operator `op` on (a, b); unary operators ignore b. */
 inline float alu_apply(AluOp op, float a, float b) {
+  const float r = alu_apply_raw(op, a, b);
+  return r != r ? NAN : r;
+}
+
+/** @brief alu_apply before NaN canonicalization. */
+inline float alu_apply_raw(AluOp op, float a, float b) {
   switch (op) {
     case AluOp::bypass: return a;
     case AluOp::add: return a + b;

@@ -27,4 +27,15 @@ struct LiveRange {
  */
 std::vector<LiveRange> live_ranges(const Kernel& kernel);
 
+/**
+ * @brief The scratch storages to fill with sentinels (NaN / 4) when each instruction begins:
+ * `result[i]` lists those whose live range begins at instruction i.
+ *
+ * A fill nobody can observe is left out: when the first instruction writes every byte of the
+ * storage (one write-only operand covering it) and does not read it, the sentinels would be
+ * overwritten unseen. PSUM tiles are always filled, since the fill also resets the per-word
+ * "written since allocation" state that nc_matmul's automatic accumulation reads.
+ */
+std::vector<std::vector<StorageId>> sentinel_fills(const Kernel& kernel, const std::vector<LiveRange>& ranges);
+
 }  // namespace nikki::jit
