@@ -2115,3 +2115,25 @@ TEST_CASE("instr: device_print writes a tile to stdout (IR level)") {
   CHECK(text == "x [2, 3]:\n[[0.5, 1, 1.5],\n [2, 2.5, 3]]\nk [1, 4]:\n[[0, -1, -2, -3]]\n");
   check_all("kernel output", 6, [&](int64_t i) { return f32_at(outs[0], i); }, [&](int64_t i) { return f32_at(x, i); });
 }
+
+TEST_CASE("instr: GpSimd int32 logical operators treat nonzero as true") {
+  HostTensor a = integers(DType::int32, {64, 32}, 31, -3, 3), b = integers(DType::int32, {64, 32}, 32, -2, 2);
+  auto outs = run(
+      [](Tensor a, Tensor b) {
+        Tensor sa = to_sbuf(a), sb = to_sbuf(b);
+        std::vector<Tensor> r;
+        for (const nl::Op& op : {nl::logical_and, nl::logical_or, nl::logical_xor}) {
+          Tensor d = nl::ndarray({64, 32}, nl::int32, nl::sbuf);
+          isa::tensor_tensor(d, sa, sb, op);  // int32 tiles: GpSimd's exact integer path
+          r.push_back(to_hbm(d));
+        }
+        return r;
+      },
+      a, b);
+  const char* names[] = {"logical_and", "logical_or", "logical_xor"};
+  for (int k = 0; k < 3; ++k)
+    check_all(names[k], a.size(), [&](int64_t i) { return double(int_at(outs[k], i)); }, [&](int64_t i) {
+      const bool x = int_at(a, i) != 0, y = int_at(b, i) != 0;
+      return double(k == 0 ? (x && y) : k == 1 ? (x || y) : (x != y));
+    });
+}

@@ -2,7 +2,7 @@
 
 - ``nikki run file.py [args...]`` runs an NKI script on nikki (``import nki`` / ``neuronxcc.nki``
   resolve to nikki);
-- ``nikki profile [--out DIR] [--target trn1|trn2] file.py [args...]`` runs it the same way and
+- ``nikki profile [--out DIR] [--top N] file.py [args...]`` runs it the same way and
   prints the estimated profile of every kernel it launched, writing a Perfetto trace per kernel;
 - ``nikki disasm file`` prints a device program file (``Program.serialize()``, ``nki.profile``'s
   NEFF-named output) as a kernel author reads it.

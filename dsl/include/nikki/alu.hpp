@@ -43,8 +43,17 @@ inline float alu_apply_raw(AluOp op, float a, float b) {
       return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
     }
     case AluOp::fmod: return std::fmod(a, b);
-    case AluOp::abs_max: return alu_apply(AluOp::maximum, std::fabs(a), std::fabs(b));
-    case AluOp::abs_min: return alu_apply(AluOp::minimum, std::fabs(a), std::fabs(b));
+    // maximum / minimum of the magnitudes, spelled out rather than calling alu_apply: a call cycle
+    // (alu_apply -> alu_apply_raw -> alu_apply) keeps LLVM from inlining the operator into the
+    // native routines, and every element then pays a call
+    case AluOp::abs_max: {
+      const float x = std::fabs(a), y = std::fabs(b);
+      return (std::isnan(x) || std::isnan(y)) ? NAN : (x > y ? x : y);
+    }
+    case AluOp::abs_min: {
+      const float x = std::fabs(a), y = std::fabs(b);
+      return (std::isnan(x) || std::isnan(y)) ? NAN : (x < y ? x : y);
+    }
     case AluOp::equal: return a == b ? 1.0f : 0.0f;
     case AluOp::not_equal: return a != b ? 1.0f : 0.0f;
     case AluOp::greater: return a > b ? 1.0f : 0.0f;
@@ -94,6 +103,9 @@ inline int64_t alu_apply_int(AluOp op, int64_t a, int64_t b) {
     case AluOp::greater_equal: return a >= b;
     case AluOp::less: return a < b;
     case AluOp::less_equal: return a <= b;
+    case AluOp::logical_and: return a != 0 && b != 0;
+    case AluOp::logical_or: return a != 0 || b != 0;
+    case AluOp::logical_xor: return (a != 0) != (b != 0);
     default: return alu_apply_bits(op, a, b, 64);
   }
 }

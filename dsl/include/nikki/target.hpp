@@ -87,15 +87,14 @@ struct TargetConfig {
   uint32_t min_ii_cycles;               // MIN_II ~64 engine cycles [COST]
   uint32_t gpsimd_start_cycles;         // GPSIMD_START ~150 cycles [COST iota/affine_select]
   uint32_t static_overhead_cycles;      // ~100-cycle static instruction overhead [ARCH] [PERF]
-  uint32_t sram_access_overhead_cycles; // ~60 cycles per tensor access request [ARCH]
   uint32_t stride_penalty_bytes;        // minor stride > 16 B halves bandwidth [ARCH]
   uint32_t matmul_init_cycles;          // MM_INIT_LATENCY = 64 TensorE cycles [ARCH]
   uint32_t matmul_fp32_slowdown;        // fp32 matmul costs 4x the 16-bit cycles [COST nc_matmul]
   uint32_t pe_array_rows;               // 128 x 128 processing elements [ARCH]
   uint32_t pe_array_cols;
-  /** Per contiguous DMA buffer (descriptor element), the time of this many bytes: with 256 B,
-   * a 256 B-per-partition transfer runs at half bandwidth ("<256 B/partition severely
-   * overhead-bound"), 2 KiB at 89% ("approaches peak"), 4 KiB at 94% ("saturates") [DMA]. */
+  /** Per contiguous DMA buffer (descriptor element), the time of this many bytes: with 512 B,
+   * a 256 B-per-partition transfer runs at a third of the bandwidth ("<256 B/partition severely
+   * overhead-bound"), 2 KiB at 80% ("approaches peak"), 4 KiB at 89% ("saturates") [DMA]. */
   uint32_t dma_buffer_overhead_bytes;
   bool vector_perf_mode;          // NeuronCore-v3 VectorE 2x/4x modes for 16-bit SBUF data [ARCH v3]
   bool shared_sbuf_port;          // v2: VectorE and GpSimdE cannot access SBUF at once [ARCH]
@@ -133,7 +132,6 @@ inline constexpr TargetConfig kTrn1 = {
     .min_ii_cycles = 64,
     .gpsimd_start_cycles = 150,
     .static_overhead_cycles = 100,
-    .sram_access_overhead_cycles = 60,
     .stride_penalty_bytes = 16,
     .matmul_init_cycles = 64,
     .matmul_fp32_slowdown = 4,
@@ -173,7 +171,6 @@ inline constexpr TargetConfig kTrn2 = {
     .min_ii_cycles = 64,
     .gpsimd_start_cycles = 150,
     .static_overhead_cycles = 100,
-    .sram_access_overhead_cycles = 60,
     .stride_penalty_bytes = 16,
     .matmul_init_cycles = 64,
     .matmul_fp32_slowdown = 4,

@@ -39,7 +39,7 @@ struct NativeInstruction {
   uint32_t template_id = 0;
 };
 
-/** @brief Compile statistics, for benchmarks and NIKKI_LOG=native. */
+/** @brief Compile statistics, for benchmarks and NIKKI_LOG=stages. */
 struct NativeStats {
   int64_t instructions = 0;   // instructions with a native routine
   int64_t fallbacks = 0;      // instructions left to the reference semantics

@@ -10,8 +10,9 @@ namespace nikki::jit {
  * @brief Checks a kernel against the language rules and the hardware limits of its target.
  *
  * Throws KernelError for the first violation, naming the user's source line, the instruction,
- * the limit that was broken and how to fix it. Rules that depend on placement (capacity, bank
- * boundaries of manual addresses) are checked by allocate().
+ * the limit that was broken and how to fix it. Manual addresses (bank boundaries, alignment) are
+ * checked here too; capacity and overlaps with automatically placed tensors are checked by
+ * allocate().
  */
 void verify(const Kernel& kernel);
 
