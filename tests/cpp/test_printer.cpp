@@ -31,7 +31,7 @@ void check_golden(const std::string& text, const std::string& name) {
 TEST_CASE("printer: tiled matmul before and after allocation") {
   Kernel k = trace(TraceOptions{.target = TargetId::trn2}, "matmul",
                    [](Tensor a, Tensor b) { return kernels::matmul(a, b, nl::bfloat16); },
-                   spec({256, 128}, nl::bfloat16, "lhsT"), spec({256, 640}, nl::bfloat16, "rhs"));
+                   spec({128, 256}, nl::bfloat16, "a"), spec({256, 640}, nl::bfloat16, "b"));
   check_golden(to_string(k), "matmul.traced.ir");
   jit::Program p = jit::compile(std::move(k));
   check_golden(to_string(p.kernel), "matmul.allocated.ir");

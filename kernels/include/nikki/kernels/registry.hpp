@@ -6,8 +6,10 @@
 #include <string>
 #include <vector>
 
+#include "nikki/kernels/layernorm.hpp"
 #include "nikki/kernels/library.hpp"
 #include "nikki/kernels/matmul.hpp"
+#include "nikki/kernels/rmsnorm.hpp"
 #include "nikki/kernels/softmax.hpp"
 
 namespace nikki::kernels {
@@ -19,6 +21,10 @@ inline const std::vector<KernelInfo>& registry() {
         matmul_info(),
         softmax_info(),
         softmax_bwd_info(),
+        layernorm_info(),
+        layernorm_bwd_info(),
+        rmsnorm_info(),
+        rmsnorm_bwd_info(),
     };
   }();
   return kernels;

@@ -1,0 +1,101 @@
+// Estimated device performance of library kernels at their target shapes, from nikki's timing
+// model (timing only: nothing is executed). Every figure printed is an ESTIMATE of the modelled
+// NeuronCore, not a measurement.
+//
+//   build-dir/bench/nikki_kernel_estimates [--target trn1|trn2]
+//
+// matmul:       TensorE FLOP utilization = matmul FLOPs / (total time x the 16-bit PE-array peak).
+// softmax(_bwd): DMA roofline = compulsory HBM traffic (each input read once, each output written
+//               once) / peak DMA bandwidth; reported as roofline time / estimated time.
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "nikki/jit/compile.hpp"
+#include "nikki/kernels/registry.hpp"
+#include "nikki/runtime/profile.hpp"
+
+namespace {
+
+using namespace nikki;
+
+struct Estimate {
+  runtime::Profile profile;
+  size_t instructions = 0;
+  double compile_ms = 0;
+};
+
+Estimate estimate(const std::string& kernel, std::vector<TensorSpec> inputs, TargetId target) {
+  const auto start = std::chrono::steady_clock::now();
+  Kernel k = kernels::trace_library_kernel(kernels::find_kernel(kernel), std::move(inputs), {},
+                                           TraceOptions{.target = target});
+  jit::CompileOptions options;
+  options.native = false;
+  options.disk_cache = false;
+  jit::Program p = jit::compile(std::move(k), options);
+  Estimate e;
+  e.instructions = p.kernel.instructions.size();
+  e.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  e.profile = runtime::estimate(*p.device);
+  return e;
+}
+
+void report_matmul(int64_t M, int64_t K, int64_t N, DType d, TargetId target, double goal) {
+  Estimate e = estimate("matmul", {spec({M, K}, d), spec({K, N}, d)}, target);
+  const runtime::Profile& p = e.profile;
+  const double util = p.tensor_flop_utilization();
+  std::printf("matmul  %5lldx%5lldx%5lld %-8s %9.1f us  TensorE FLOP util %5.1f%%  qTensor busy %5.1f%%  "
+              "DMA %5.1f B/ns (%4.1f%% of peak)  %6zu instrs  %s\n",
+              (long long)M, (long long)K, (long long)N, std::string(dtype_name(d)).c_str(), p.total_ns / 1e3,
+              100 * util, 100 * p.utilization("qTensor"), p.dma_bytes_per_ns(),
+              100 * p.dma_bytes_per_ns() / p.dma_peak_bytes_per_ns, e.instructions,
+              goal > 0 ? (util >= goal ? "(target >= 85%: met)" : "(target >= 85%: MISSED)") : "");
+}
+
+void report_rows(const std::string& kernel, int64_t R, int64_t C, DType d, TargetId target, double goal) {
+  const int n_in = kernel == "softmax" ? 1 : 2;
+  std::vector<TensorSpec> inputs(n_in, spec({R, C}, d));
+  Estimate e = estimate(kernel, inputs, target);
+  const runtime::Profile& p = e.profile;
+  const double compulsory = double(R) * C * dtype_size(d) * (n_in + 1);  // inputs read + output written
+  const double roofline_ns = compulsory / p.dma_peak_bytes_per_ns;
+  const double ratio = roofline_ns / p.total_ns;
+  std::printf("%-11s [%5lld, %6lld] %-8s %9.1f us  roofline %8.1f us  = %5.1f%% of DMA roofline  "
+              "(moved %.2fx compulsory)  %6zu instrs  %s\n",
+              kernel.c_str(), (long long)R, (long long)C, std::string(dtype_name(d)).c_str(), p.total_ns / 1e3,
+              roofline_ns / 1e3, 100 * ratio, double(p.dma_bytes) / compulsory, e.instructions,
+              goal > 0 ? (ratio >= goal ? "(target >= 70%: met)" : "(target >= 70%: MISSED)") : "");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  TargetId target = TargetId::trn2;
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::strcmp(argv[i], "--target") == 0) target = require_target(argv[i + 1]);
+  std::printf("nikki kernel estimates on %s (timing model only; all figures are estimates)\n\n",
+              std::string(target_config(target).name).c_str());
+  try {
+    report_matmul(4096, 4096, 4096, DType::bfloat16, target, 0.85);
+    report_matmul(4096, 4096, 4096, DType::float32, target, 0);
+    report_matmul(2048, 8192, 1024, DType::bfloat16, target, 0);
+    report_matmul(1000, 1000, 1000, DType::bfloat16, target, 0);
+    report_matmul(512, 65536, 512, DType::bfloat16, target, 0);
+    std::printf("\n");
+    report_rows("softmax", 8192, 4096, DType::bfloat16, target, 0.70);
+    report_rows("softmax", 8192, 4096, DType::float32, target, 0);
+    report_rows("softmax", 8192, 128, DType::bfloat16, target, 0);
+    report_rows("softmax", 8192, 8, DType::bfloat16, target, 0);
+    report_rows("softmax", 1024, 65536, DType::float32, target, 0);
+    report_rows("softmax_bwd", 8192, 4096, DType::bfloat16, target, 0.70);
+    report_rows("softmax_bwd", 8192, 4096, DType::float32, target, 0);
+    report_rows("softmax_bwd", 1024, 65536, DType::float32, target, 0);
+  } catch (const KernelError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
