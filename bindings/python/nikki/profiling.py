@@ -63,9 +63,12 @@ class Profile:
         busy = self.engines().get(name, (0.0, 0))[0]
         return busy / self.total_ns if self.total_ns else 0.0
 
-    def tensor_flop_utilization(self) -> float:
-        """Achieved matmul FLOPs over the 16-bit TensorE peak for the whole run."""
-        return self.matmul_flops / (self.total_ns * self._peak_flops_per_ns) if self.total_ns else 0.0
+    def tensor_flop_utilization(self, flops: float | None = None) -> float:
+        """Matmul FLOPs over the 16-bit TensorE peak for the whole run. ``flops=`` counts only the
+        algorithm's useful FLOPs instead (e.g. half the score matrix of causal attention), which
+        leaves out transposes and masked work the kernel executes."""
+        work = self.matmul_flops if flops is None else flops
+        return work / (self.total_ns * self._peak_flops_per_ns) if self.total_ns else 0.0
 
     def dma_bandwidth(self) -> float:
         """Achieved DMA bandwidth in GB/s (bytes moved over total time)."""

@@ -38,8 +38,89 @@ def _softmax_bwd_inputs(specs, params, gen):
     return [out, _randn(gshape, gdtype, gen)]
 
 
+def _layernorm_ref(x, gamma, beta, eps=1e-5):
+    x = x.double()
+    mean = x.mean(-1)
+    rstd = 1 / torch.sqrt(x.var(-1, unbiased=False) + eps)
+    return [(x - mean[:, None]) * rstd[:, None] * gamma.double() + beta.double(), mean, rstd]
+
+
+def _rmsnorm_ref(x, gamma, eps=1e-6):
+    x = x.double()
+    rstd = 1 / torch.sqrt((x * x).mean(-1) + eps)
+    return [x * rstd[:, None] * gamma.double(), rstd]
+
+
+def _norm_bwd_inputs(stats):
+    """Inputs of a norm backward: x, gamma, the forward's saved statistics (fp32, computed from x
+    as the forward would), then grad_out."""
+
+    def make(specs, params, gen):
+        (xs, xd), (gs, gd) = specs[0], specs[1]
+        x, gamma = _randn(xs, xd, gen), _randn(gs, gd, gen)
+        saved = stats(x, gamma, params)
+        return [x, gamma, *[t.to(torch.float32) for t in saved], _randn(specs[-1][0], specs[-1][1], gen)]
+
+    return make
+
+
+def _layernorm_bwd_ref(x, gamma, mean, rstd, grad_out, eps=1e-5):
+    x, g_out, gamma = x.double(), grad_out.double(), gamma.double()
+    mean, rstd = mean.double()[:, None], rstd.double()[:, None]
+    xhat = (x - mean) * rstd
+    g = g_out * gamma
+    grad_x = rstd * (g - g.mean(-1, keepdim=True) - xhat * (g * xhat).mean(-1, keepdim=True))
+    return [grad_x, (g_out * xhat).sum(0), g_out.sum(0)]
+
+
+def _rmsnorm_bwd_ref(x, gamma, rstd, grad_out, eps=1e-6):
+    x, g_out, gamma, rstd = x.double(), grad_out.double(), gamma.double(), rstd.double()[:, None]
+    xhat = x * rstd
+    g = g_out * gamma
+    return [rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True)), (g_out * xhat).sum(0)]
+
+
+def _attention64(q, k, v, causal=False, scale=None):
+    """float64 attention with grouped-query heads and torch's top-left causal mask; returns
+    (out, logsumexp of the scaled, masked scores)."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q @ k.transpose(-1, -2)) * scale
+    if causal:
+        keep = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    return torch.exp(scores - lse[..., None]) @ v, lse
+
+
+def _attention_ref(q, k, v, causal=False, scale=None):
+    return list(_attention64(q, k, v, causal, scale))
+
+
+def _attention_bwd_inputs(specs, params, gen):
+    (qs, qd), (ks, kd), (vs, vd) = specs[:3]
+    q, k, v = _randn(qs, qd, gen), _randn(ks, kd, gen), _randn(vs, vd, gen)
+    out, lse = _attention64(q, k, v, params.get("causal", False), params.get("scale"))
+    return [q, k, v, out.to(qd), lse.to(torch.float32), _randn(specs[5][0], specs[5][1], gen)]
+
+
+def _attention_bwd_ref(q, k, v, out, lse, grad_out, causal=False, scale=None):
+    q64, k64, v64 = (t.double().requires_grad_() for t in (q, k, v))
+    o, _ = _attention64(q64, k64, v64, causal, scale)
+    return list(torch.autograd.grad(o, (q64, k64, v64), grad_out.double()))
+
+
 # name -> (input maker, reference returning every output as float64 tensors)
 REFERENCES = {
+    "flash_attention": (_default_inputs, _attention_ref),
+    "flash_attention_bwd": (_attention_bwd_inputs, _attention_bwd_ref),
+    "layernorm": (_default_inputs, _layernorm_ref),
+    "layernorm_bwd": (_norm_bwd_inputs(lambda x, g, p: _layernorm_ref(x, g, g, p.get("eps", 1e-5))[1:]),
+                      _layernorm_bwd_ref),
+    "rmsnorm": (_default_inputs, _rmsnorm_ref),
+    "rmsnorm_bwd": (_norm_bwd_inputs(lambda x, g, p: _rmsnorm_ref(x, g, p.get("eps", 1e-6))[1:]), _rmsnorm_bwd_ref),
     "matmul": (_default_inputs, lambda a, b: [a.double() @ b.double()]),
     "softmax": (_default_inputs, lambda x: [torch.softmax(x.double(), -1)]),
     "softmax_bwd": (_softmax_bwd_inputs,
