@@ -32,8 +32,11 @@ test-python: build
 
 test: test-cpp test-python
 
+# The C++ kernels on the reference interpreter, then flash attention from PyTorch with its profile.
 demo: build
 	$(BUILD)/examples/nikki_demo
+	PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) examples/flash_attention_demo.py \
+		--trace $(BUILD)/flash_attention_trace.json
 
 clean:
 	rm -rf $(BUILD)

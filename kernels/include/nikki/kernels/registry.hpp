@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "nikki/kernels/flash_attention.hpp"
 #include "nikki/kernels/layernorm.hpp"
 #include "nikki/kernels/library.hpp"
 #include "nikki/kernels/matmul.hpp"
@@ -21,6 +22,8 @@ inline const std::vector<KernelInfo>& registry() {
         matmul_info(),
         softmax_info(),
         softmax_bwd_info(),
+        flash_attention_info(),
+        flash_attention_bwd_info(),
         layernorm_info(),
         layernorm_bwd_info(),
         rmsnorm_info(),

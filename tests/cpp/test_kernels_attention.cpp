@@ -1,0 +1,219 @@
+// Flash attention forward and backward against a plain double-precision reference computed here,
+// over a sweep of shapes (tails, S = 1, Skv != S, grouped query attention, head dims), causal and
+// not, float32 and bfloat16.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "harness.hpp"
+#include "nikki/kernels/flash_attention.hpp"
+
+namespace nikki::test {
+namespace {
+
+struct Case {
+  int64_t B, H, Hkv, S, Skv, D;
+  bool causal;
+  DType dtype;
+  double scale = std::nan("");  // NaN: the default 1 / sqrt(D)
+};
+
+std::string describe(const Case& c) {
+  return fmt::format("B={} H={} Hkv={} S={} Skv={} D={} causal={} {} scale={}", c.B, c.H, c.Hkv, c.S, c.Skv, c.D,
+                     c.causal, dtype_name(c.dtype), c.scale);
+}
+
+/** The exact attention of one case, from the inputs as rounded to their dtype. */
+struct Reference {
+  std::vector<double> out, lse, dq, dk, dv;
+};
+
+Reference reference(const Case& c, const HostTensor& q, const HostTensor& k, const HostTensor& v,
+                    const HostTensor* dout) {
+  const double scale = std::isnan(c.scale) ? 1.0 / std::sqrt(double(c.D)) : c.scale;
+  const int64_t G = c.H / c.Hkv;
+  Reference r;
+  r.out.assign(c.B * c.H * c.S * c.D, 0.0);
+  r.lse.assign(c.B * c.H * c.S, 0.0);
+  if (dout) {
+    r.dq.assign(r.out.size(), 0.0);
+    r.dk.assign(c.B * c.Hkv * c.Skv * c.D, 0.0);
+    r.dv.assign(r.dk.size(), 0.0);
+  }
+  std::vector<double> p(c.Skv), dp(c.Skv);
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.H; ++h) {
+      const int64_t g = h / G;
+      auto qi = [&](int64_t i, int64_t e) { return double(q.get(((b * c.H + h) * c.S + i) * c.D + e)); };
+      auto kv_index = [&](int64_t j, int64_t e) { return ((b * c.Hkv + g) * c.Skv + j) * c.D + e; };
+      for (int64_t i = 0; i < c.S; ++i) {
+        const int64_t visible = c.causal ? std::min(c.Skv, i + 1) : c.Skv;
+        double m = -INFINITY;
+        for (int64_t j = 0; j < visible; ++j) {
+          double s = 0;
+          for (int64_t e = 0; e < c.D; ++e) s += qi(i, e) * double(k.get(kv_index(j, e)));
+          p[j] = s * scale;
+          m = std::max(m, p[j]);
+        }
+        double l = 0;
+        for (int64_t j = 0; j < visible; ++j) l += std::exp(p[j] - m);
+        const double lse = m + std::log(l);
+        r.lse[(b * c.H + h) * c.S + i] = lse;
+        for (int64_t j = 0; j < visible; ++j) p[j] = std::exp(p[j] - lse);
+        const int64_t row = ((b * c.H + h) * c.S + i) * c.D;
+        for (int64_t e = 0; e < c.D; ++e) {
+          double o = 0;
+          for (int64_t j = 0; j < visible; ++j) o += p[j] * double(v.get(kv_index(j, e)));
+          r.out[row + e] = o;
+        }
+        if (!dout) continue;
+        // dP = dO V^T, Di = sum(dO * O), dS = P (dP - Di); dQ = scale dS K, dK = scale dS^T Q, dV = P^T dO.
+        double di = 0;
+        for (int64_t e = 0; e < c.D; ++e) di += double(dout->get(row + e)) * r.out[row + e];
+        for (int64_t j = 0; j < visible; ++j) {
+          double s = 0;
+          for (int64_t e = 0; e < c.D; ++e) s += double(dout->get(row + e)) * double(v.get(kv_index(j, e)));
+          dp[j] = p[j] * (s - di);
+        }
+        for (int64_t j = 0; j < visible; ++j)
+          for (int64_t e = 0; e < c.D; ++e) {
+            r.dq[row + e] += scale * dp[j] * double(k.get(kv_index(j, e)));
+            r.dk[kv_index(j, e)] += scale * dp[j] * qi(i, e);
+            r.dv[kv_index(j, e)] += p[j] * double(dout->get(row + e));
+          }
+      }
+    }
+  return r;
+}
+
+/** Largest |got - want| / (atol + rtol * |want|); <= 1 passes. */
+double worst(const HostTensor& got, const std::vector<double>& want, double atol, double rtol, int64_t* where) {
+  double w = 0;
+  for (int64_t i = 0; i < got.size(); ++i) {
+    const double e = std::fabs(double(got.get(i)) - want[i]) / (atol + rtol * std::fabs(want[i]));
+    if (!(e <= w)) {  // NaN counts as a failure
+      w = std::isnan(e) ? INFINITY : e;
+      *where = i;
+    }
+  }
+  return w;
+}
+
+void check_close(const char* what, const HostTensor& got, const std::vector<double>& want, double atol, double rtol) {
+  CAPTURE(what);
+  REQUIRE(got.size() == int64_t(want.size()));
+  int64_t at = 0;
+  const double w = worst(got, want, atol, rtol, &at);
+  INFO("worst element " << at << ": got " << got.get(at) << ", want " << want[at] << " (error/tolerance " << w
+                        << ")");
+  CHECK(w <= 1.0);
+}
+
+kernels::Params params_of(const Case& c) {
+  kernels::Params p{{"causal", c.causal ? 1.0 : 0.0}};
+  if (!std::isnan(c.scale)) p.set("scale", c.scale);
+  return p;
+}
+
+// Tolerances. float32: the kernel accumulates in float32 everywhere, so errors are a few float32
+// roundings of values of magnitude ~1 summed over <= Skv terms: 2e-5 absolute is ~100 ulps.
+// bfloat16: the output is rounded to bfloat16 (relative 2^-9 = 0.2%) and the probabilities feed
+// the P V matmul as bfloat16 (another 0.2% per term, averaging out over the keys): 1% relative +
+// 0.01 absolute covers both with margin; lse stays float32 but its scores come from bfloat16
+// probabilities' sums, so it gets 1e-2 absolute.
+struct Tolerance {
+  double atol, rtol, lse_atol;
+};
+Tolerance forward_tolerance(DType t) {
+  return t == DType::float32 ? Tolerance{2e-5, 2e-5, 2e-5} : Tolerance{1e-2, 1e-2, 1e-2};
+}
+
+void run_forward_case(const Case& c, uint32_t seed) {
+  CAPTURE(describe(c));
+  HostTensor q = random_tensor(c.dtype, {c.B, c.H, c.S, c.D}, seed, -1.0f, 1.0f);
+  HostTensor k = random_tensor(c.dtype, {c.B, c.Hkv, c.Skv, c.D}, seed + 1, -1.0f, 1.0f);
+  HostTensor v = random_tensor(c.dtype, {c.B, c.Hkv, c.Skv, c.D}, seed + 2, -1.0f, 1.0f);
+  // Scores of a few units make the softmax peaked enough to exercise the running maximum.
+  for (int64_t i = 0; i < q.size(); ++i) q.set(i, q.get(i) * 3.0f);
+  const kernels::KernelInfo info = kernels::flash_attention_info();
+  Kernel kernel = kernels::trace_library_kernel(info, {q.spec(), k.spec(), v.spec()}, params_of(c));
+  std::vector<HostTensor> got = run_kernel(std::move(kernel), {&q, &k, &v}, Mode::streams_native);
+  const Reference r = reference(c, q, k, v, nullptr);
+  const Tolerance t = forward_tolerance(c.dtype);
+  check_close("out", got[0], r.out, t.atol, t.rtol);
+  check_close("lse", got[1], r.lse, t.lse_atol, 0.0);
+}
+
+TEST_CASE("flash_attention forward matches a double-precision reference") {
+  const std::vector<Case> cases = {
+      {1, 1, 1, 128, 128, 64, false, DType::float32},
+      {1, 1, 1, 128, 128, 64, true, DType::float32},
+      {1, 2, 1, 200, 330, 128, false, DType::float32},
+      {1, 2, 1, 200, 330, 128, true, DType::float32},
+      {1, 1, 1, 330, 200, 64, true, DType::bfloat16},
+      {2, 4, 2, 1, 70, 64, false, DType::bfloat16},
+      {1, 1, 1, 1, 1, 32, true, DType::float32},
+      {1, 3, 3, 1000, 1000, 128, true, DType::bfloat16},
+      {1, 1, 1, 256, 4608, 128, false, DType::bfloat16},  // two key chunks: the online softmax rescales
+      {1, 2, 1, 129, 5000, 96, true, DType::float32, 0.3},
+  };
+  uint32_t seed = 11;
+  for (const Case& c : cases) run_forward_case(c, seed += 3);
+}
+
+
+/** Largest |got - want| / (atol * max|want| + rtol * |want|) over a tensor; <= 1 passes. */
+void check_close_scaled(const char* what, const HostTensor& got, const std::vector<double>& want, double atol,
+                        double rtol) {
+  double peak = 0;
+  for (double w : want) peak = std::max(peak, std::fabs(w));
+  check_close(what, got, want, atol * std::max(peak, 1e-30), rtol);
+}
+
+void run_backward_case(const Case& c, uint32_t seed) {
+  CAPTURE(describe(c));
+  HostTensor q = random_tensor(c.dtype, {c.B, c.H, c.S, c.D}, seed, -1.0f, 1.0f);
+  HostTensor k = random_tensor(c.dtype, {c.B, c.Hkv, c.Skv, c.D}, seed + 1, -1.0f, 1.0f);
+  HostTensor v = random_tensor(c.dtype, {c.B, c.Hkv, c.Skv, c.D}, seed + 2, -1.0f, 1.0f);
+  HostTensor dout = random_tensor(c.dtype, {c.B, c.H, c.S, c.D}, seed + 3, -1.0f, 1.0f);
+  for (int64_t i = 0; i < q.size(); ++i) q.set(i, q.get(i) * 3.0f);
+  const Reference r = reference(c, q, k, v, &dout);
+  // The saved forward outputs, as the forward would have stored them.
+  HostTensor out(c.dtype, {c.B, c.H, c.S, c.D}), lse(DType::float32, {c.B, c.H, c.S});
+  for (int64_t i = 0; i < out.size(); ++i) out.set(i, float(r.out[size_t(i)]));
+  for (int64_t i = 0; i < lse.size(); ++i) lse.set(i, float(r.lse[size_t(i)]));
+  const kernels::KernelInfo info = kernels::flash_attention_bwd_info();
+  Kernel kernel = kernels::trace_library_kernel(info, {q.spec(), k.spec(), v.spec(), out.spec(), lse.spec(), dout.spec()},
+                                                params_of(c));
+  std::vector<HostTensor> got = run_kernel(std::move(kernel), {&q, &k, &v, &out, &lse, &dout}, Mode::streams_native);
+  // Gradients are sums over keys (dq) or queries (dk, dv) of terms that largely cancel (dS sums to
+  // zero over each row), so errors scale with the size of the terms, not of the result: tolerances
+  // are relative to the largest gradient element. float32: every product and sum is float32, 1e-4
+  // of the peak covers the roundings of sums of up to ~5000 terms. bfloat16: P, dP - Di and dS are
+  // rounded to bfloat16 (2^-9 each) before the matmuls and the results are stored in bfloat16:
+  // 2% of the peak plus 2% of the element.
+  const double atol = c.dtype == DType::float32 ? 1e-4 : 2e-2, rtol = c.dtype == DType::float32 ? 1e-4 : 2e-2;
+  check_close_scaled("grad_q", got[0], r.dq, atol, rtol);
+  check_close_scaled("grad_k", got[1], r.dk, atol, rtol);
+  check_close_scaled("grad_v", got[2], r.dv, atol, rtol);
+}
+
+TEST_CASE("flash_attention backward matches a double-precision reference") {
+  const std::vector<Case> cases = {
+      {1, 1, 1, 128, 128, 64, false, DType::float32},
+      {1, 1, 1, 128, 128, 64, true, DType::float32},
+      {1, 2, 1, 200, 330, 128, false, DType::float32},
+      {1, 2, 1, 200, 330, 128, true, DType::float32},
+      {1, 1, 1, 330, 200, 64, true, DType::bfloat16},  // keys past the last query get zero gradients
+      {2, 4, 2, 1, 70, 64, false, DType::bfloat16},
+      {1, 1, 1, 1, 1, 32, true, DType::float32},
+      {1, 3, 3, 700, 700, 128, true, DType::bfloat16},
+      {1, 2, 1, 129, 1100, 96, true, DType::float32, 0.3},
+      {1, 2, 1, 300, 600, 128, false, DType::bfloat16},
+  };
+  uint32_t seed = 5;
+  for (const Case& c : cases) run_backward_case(c, seed += 4);
+}
+
+}  // namespace
+}  // namespace nikki::test
