@@ -5,8 +5,9 @@
 //   build-dir/bench/nikki_kernel_estimates [--target trn1|trn2]
 //
 // matmul:       TensorE FLOP utilization = matmul FLOPs / (total time x the 16-bit PE-array peak).
-// softmax(_bwd): DMA roofline = compulsory HBM traffic (each input read once, each output written
-//               once) / peak DMA bandwidth; reported as roofline time / estimated time.
+// softmax, layernorm, rmsnorm and their backwards: DMA roofline = compulsory HBM traffic (each
+//               input read once, each output written once) / peak DMA bandwidth; reported as
+//               roofline time / estimated time. The goals (>= 70%) are for the forward kernels on trn2.
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -25,6 +26,7 @@ using namespace nikki;
 struct Estimate {
   runtime::Profile profile;
   size_t instructions = 0;
+  std::vector<TensorSpec> outputs;
   double compile_ms = 0;
 };
 
@@ -38,6 +40,10 @@ Estimate estimate(const std::string& kernel, std::vector<TensorSpec> inputs, Tar
   jit::Program p = jit::compile(std::move(k), options);
   Estimate e;
   e.instructions = p.kernel.instructions.size();
+  for (StorageId id : p.kernel.outputs) {
+    const Storage& out = p.kernel.storage(id);
+    e.outputs.push_back(spec(out.shape, out.dtype));
+  }
   e.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   e.profile = runtime::estimate(*p.device);
   return e;
@@ -55,18 +61,34 @@ void report_matmul(int64_t M, int64_t K, int64_t N, DType d, TargetId target, do
               goal > 0 ? (util >= goal ? "(target >= 85%: met)" : "(target >= 85%: MISSED)") : "");
 }
 
+/** Input specs of a row-wise kernel from its input names: rows [R, C], per-column [C], per-row fp32 [R]. */
+std::vector<TensorSpec> row_inputs(const kernels::KernelInfo& info, int64_t R, int64_t C, DType d) {
+  std::vector<TensorSpec> specs;
+  for (const std::string& n : info.inputs) {
+    if (n == "gamma" || n == "beta") specs.push_back(spec({C}, d));
+    else if (n == "mean" || n == "rstd") specs.push_back(spec({R}, DType::float32));
+    else specs.push_back(spec({R, C}, d));  // x, out, grad_out
+  }
+  return specs;
+}
+
+/** A memory-bound kernel against its DMA roofline: the compulsory HBM traffic (every input read
+ *  once, every output written once) at peak DMA bandwidth, over the estimated time. */
 void report_rows(const std::string& kernel, int64_t R, int64_t C, DType d, TargetId target, double goal) {
-  const int n_in = kernel == "softmax" ? 1 : 2;
-  std::vector<TensorSpec> inputs(n_in, spec({R, C}, d));
+  const kernels::KernelInfo& info = kernels::find_kernel(kernel);
+  const std::vector<TensorSpec> inputs = row_inputs(info, R, C, d);
   Estimate e = estimate(kernel, inputs, target);
   const runtime::Profile& p = e.profile;
-  const double compulsory = double(R) * C * dtype_size(d) * (n_in + 1);  // inputs read + output written
+  double compulsory = 0;
+  for (const TensorSpec& s : inputs) compulsory += double(s.shape.num_elements()) * dtype_size(s.dtype);
+  for (const TensorSpec& s : e.outputs) compulsory += double(s.shape.num_elements()) * dtype_size(s.dtype);
   const double roofline_ns = compulsory / p.dma_peak_bytes_per_ns;
   const double ratio = roofline_ns / p.total_ns;
-  std::printf("%-11s [%5lld, %6lld] %-8s %9.1f us  roofline %8.1f us  = %5.1f%% of DMA roofline  "
-              "(moved %.2fx compulsory)  %6zu instrs  %s\n",
+  std::printf("%-14s [%5lld, %6lld] %-8s %9.1f us  roofline %8.1f us = %5.1f%% of DMA roofline  "
+              "(moved %.2fx compulsory)  busy: V %3.0f%% S %3.0f%% G %3.0f%%  %6zu instrs  %s\n",
               kernel.c_str(), (long long)R, (long long)C, std::string(dtype_name(d)).c_str(), p.total_ns / 1e3,
-              roofline_ns / 1e3, 100 * ratio, double(p.dma_bytes) / compulsory, e.instructions,
+              roofline_ns / 1e3, 100 * ratio, double(p.dma_bytes) / compulsory, 100 * p.utilization("qVector"),
+              100 * p.utilization("qScalar"), 100 * p.utilization("qGpSimd"), e.instructions,
               goal > 0 ? (ratio >= goal ? "(target >= 70%: met)" : "(target >= 70%: MISSED)") : "");
 }
 
@@ -90,9 +112,20 @@ int main(int argc, char** argv) {
     report_rows("softmax", 8192, 128, DType::bfloat16, target, 0);
     report_rows("softmax", 8192, 8, DType::bfloat16, target, 0);
     report_rows("softmax", 1024, 65536, DType::float32, target, 0);
-    report_rows("softmax_bwd", 8192, 4096, DType::bfloat16, target, 0.70);
+    report_rows("softmax_bwd", 8192, 4096, DType::bfloat16, target, 0);
     report_rows("softmax_bwd", 8192, 4096, DType::float32, target, 0);
     report_rows("softmax_bwd", 1024, 65536, DType::float32, target, 0);
+    std::printf("\n");
+    report_rows("layernorm", 8192, 4096, DType::bfloat16, target, 0.70);
+    report_rows("rmsnorm", 8192, 4096, DType::bfloat16, target, 0.70);
+    report_rows("layernorm_bwd", 8192, 4096, DType::bfloat16, target, 0);
+    report_rows("rmsnorm_bwd", 8192, 4096, DType::bfloat16, target, 0);
+    for (const char* norm : {"layernorm", "rmsnorm", "layernorm_bwd", "rmsnorm_bwd"}) {
+      report_rows(norm, 8192, 4096, DType::float32, target, 0);
+      report_rows(norm, 16384, 1024, DType::bfloat16, target, 0);
+      report_rows(norm, 4096, 16384, DType::bfloat16, target, 0);
+      report_rows(norm, 512, 65536, DType::bfloat16, target, 0);
+    }
   } catch (const KernelError& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

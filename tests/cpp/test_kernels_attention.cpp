@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "close_check.hpp"
 #include "harness.hpp"
 #include "nikki/kernels/flash_attention.hpp"
 
@@ -86,29 +87,6 @@ Reference reference(const Case& c, const HostTensor& q, const HostTensor& k, con
   return r;
 }
 
-/** Largest |got - want| / (atol + rtol * |want|); <= 1 passes. */
-double worst(const HostTensor& got, const std::vector<double>& want, double atol, double rtol, int64_t* where) {
-  double w = 0;
-  for (int64_t i = 0; i < got.size(); ++i) {
-    const double e = std::fabs(double(got.get(i)) - want[i]) / (atol + rtol * std::fabs(want[i]));
-    if (!(e <= w)) {  // NaN counts as a failure
-      w = std::isnan(e) ? INFINITY : e;
-      *where = i;
-    }
-  }
-  return w;
-}
-
-void check_close(const char* what, const HostTensor& got, const std::vector<double>& want, double atol, double rtol) {
-  CAPTURE(what);
-  REQUIRE(got.size() == int64_t(want.size()));
-  int64_t at = 0;
-  const double w = worst(got, want, atol, rtol, &at);
-  INFO("worst element " << at << ": got " << got.get(at) << ", want " << want[at] << " (error/tolerance " << w
-                        << ")");
-  CHECK(w <= 1.0);
-}
-
 kernels::Params params_of(const Case& c) {
   kernels::Params p{{"causal", c.causal ? 1.0 : 0.0}};
   if (!std::isnan(c.scale)) p.set("scale", c.scale);
@@ -140,8 +118,8 @@ void run_forward_case(const Case& c, uint32_t seed) {
   std::vector<HostTensor> got = run_kernel(std::move(kernel), {&q, &k, &v}, Mode::streams_native);
   const Reference r = reference(c, q, k, v, nullptr);
   const Tolerance t = forward_tolerance(c.dtype);
-  check_close("out", got[0], r.out, t.atol, t.rtol);
-  check_close("lse", got[1], r.lse, t.lse_atol, 0.0);
+  check_close("out", got[0], r.out, t.rtol, t.atol);
+  check_close("lse", got[1], r.lse, 0.0, t.lse_atol);
 }
 
 TEST_CASE("flash_attention forward matches a double-precision reference") {
@@ -161,13 +139,12 @@ TEST_CASE("flash_attention forward matches a double-precision reference") {
   for (const Case& c : cases) run_forward_case(c, seed += 3);
 }
 
-
-/** Largest |got - want| / (atol * max|want| + rtol * |want|) over a tensor; <= 1 passes. */
+/** check_close with an absolute tolerance of atol times the largest |want| of the tensor. */
 void check_close_scaled(const char* what, const HostTensor& got, const std::vector<double>& want, double atol,
                         double rtol) {
   double peak = 0;
   for (double w : want) peak = std::max(peak, std::fabs(w));
-  check_close(what, got, want, atol * std::max(peak, 1e-30), rtol);
+  check_close(what, got, want, rtol, atol * std::max(peak, 1e-30));
 }
 
 void run_backward_case(const Case& c, uint32_t seed) {

@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include "close_check.hpp"
 #include "harness.hpp"
 #include "nikki/kernels/layernorm.hpp"
 #include "nikki/kernels/registry.hpp"
@@ -52,51 +53,6 @@ double format_ulp(DType d) {
     case DType::bfloat16: return 0x1p-7;
     case DType::float16: return 0x1p-10;
     default: return 0.0;
-  }
-}
-
-/**
- * Compares got against want element-wise: |got - want| <= tol_rel * |want| + tol_abs, where the
- * caller derives tol_abs from the scale of the terms that produced want. Reports the worst element.
- */
-void check_close(const std::string& what, const HostTensor& got, const std::vector<double>& want, double tol_rel,
-                 double tol_abs) {
-  REQUIRE(got.size() == static_cast<int64_t>(want.size()));
-  int64_t bad = 0, worst = -1;
-  double worst_excess = 0;
-  for (int64_t i = 0; i < got.size(); ++i) {
-    const double g = got.get(i), w = want[i];
-    const double err = std::abs(g - w), tol = tol_rel * std::abs(w) + tol_abs;
-    if (!(err <= tol)) {
-      ++bad;
-      const double excess = std::isnan(err) ? INFINITY : err / tol;
-      if (worst < 0 || excess > worst_excess) worst = i, worst_excess = excess;
-    }
-  }
-  if (bad) {
-    FAIL_CHECK(fmt::format("{}: {} of {} elements out of tolerance; worst at {}: got {} want {} (tol {} rel + {} abs)",
-                           what, bad, got.size(), worst, got.get(worst), want[worst], tol_rel, tol_abs));
-  }
-}
-
-/** check_close with a per-element absolute tolerance (the scale of the terms each element sums). */
-void check_close(const std::string& what, const HostTensor& got, const std::vector<double>& want, double tol_rel,
-                 const std::vector<double>& tol_abs) {
-  REQUIRE(got.size() == static_cast<int64_t>(want.size()));
-  int64_t bad = 0, worst = -1;
-  double worst_excess = 0;
-  for (int64_t i = 0; i < got.size(); ++i) {
-    const double g = got.get(i), w = want[i];
-    const double err = std::abs(g - w), tol = tol_rel * std::abs(w) + tol_abs[i];
-    if (!(err <= tol)) {
-      ++bad;
-      const double excess = std::isnan(err) ? INFINITY : err / tol;
-      if (worst < 0 || excess > worst_excess) worst = i, worst_excess = excess;
-    }
-  }
-  if (bad) {
-    FAIL_CHECK(fmt::format("{}: {} of {} elements out of tolerance; worst at {}: got {} want {} (tol {} rel + {} abs)",
-                           what, bad, got.size(), worst, got.get(worst), want[worst], tol_rel, tol_abs[worst]));
   }
 }
 
