@@ -31,8 +31,8 @@ class Hasher {
   Hash128 finish() const;
 
  private:
-  uint64_t a_ = 0xcbf29ce484222325ull;  // FNV-1a offset basis
-  uint64_t b_ = 0x84222325cbf29ce4ull;  // a second, independent lane
+  uint64_t a_ = 0xcbf29ce484222325ull;  // arbitrary distinct seeds of the two lanes
+  uint64_t b_ = 0x84222325cbf29ce4ull;
   uint64_t n_ = 0;
 };
 
