@@ -224,6 +224,14 @@ PYBIND11_MODULE(_core, m) {
   py::class_<AccessPattern>(m, "View")
       .def_readonly("storage", &AccessPattern::storage)
       .def_readonly("dtype", &AccessPattern::dtype)
+      // The dtype as its enum's integer: tracing looks dtypes up per operand, and an integer is
+      // much cheaper to hash from Python than the enum object.
+      .def_property_readonly("dtype_index", [](const AccessPattern& ap) { return int(ap.dtype); })
+      // Stride 0 over several partitions: an engine cannot stream such a view (see isa.py).
+      .def_property_readonly("is_partition_broadcast",
+                             [](const AccessPattern& ap) {
+                               return ap.rank >= 2 && ap.dims[0].stride == 0 && ap.dims[0].count > 1;
+                             })
       .def_readonly("offset", &AccessPattern::offset)
       .def_property_readonly("ndim", [](const AccessPattern& ap) { return int(ap.rank); })
       .def_property_readonly("shape", [](const AccessPattern& ap) { return shape_tuple(ap.shape()); })

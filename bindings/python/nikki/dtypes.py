@@ -54,6 +54,8 @@ class dtype:
 
 for _core_dtype in _core.DType.__members__.values():
     dtype._by_name[_core_dtype.name] = dtype(_core_dtype)
+# By the enum's integer value (``View.dtype_index``): the tracing hot path.
+BY_CORE_INDEX = {int(d.core): d for d in dtype._by_name.values()}
 
 _ALIASES = {
     "f32": "float32", "fp32": "float32", "bf16": "bfloat16", "f16": "float16", "fp16": "float16",
@@ -83,7 +85,7 @@ def to_dtype(value) -> dtype:
     if isinstance(value, dtype):
         return value
     if isinstance(value, _core.DType):
-        return dtype._by_name[value.name]
+        return BY_CORE_INDEX[int(value)]
     if isinstance(value, str):
         name = _ALIASES.get(value, value)
         if name in dtype._by_name:

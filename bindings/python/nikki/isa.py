@@ -140,11 +140,17 @@ def _operand(x):
     raise kernel_error_at(user_frame(3), f"unsupported operand {x!r}", hint="pass a tensor, a number or a register")
 
 
+# Opcodes whose operands are never staged by _partition_broadcast. Callers pass the enum's class
+# attributes, so identity comparisons suffice (and are much cheaper than the enum's __eq__).
+_DMA_COPY = _core.Opcode.dma_copy
+_DEVICE_PRINT = _core.Opcode.device_print
+
+
 def _emit(opcode, operands, eng=engine.unknown, name=None, **attrs) -> int:
     ctx = current()
     loc = ctx.location()
-    if opcode not in (_core.Opcode.dma_copy, _core.Opcode.device_print):
-        operands = [operands[0], *(_partition_broadcast(o) for o in operands[1:])] if operands else operands
+    if operands and opcode is not _DMA_COPY and opcode is not _DEVICE_PRINT:
+        operands = [operands[0], *(_partition_broadcast(o) for o in operands[1:])]
     return ctx.builder.emit(opcode, _engine(eng), loc, [_operand(o) for o in operands], name or "", **attrs)
 
 
@@ -153,13 +159,10 @@ def _partition_broadcast(x):
     ``t[0:1, :].broadcast_to((128, F))`` gives) cannot be read by an engine, which streams
     consecutive partitions; it is first copied into a full tile by a DMA (legacy kernels rely on
     this broadcast)."""
-    if not isinstance(x, NkiTensor) or x.ndim < 2:
-        return x
-    stride, count = x._view.pattern[0]
-    if stride != 0 or count <= 1 or not x.buffer.is_on_chip:
+    if not isinstance(x, NkiTensor) or not x._view.is_partition_broadcast or not x.buffer.is_on_chip:
         return x
     staged = _new_tile(x.shape, x.dtype, sbuf, name="partition_broadcast")
-    _emit(_core.Opcode.dma_copy, (staged, x), _core.Engine.dma)
+    _emit(_DMA_COPY, (staged, x), _core.Engine.dma)
     return staged
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import _core
+from .dtypes import BY_CORE_INDEX as _DTYPE_BY_INDEX
 from .dtypes import dtype as _dtype_cls
 from .dtypes import to_dtype
 from .errors import KernelError, ViewError, kernel_error_at, user_frame
@@ -104,7 +105,7 @@ class NkiTensor:
 
     @property
     def dtype(self) -> _dtype_cls:
-        return to_dtype(self._view.dtype)
+        return _DTYPE_BY_INDEX[self._view.dtype_index]
 
     @property
     def buffer(self) -> MemoryRegion:
