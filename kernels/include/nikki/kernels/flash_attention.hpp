@@ -12,16 +12,22 @@
 //   bottleneck. The forward copies the scaled scores to SBUF once (Vector, 2x mode), the GpSimd
 //   engine halves each row by a pairwise maximum, the Vector engine reduces the half to the row
 //   maximum in its fast bf16 mode, and the Scalar engine computes exp from the SBUF copy. The
-//   maximum is taken of bf16-rounded scores: it only has to be close to the true maximum for exp
-//   to stay in range, and the logsumexp is computed with the same value, so results do not
-//   depend on its rounding.
+//   maximum is taken of bf16-rounded scores (and kept in bf16, the bias of exp): it only has to
+//   be close to the true maximum for exp to stay in range, and the logsumexp is computed with the
+//   same value, so results do not depend on its rounding. Every other read of PSUM (scores, P^T,
+//   the output and its denominator) goes to whichever of the Vector and Scalar engines finishes
+//   it first: per 128x128 block the two carry about 270 ns of work against the Tensor engine's
+//   160 ns, so they stay within a few percent of it only if neither idles.
 // - V gets an extra column of ones, so the P V matmul also accumulates the softmax denominator
 //   (the sum of the very probabilities the numerator used) with no reduction instruction.
-// - Work is emitted as a software pipeline over (head, query tile, key chunk) items: each stage
-//   of item t is emitted a fixed number of steps after its first stage, so that every engine's
-//   in-order queue holds work whose inputs were produced one step earlier. Tiles that several
-//   items have in flight live in rings carved out of one tensor; the scheduler's byte-range
-//   hazards make a slot wait only for its own previous readers.
+// - Work is ordered by a list scheduler run at trace time (flash_detail::Scheduler) over
+//   (head, query tile, key chunk) items. Tiles that several items have in flight live in rings
+//   and arenas carved out of one tensor; the scheduler's byte-range hazards make a slot wait only
+//   for its own previous readers.
+// - The DMA queues share one bandwidth in the order transfers are issued, and the first causal
+//   tiles (a few key tiles each) need more loads than Tensor work: each load is issued in the
+//   order its data is needed (estimated Tensor time), and the K and Q row staging shares one
+//   tensor so that its first loads do not wait for one another.
 #pragma once
 
 #include <algorithm>
@@ -160,11 +166,12 @@ inline constexpr int kUnits = 5;
  * instructions on one engine with an estimated duration (the published per-instruction cost
  * formulas, read from the target's table) and the tasks it depends on (data, and reuse of ring
  * slots). run() simulates the engines greedily (among the tasks that can start first, the one
- * with the longest chain of work behind it; DMA transfers in item order) and emits the tasks in
- * simulated start order. Program order is thus
- * a valid sequential order, and each engine's in-order queue gets its tasks in an order that
- * keeps it busy; the device program's real dependencies come from the scheduler's hazards, as
- * for any kernel.
+ * with the longest chain of work behind it; a DMA transfer is taken when the shared bandwidth can
+ * take its data, the ready transfers in priority order) and emits the tasks in simulated start
+ * order. Program order is thus a valid sequential order, and each engine's in-order queue gets
+ * its tasks in an order that keeps it busy; the device program's real dependencies come from the
+ * scheduler's hazards, as for any kernel. A task's priority only orders DMA transfers (lower
+ * first).
  */
 class Scheduler {
  public:
@@ -227,8 +234,11 @@ class Scheduler {
     auto timing = [&](int id, const std::pair<Unit, double>& c) {  // (start, end) on choice c
       const int u = int(c.first);
       if (c.first == Unit::dma) {  // a fixed latency, then the shared bandwidth, one transfer at a time
-        const double start = ready[size_t(id)];
-        return std::pair<double, double>{start, std::max(start + t_.dma_fixed_latency_ns, free[u]) + c.second};
+        // A transfer is taken (issued) when its data phase could follow the previous one's, so that
+        // the transfers ready by then go in priority order.
+        const double r = ready[size_t(id)];
+        return std::pair<double, double>{std::max(r, free[u] - t_.dma_fixed_latency_ns),
+                                         std::max(r + t_.dma_fixed_latency_ns, free[u]) + c.second};
       }
       const double start = std::max(free[u], ready[size_t(id)]);
       return std::pair<double, double>{start, start + c.second};
@@ -351,7 +361,7 @@ inline double rows_transpose_ns(const Scheduler& sch, int64_t n, int64_t D) {
 /** Copies `tiles` transposed tiles ([D, tiles, P] in PSUM) to row order in `dst` ([D, cols]);
  *  the last tile has `last` rows. */
 inline void copy_transposed_rows(const Tensor& dst, const Tensor& src, int64_t tiles, int64_t last) {
-  const int64_t D = src.shape()[0], P = src.shape()[2];
+  const int64_t P = src.shape()[2];
   const int64_t full = last == P ? tiles : tiles - 1;
   if (full > 0) {
     Tensor d = dst(nl::all, nl::ds(0, full * P)).reshape_dim(1, {full, P / 2, 2}).permute({0, 1, 3, 2});
@@ -376,9 +386,10 @@ Args:       q, k, v: HBM tensors of one dtype: float32, bfloat16 or float16.
 Returns:    out in q's dtype; lse = logsumexp of the scaled, masked scores of each query, float32
             (saved for the backward).
 Notes:      One pass over the keys per 128-query tile, in chunks of up to 4096 keys, with an online
-            softmax (running maximum, rescaled accumulator) across chunks. Scores, maxima, sums
-            and the output accumulate in float32; the probabilities are rounded to the input dtype
-            for the P V matmul, and the denominator sums those rounded probabilities. In causal
+            softmax (running maximum, rescaled accumulator) across chunks. Scores, sums and the
+            output accumulate in float32; the running maximum is of bfloat16-rounded scores (it
+            only offsets exp, and lse uses the same value); the probabilities are rounded to the
+            input dtype for the P V matmul, and the denominator sums those rounded probabilities. In causal
             mode key chunks past the diagonal are skipped and only the diagonal block is masked.
             K and V of one kv head stay in SBUF: Skv is limited by the SBUF size (about 20k keys
             at D = 128 in bfloat16); exceeding it is a KernelError.
@@ -414,7 +425,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
   constexpr int64_t kSf = 3, kSh = 2, kPr = 2, kPt = 2, kRows = 8, kTiles = 8, kSmall = 32;
   auto working = [&](int64_t C) {
     return kSf * C * 4 + kSh * (C / 2) * 2 + kPr * C * ds + kPt * C * ds + kRows * 4 * 2 * D * ds + kTiles * D * ds +
-           kTiles * (2 * D * ds + P * ds) + 5 * kSmall * 4;
+           kTiles * (2 * D * ds + P * ds) + 3 * kSmall * 4;
   };
   int64_t C = 4096;
   while (C > 512 && resident + working(C) > sbuf) C /= 2;
@@ -444,12 +455,13 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
   Arena sh_ar(nl::ndarray({P, kSh * (C / 2 + 1)}, nl::bfloat16, nl::sbuf, "half_max"), kSh * (C / 2 + 1));
   Arena p_ar(nl::ndarray({P, kPr * C}, dt, nl::sbuf, "probs"), kPr * C);
   Arena pt_ar(nl::ndarray({P, kPt * (C / P), P}, dt, nl::sbuf, "probs_T"), kPt * (C / P));
-  Ring krow_ring(nl::ndarray({P, kRows, kgroup, 2 * D}, dt, nl::sbuf, "k_rows"), kRows);
-  Ring qrow_ring(nl::ndarray({P, kTiles, 2 * D}, dt, nl::sbuf, "q_rows"), kTiles);
+  // K and Q rows are staged in one tensor: see the memset below.
+  Tensor row_stage = nl::ndarray({P, kRows * kgroup + kTiles, 2 * D}, dt, nl::sbuf, "row_stage");
+  Ring krow_ring(row_stage(nl::all, nl::ds(0, kRows * kgroup), nl::all).reshape_dim(1, {kRows, kgroup}), kRows);
+  Ring qrow_ring(row_stage(nl::all, nl::ds(kRows * kgroup, kTiles), nl::all), kTiles);
   Ring qT_ring(nl::ndarray({D, kTiles, P}, dt, nl::sbuf, "qT"), kTiles);
   Ring otile_ring(nl::ndarray({P, kTiles, D}, dt, nl::sbuf, "out_tile"), kTiles);
-  Ring nmc_ring(nl::ndarray({P, kSmall}, nl::bfloat16, nl::sbuf, "chunk_neg_max"), kSmall);
-  Ring nm_ring(nl::ndarray({P, kSmall}, nl::float32, nl::sbuf, "neg_max"), kSmall);
+  Ring nm_ring(nl::ndarray({P, kSmall}, nl::bfloat16, nl::sbuf, "neg_max"), kSmall);
   Ring alpha_ring(nl::ndarray({P, kSmall}, nl::float32, nl::sbuf, "rescale"), kSmall);
   Ring stat_ring(nl::ndarray({P, kSmall}, nl::float32, nl::sbuf, "row_stats"), kSmall);
 
@@ -464,15 +476,36 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
     return a;
   };
   auto eng = [&](U u, double cycles, int64_t free) { return sch.engine(u, cycles, free); };
+  // The first instruction on a scratch tensor also fills all of it with sentinels, so every later
+  // access waits for it. A one-element memset takes that role for the row staging: the first K
+  // and Q loads then become ready together, and go in the order they are issued, instead of all
+  // waiting for the very first one.
+  const int stage_fill = sch.add(U::gpsimd, eng(U::gpsimd, 1, 1), {}, 0, [&row_stage] {
+    isa::memset(row_stage(nl::all, 0, nl::ds(0, 1)), 0.0, isa::gpsimd_engine);
+  });
+  for (Ring* r : {&krow_ring, &qrow_ring})
+    for (int64_t s = 0; s < r->n; ++s) r->use(s, stage_fill);
 
-  int64_t prio = 0;  // item counter: older items win ties
-  std::vector<int> first_qk;  // per query tile, its first scores matmul
+  // DMA transfers share one bandwidth in the order they are issued. A transfer's priority (the
+  // scheduler's order among the transfers that are ready) is the estimated time its data is first
+  // needed: the Tensor-engine work emitted before that point, in ns. So the K rows of a chunk's
+  // scores go before its V, the next tile's Q before the current tile's last V, and a tile's
+  // outputs after the loads needed before its end.
+  double tensor_ns = 0;
+  auto need = [](double ns) { return int64_t(std::llround(ns)); };
+  struct {
+    double t0 = 0, bank_ns = 0, block_ns = 0;  // start, scores per bank, P^T and P V per key tile
+    int64_t c0 = 0, banks = 0;
+  } emitting;  // the chunk being emitted, for the need times of the keys it loads
+  // The next tile's Q is needed when the latest chunk's scores are done: the Tensor engine goes
+  // on to the next tile while the chunk's softmax runs.
+  double scores_done_ns = 0;
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t g = 0; g < d.Hkv; ++g) {
       // Resident K^T [D, Skv] and V with a column of ones [P, key tile, D + 1].
       Tensor kT = nl::ndarray({D, Skv}, dt, nl::sbuf, "kT");
       Tensor vx = nl::ndarray({P, nkt, D1}, dt, nl::sbuf, "v_ones");
-      const int ones = sch.add(U::gpsimd, eng(U::gpsimd, double(nkt), nkt), {}, prio,
+      const int ones = sch.add(U::gpsimd, eng(U::gpsimd, double(nkt), nkt), {}, 0,
                                [=] { isa::memset(vx(all, all, nl::ds(D, 1)), 1.0, isa::gpsimd_engine); });
       std::vector<int> k_ready(size_t(nkt), -1), v_ready(size_t(nkt), -1);
       int64_t loaded = 0;
@@ -483,7 +516,8 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
           std::vector<int> dmas;
           for (int64_t j = j0; j < j1; ++j) {
             const int64_t pk = std::min(P, Skv - j * P);
-            const int dk = sch.add(U::dma, flash_detail::row_load_ns(sch, pk, D * ds), kr_prev, prio, [=, &krow_ring] {
+            const int64_t k_need = need(emitting.t0 + double(std::max<int64_t>(0, j0 * P - emitting.c0) / bank) * emitting.bank_ns);
+            const int dk = sch.add(U::dma, flash_detail::row_load_ns(sch, pk, D * ds), kr_prev, k_need, [=, &krow_ring] {
               flash_detail::load_rows(krow_ring.t(all, kr, j - j0, all), k(b, g, nl::ds(j * P, pk), all));
             });
             krow_ring.use(kr, dk);
@@ -492,22 +526,25 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
           auto [ts_, t_prev] = prep_ring.take();
           double tr_ns = 0;
           for (int64_t j = j0; j < j1; ++j) tr_ns += flash_detail::rows_transpose_ns(sch, std::min(P, Skv - j * P), D);
-          const int tr = sch.add(U::tensor, tr_ns, cat(dmas, t_prev), prio, [=, &krow_ring, &prep_ring] {
+          tensor_ns += tr_ns;
+          const int tr = sch.add(U::tensor, tr_ns, cat(dmas, t_prev), 0, [=, &krow_ring, &prep_ring] {
             for (int64_t j = j0; j < j1; ++j)
               flash_detail::transpose_rows(prep_ring.t(rows(D), ts_, j - j0, all), krow_ring.t(all, kr, j - j0, all),
                                            std::min(P, Skv - j * P), D);
           });
           krow_ring.use(kr, tr);
           prep_ring.use(ts_, tr);
-          // V is needed only by P V: its loads queue behind the K rows that the scores need first
-          // (the DMA engines' bandwidth is shared, so issue order is arrival order).
+          // V is needed only by P V: its loads are issued after the K rows that the scores need
+          // first (the DMA engines' bandwidth is shared, so issue order is arrival order).
           for (int64_t j = j0; j < j1; ++j) {
             const int64_t pk = std::min(P, Skv - j * P);
-            v_ready[size_t(j)] = sch.add(U::dma, sch.dma(pk * D * ds, pk), {ones, tr}, prio, [=] {
+            const int64_t v_need = need(emitting.t0 + double(emitting.banks) * emitting.bank_ns +
+                                        double(std::max<int64_t>(0, j - emitting.c0 / P) + 1) * emitting.block_ns);
+            v_ready[size_t(j)] = sch.add(U::dma, sch.dma(pk * D * ds, pk), {ones, tr}, v_need, [=] {
               isa::dma_copy(vx(rows(pk), j, nl::ds(0, D)), v(b, g, nl::ds(j * P, pk), all));
             });
           }
-          const int cp = sch.add(U::vector, eng(U::vector, double((j1 - j0) * P) / 2, (j1 - j0) * P), {tr}, prio,
+          const int cp = sch.add(U::vector, eng(U::vector, double((j1 - j0) * P) / 2, (j1 - j0) * P), {tr}, 0,
                                  [=, &prep_ring] {
                                    flash_detail::copy_transposed_rows(kT(all, nl::ds(j0 * P, std::min(Skv, j1 * P) - j0 * P)),
                                                                       prep_ring.t(rows(D), ts_, all, all), j1 - j0,
@@ -525,14 +562,14 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
           const int64_t kv_end = causal ? std::min(Skv, q0 + pq) : Skv;
           // Q rows -> transpose -> Q^T.
           auto [qr, qr_prev] = qrow_ring.take();
-          // Q rows are loaded two tiles ahead of their use, not all at once.
-          if (first_qk.size() >= 2) qr_prev.push_back(first_qk[first_qk.size() - 2]);
-          const int dq = sch.add(U::dma, flash_detail::row_load_ns(sch, pq, D * ds), qr_prev, prio, [=, &qrow_ring] {
+          const int dq = sch.add(U::dma, flash_detail::row_load_ns(sch, pq, D * ds), qr_prev, need(scores_done_ns),
+                                 [=, &qrow_ring] {
             flash_detail::load_rows(qrow_ring.t(all, qr, all), q(b, h, nl::ds(q0, pq), all));
           });
           qrow_ring.use(qr, dq);
           auto [tq, tq_prev] = prep_ring.take();
-          const int trq = sch.add(U::tensor, flash_detail::rows_transpose_ns(sch, pq, D), cat({dq}, tq_prev), prio,
+          tensor_ns += flash_detail::rows_transpose_ns(sch, pq, D);
+          const int trq = sch.add(U::tensor, flash_detail::rows_transpose_ns(sch, pq, D), cat({dq}, tq_prev), 0,
                                   [=, &qrow_ring, &prep_ring] {
                                     flash_detail::transpose_rows(prep_ring.t(rows(D), tq, 0, all), qrow_ring.t(all, qr, all),
                                                                  pq, D);
@@ -540,7 +577,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
           qrow_ring.use(qr, trq);
           prep_ring.use(tq, trq);
           auto [qs, qs_prev] = qT_ring.take();
-          const int qcp = sch.add(U::vector, eng(U::vector, double(pq) / 2, pq), cat({trq}, qs_prev), prio,
+          const int qcp = sch.add(U::vector, eng(U::vector, double(pq) / 2, pq), cat({trq}, qs_prev), 0,
                                   [=, &qT_ring, &prep_ring] {
                                     flash_detail::copy_transposed_rows(qT_ring.t(all, qs, rows(pq)),
                                                                        prep_ring.t(rows(D), tq, nl::ds(0, 1), all), 1, pq);
@@ -555,11 +592,17 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
           // overlap with, and a short chunk's softmax finishes sooner.
           const bool final_tile = b == d.B - 1 && h == d.H - 1 && q0 + P >= S;
           const int64_t chunk = final_tile ? std::min<int64_t>(C, 2 * bank) : C;
-          for (int64_t c0 = 0; c0 < kv_end; c0 += chunk, ++prio) {
+          for (int64_t c0 = 0; c0 < kv_end; c0 += chunk) {
             const int64_t cw = std::min(chunk, kv_end - c0);
             const bool first = c0 == 0, last = c0 + cw == kv_end;
-            // Whole banks of key tiles: a causal tile needs one more key tile than the previous.
-            load_keys(std::min(nkt, cdiv(cdiv(c0 + cw, P), 2 * kgroup) * 2 * kgroup));
+            // Keys are prepared a scores matmul's width at a time: a causal tile needs one more
+            // key tile than the previous.
+            emitting.t0 = tensor_ns;
+            emitting.c0 = c0;
+            emitting.banks = cdiv(cw, bank);
+            emitting.bank_ns = sch.matmul(pq, std::min(bank, cw), wide);
+            emitting.block_ns = sch.transpose(pq, P) + sch.matmul(pq, D1, wide);
+            load_keys(std::min(nkt, cdiv(cdiv(c0 + cw, P), kgroup) * kgroup));
 
             // Scores: one matmul per PSUM bank, a scaled copy to SBUF, the diagonal mask, and a
             // pairwise maximum that halves each row for the reduction.
@@ -573,16 +616,16 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               auto [sb, sb_prev] = s_ring.take();
               std::vector<int> deps = cat({qcp}, sb_prev);
               for (int64_t j = c / P; j < cdiv(c + w, P); ++j) deps.push_back(k_ready[size_t(j)]);
-              const int qk = sch.add(U::tensor, sch.matmul(pq, w, wide), deps, prio, [=, &qT_ring, &s_ring] {
+              tensor_ns += sch.matmul(pq, w, wide);
+              const int qk = sch.add(U::tensor, sch.matmul(pq, w, wide), deps, 0, [=, &qT_ring, &s_ring] {
                 isa::nc_matmul(s_ring.t(rows(pq), sb, nl::ds(0, w)), qT_ring.t(all, qs, rows(pq)), kT(all, nl::ds(c, w)),
                                {.accumulate = false});  // ring slots are reused: never accumulate
               });
               qT_ring.use(qs, qk);
               s_ring.use(sb, qk);
-              if (first && c == c0) first_qk.push_back(qk);
               int last_write = sch.add_flexible(
                   {{U::vector, eng(U::vector, double(w) / 2, w)}, {U::scalar, eng(U::scalar, double(w), w)}},
-                  cat({qk}, sf_prev), prio, [=, &sf_ar, &s_ring](U unit) {
+                  cat({qk}, sf_prev), 0, [=, &sf_ar, &s_ring](U unit) {
                     isa::tensor_scalar(sf_ar.t(rows(pq), nl::ds(sf + off, w)), s_ring.t(rows(pq), sb, nl::ds(0, w)),
                                        nl::multiply, scale,
                                        {.engine = unit == U::scalar ? isa::scalar_engine : isa::vector_engine});
@@ -593,7 +636,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               const int64_t lo = std::max(q0, c), hi = c + w;
               if (causal && hi - 1 > q0) {
                 last_write = sch.add(U::gpsimd, eng(U::gpsimd, double(target.gpsimd_start_cycles + hi - lo), hi - lo),
-                                     {last_write}, prio, [=, &sf_ar] {
+                                     {last_write}, 0, [=, &sf_ar] {
                                        Tensor blk = sf_ar.t(rows(pq), nl::ds(sf + lo - c0, hi - lo));
                                        isa::affine_select(blk, {{-1, hi - lo}}, 1, blk, -1.0e30, nl::greater_equal,
                                                           q0 - lo);
@@ -603,7 +646,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               sf_writes.push_back(last_write);
               const int64_t half = (w + 1) / 2;  // an odd width compares its middle column with itself
               const int hm = sch.add(U::gpsimd, eng(U::gpsimd, 2.0 * double(half), half), cat({last_write}, sh_prev),
-                                     prio, [=, &sf_ar, &sh_ar] {
+                                     0, [=, &sf_ar, &sh_ar] {
                                        isa::tensor_tensor(sh_ar.t(rows(pq), nl::ds(sh + off / 2, half)),
                                                           sf_ar.t(rows(pq), nl::ds(sf + off, half)),
                                                           sf_ar.t(rows(pq), nl::ds(sf + off + w - half, half)),
@@ -614,41 +657,40 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               halves.push_back(hm);
             }
 
-            // Running maximum, kept negated: it is the bias of exp.
-            auto [mc, mc_prev] = nmc_ring.take();
-            const int red = sch.add(U::vector, eng(U::vector, double(width) / 2, width), cat(halves, mc_prev), prio,
-                                    [=, &sh_ar, &nmc_ring] {
-                                      isa::tensor_reduce(nmc_ring.t(rows(pq), nl::ds(mc, 1)), nl::maximum,
+            scores_done_ns = tensor_ns;
+            // Running maximum, kept negated (it is the bias of exp) and in bfloat16 (the fast
+            // reduction's output): a chunk's maximum is the running one for the first chunk, the
+            // minimum of the negated maxima after it.
+            auto [mc, mc_prev] = nm_ring.take();
+            const int red = sch.add(U::vector, eng(U::vector, double(width) / 2, width), cat(halves, mc_prev), 0,
+                                    [=, &sh_ar, &nm_ring] {
+                                      isa::tensor_reduce(nm_ring.t(rows(pq), nl::ds(mc, 1)), nl::maximum,
                                                          sh_ar.t(rows(pq), nl::ds(sh + 0, width)), {1}, true);
                                     });
             sh_ar.use(sh, red);
-            nmc_ring.use(mc, red);
-            auto [nms, nm_prev] = nm_ring.take();
-            const int64_t prev_slot = nm_slot;
-            const int nmt = sch.add(U::gpsimd, eng(U::gpsimd, 2, 1), cat({red, nm_task}, nm_prev), prio,
-                                    [=, &nmc_ring, &nm_ring] {
-                                      Tensor cur = nm_ring.t(rows(pq), nl::ds(nms, 1));
-                                      Tensor chunk = nmc_ring.t(rows(pq), nl::ds(mc, 1));
-                                      if (first) isa::tensor_copy(cur, chunk, isa::gpsimd_engine);
-                                      else
-                                        isa::tensor_tensor(cur, nm_ring.t(rows(pq), nl::ds(prev_slot, 1)), chunk,
-                                                           nl::minimum, isa::gpsimd_engine);
-                                    });
-            nmc_ring.use(mc, nmt);
-            nm_ring.use(nms, nmt);
-            if (!first) nm_ring.use(prev_slot, nmt);
+            nm_ring.use(mc, red);
+            int nmt = red;
+            int64_t nms = mc;
             int alpha = -1;
             int64_t al = 0;
             if (!first) {
+              auto [cur, cur_prev] = nm_ring.take();
+              const int64_t prev_slot = nm_slot;
+              nms = cur;
+              nmt = sch.add(U::gpsimd, eng(U::gpsimd, 2, 1), cat({red, nm_task}, cur_prev), 0, [=, &nm_ring] {
+                isa::tensor_tensor(nm_ring.t(rows(pq), nl::ds(cur, 1)), nm_ring.t(rows(pq), nl::ds(prev_slot, 1)),
+                                   nm_ring.t(rows(pq), nl::ds(mc, 1)), nl::minimum, isa::gpsimd_engine);
+              });
+              for (int64_t slot : {mc, cur, prev_slot}) nm_ring.use(slot, nmt);
               auto [al_, al_prev] = alpha_ring.take();
               al = al_;
-              alpha = sch.add(U::scalar, eng(U::scalar, 1, 1), cat({nmt}, al_prev), prio, [=, &alpha_ring, &nm_ring] {
+              alpha = sch.add(U::scalar, eng(U::scalar, 1, 1), cat({nmt}, al_prev), 0, [=, &alpha_ring, &nm_ring] {
                 isa::activation(alpha_ring.t(rows(pq), nl::ds(al, 1)), nl::exp, nm_ring.t(rows(pq), nl::ds(prev_slot, 1)),
-                                {.bias = nm_ring.t(rows(pq), nl::ds(nms, 1)), .scale = -1.0});
+                                {.bias = nm_ring.t(rows(pq), nl::ds(cur, 1)), .scale = -1.0});
               });
               alpha_ring.use(al, alpha);
               nm_ring.use(prev_slot, alpha);
-              nm_ring.use(nms, alpha);
+              nm_ring.use(cur, alpha);
             }
             nm_task = nmt;
             nm_slot = nms;
@@ -659,7 +701,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
             const int64_t group = tpb * P;
             int rescale = -1;
             if (!first) {
-              rescale = sch.add(U::scalar, eng(U::scalar, double(D1), D1), {alpha, last_pv}, prio,
+              rescale = sch.add(U::scalar, eng(U::scalar, double(D1), D1), {alpha, last_pv}, 0,
                                 [=, &o_ring, &alpha_ring] {
                                   Tensor o = o_ring.t(rows(pq), os / per_bank, nl::ds((os % per_bank) * D1 + 0, D1));
                                   isa::activation(o, nl::copy, o, {.scale = alpha_ring.t(rows(pq), nl::ds(al, 1))});
@@ -669,7 +711,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
             }
             for (int64_t off = 0; off < cw; off += group) {
               const int64_t w = std::min(group, cw - off);
-              const int ex = sch.add(U::scalar, eng(U::scalar, double(w), w), cat(cat(sf_writes, {nmt}), pr_prev), prio,
+              const int ex = sch.add(U::scalar, eng(U::scalar, double(w), w), cat(cat(sf_writes, {nmt}), pr_prev), 0,
                                      [=, &p_ar, &sf_ar, &nm_ring] {
                                        isa::activation(p_ar.t(rows(pq), nl::ds(pr + off, w)), nl::exp,
                                                        sf_ar.t(rows(pq), nl::ds(sf + off, w)),
@@ -682,7 +724,8 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               auto [tp, tp_prev] = t_ring.take();
               double tr_ns = 0;
               for (int64_t blk = b0; blk < b1; ++blk) tr_ns += sch.transpose(pq, std::min(P, cw - blk * P));
-              const int tr = sch.add(U::tensor, tr_ns, cat({ex}, tp_prev), prio, [=, &t_ring, &p_ar] {
+              tensor_ns += tr_ns;
+              const int tr = sch.add(U::tensor, tr_ns, cat({ex}, tp_prev), 0, [=, &t_ring, &p_ar] {
                 for (int64_t blk = b0; blk < b1; ++blk) {
                   const int64_t wk = std::min(P, cw - blk * P);
                   isa::nc_transpose(t_ring.t(rows(wk), tp, blk - b0, rows(pq)), p_ar.t(rows(pq), nl::ds(pr + blk * P, wk)));
@@ -695,7 +738,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               const int64_t n = (b1 - b0) * pq;
               const int cp = sch.add_flexible(
                   {{U::vector, eng(U::vector, double(n) / 2, n)}, {U::scalar, eng(U::scalar, double(n), n)}},
-                  cat({tr}, pt_prev), prio, [=, &t_ring, &pt_ar](U unit) {
+                  cat({tr}, pt_prev), 0, [=, &t_ring, &pt_ar](U unit) {
                     const bool on_scalar = unit == U::scalar;
                     const int64_t full = std::min(b1, cw / P) - b0;
                     if (full > 0)
@@ -715,7 +758,8 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               deps.erase(std::remove(deps.begin(), deps.end(), -1), deps.end());
               double pv_ns = 0;
               for (int64_t blk = b0; blk < b1; ++blk) pv_ns += sch.matmul(pq, D1, wide);
-              last_pv = sch.add(U::tensor, pv_ns, deps, prio, [=, &o_ring, &pt_ar] {
+              tensor_ns += pv_ns;
+              last_pv = sch.add(U::tensor, pv_ns, deps, 0, [=, &o_ring, &pt_ar] {
                 for (int64_t blk = b0; blk < b1; ++blk) {
                   const int64_t wk = std::min(P, cw - blk * P);
                   isa::nc_matmul(o_ring.t(rows(pq), os / per_bank, nl::ds((os % per_bank) * D1 + 0, D1)), pt_ar.t(rows(wk), pt + blk, rows(pq)),
@@ -731,30 +775,36 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
             auto [si, si_prev] = stat_ring.take();
             auto [li, li_prev] = stat_ring.take();
             auto [ot, ot_prev] = otile_ring.take();
-            const int rc = sch.add(U::scalar, eng(U::scalar, 1, 1), cat({last_pv}, si_prev), prio,
-                                   [=, &stat_ring, &o_ring] {
-                                     isa::activation(stat_ring.t(rows(pq), nl::ds(si, 1)), nl::reciprocal,
-                                                     o_ring.t(rows(pq), os / per_bank, nl::ds((os % per_bank) * D1 + D, 1)));
-                                   });
-            const int oc = sch.add(U::scalar, eng(U::scalar, double(D), D), cat({rc}, ot_prev), prio,
-                                   [=, &stat_ring, &o_ring, &otile_ring] {
-                                     isa::activation(otile_ring.t(rows(pq), ot, all), nl::copy,
-                                                     o_ring.t(rows(pq), os / per_bank, nl::ds((os % per_bank) * D1 + 0, D)),
-                                                     {.scale = stat_ring.t(rows(pq), nl::ds(si, 1))});
-                                   });
-            const int so = sch.add(U::dma, sch.dma(pq * D * ds, pq), {oc}, prio, [=, &otile_ring] {
+            // The two reads of the accumulator go to whichever of the Vector and Scalar engines
+            // finishes them first.
+            const Tensor o_acc = o_ring.t(rows(pq), os / per_bank, nl::ds((os % per_bank) * D1 + 0, D));
+            const Tensor l_acc = o_ring.t(rows(pq), os / per_bank, nl::ds((os % per_bank) * D1 + D, 1));
+            const Tensor recip = stat_ring.t(rows(pq), nl::ds(si, 1));
+            const int rc = sch.add_flexible({{U::vector, eng(U::vector, 8, 1)}, {U::scalar, eng(U::scalar, 1, 1)}},
+                                            cat({last_pv}, si_prev), 0, [=](U unit) {
+                                              if (unit == U::scalar) isa::activation(recip, nl::reciprocal, l_acc);
+                                              else isa::reciprocal(recip, l_acc);
+                                            });
+            const Tensor o_tile = otile_ring.t(rows(pq), ot, all);
+            const int oc = sch.add_flexible(
+                {{U::vector, eng(U::vector, double(D) / 2, D)}, {U::scalar, eng(U::scalar, double(D), D)}},
+                cat({rc}, ot_prev), 0, [=](U unit) {
+                  if (unit == U::scalar) isa::activation(o_tile, nl::copy, o_acc, {.scale = recip});
+                  else isa::tensor_scalar(o_tile, o_acc, nl::multiply, recip, {.engine = isa::vector_engine});
+                });
+            const int64_t out_need = need(tensor_ns);  // outputs wait for nothing: after the loads
+            const int so = sch.add(U::dma, sch.dma(pq * D * ds, pq), {oc}, out_need, [=, &otile_ring] {
               isa::dma_copy(out(b, h, nl::ds(q0, pq), all), otile_ring.t(rows(pq), ot, all));
             });
-            const int lg = sch.add(U::scalar, eng(U::scalar, 1, 1), cat({last_pv}, li_prev), prio,
+            const int lg = sch.add(U::scalar, eng(U::scalar, 1, 1), cat({last_pv}, li_prev), 0,
                                    [=, &stat_ring, &o_ring] {
-                                     isa::activation(stat_ring.t(rows(pq), nl::ds(li, 1)), nl::log,
-                                                     o_ring.t(rows(pq), os / per_bank, nl::ds((os % per_bank) * D1 + D, 1)));
+                                     isa::activation(stat_ring.t(rows(pq), nl::ds(li, 1)), nl::log, l_acc);
                                    });
-            const int sb = sch.add(U::gpsimd, eng(U::gpsimd, 2, 1), {lg, nmt}, prio, [=, &stat_ring, &nm_ring] {
+            const int sb = sch.add(U::gpsimd, eng(U::gpsimd, 2, 1), {lg, nmt}, 0, [=, &stat_ring, &nm_ring] {
               Tensor t = stat_ring.t(rows(pq), nl::ds(li, 1));
               isa::tensor_tensor(t, t, nm_ring.t(rows(pq), nl::ds(nms, 1)), nl::subtract, isa::gpsimd_engine);
             });
-            const int sl = sch.add(U::dma, sch.dma(pq * 4, pq), {sb}, prio, [=, &stat_ring] {
+            const int sl = sch.add(U::dma, sch.dma(pq * 4, pq), {sb}, out_need, [=, &stat_ring] {
               isa::dma_copy(lse(b, h, nl::ds(q0, pq)), stat_ring.t(rows(pq), nl::ds(li, 1)));
             });
             for (int t : {rc, oc}) stat_ring.use(si, t);
