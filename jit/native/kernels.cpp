@@ -10,13 +10,19 @@
 // engines' per-partition accumulators (OpArgs::scalar_acc / vector_acc) exactly as the reference
 // does, so reduce_cmd sequences carry across instructions whichever executor ran each one.
 //
-// Loop shapes: element-wise routines walk partitions, then the free dims (innermost vectorizes).
-// Routines folding along a partition's row either run partitions innermost (tensor_reduce: the
-// fold vectorizes across partitions) or walk chunks of the row with every partition's fold in
-// turn (iterate_chunks: the element-wise part vectorizes along the chunk, the independent folds
-// overlap). Partitions never interact, and engine operands of one instruction cover the same or
-// disjoint partitions, so reordering partitions never changes a result.
+// Loop shapes: element-wise routines walk partitions, then the free dims (innermost vectorizes;
+// when the operands cannot overlap harmfully, independent() lets the routine declare that loop's
+// iterations independent, so LLVM vectorizes it without run-time alias checks). Routines folding
+// along a partition's row either run partitions innermost (tensor_reduce: the fold vectorizes
+// across partitions), fold long rows kLanes partitions at a time through a transposed block
+// (fold_rows: one vector operation per step of kLanes sequential folds), or walk chunks of short
+// rows with every partition's fold in turn (iterate_chunks: the element-wise part vectorizes along
+// the chunk, the independent folds overlap). Partitions never interact, and engine operands of one
+// instruction cover the same or disjoint partitions, so reordering partitions never changes a
+// result.
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "nikki/activation.hpp"
 #include "nikki/alu.hpp"
@@ -175,6 +181,202 @@ NK_INLINE void apply_reduce_cmd(ReduceCmd cmd, AluOp op, float identity, float& 
   }
 }
 
+// --- loops whose iterations may run in any order ----------------------------------------------
+
+/** Calls f(i0, i1..i4) over the free dims of partition i0, innermost dim last. */
+template <class F>
+NK_INLINE void iterate_row(const OpDesc* d, int64_t i0, F&& f) {
+  for (int64_t i1 = 0; i1 < d->count[1]; ++i1)
+    for (int64_t i2 = 0; i2 < d->count[2]; ++i2)
+      for (int64_t i3 = 0; i3 < d->count[3]; ++i3)
+        for (int64_t i4 = 0; i4 < d->count[4]; ++i4) f(i0, i1, i2, i3, i4);
+}
+
+/** iterate_row with the innermost loop's iterations declared independent of each other, for
+ * operands independent() accepted: LLVM then vectorizes without checking at run time whether a
+ * store may feed a later load (its check also rejects an exact in-place update, the common case). */
+template <class F>
+NK_INLINE void iterate_row_parallel(const OpDesc* d, int64_t i0, F&& f) {
+  for (int64_t i1 = 0; i1 < d->count[1]; ++i1)
+    for (int64_t i2 = 0; i2 < d->count[2]; ++i2)
+      for (int64_t i3 = 0; i3 < d->count[3]; ++i3)
+#pragma clang loop vectorize(assume_safety)
+        for (int64_t i4 = 0; i4 < d->count[4]; ++i4) f(i0, i1, i2, i3, i4);
+}
+
+template <bool kParallel, class F>
+NK_INLINE void for_row(const OpDesc* d, int64_t i0, F&& f) {
+  if constexpr (kParallel) iterate_row_parallel(d, i0, f);
+  else iterate_row(d, i0, f);
+}
+
+/** Calls body(std::true_type) when `parallel`, else body(std::false_type): the two
+ * instantiations are the routine with and without independent inner loops. */
+template <class Body>
+NK_INLINE void dispatch_parallel(bool parallel, Body&& body) {
+  if (parallel) body(std::true_type{});
+  else body(std::false_type{});
+}
+
+/** Byte offsets [lo, hi) of a regular slot's elements from its base, over the iteration space. */
+NK_INLINE void extent(const OpDesc* d, int slot, int64_t& lo, int64_t& hi) {
+  lo = 0, hi = 0;
+  for (int k = 0; k < kIterDims; ++k) {
+    const int64_t span = (d->count[k] - 1) * d->view[slot].stride[k];
+    if (span < 0) lo += span;
+    else hi += span;
+  }
+  hi += dtype_size(dtype_of(d, slot));
+}
+
+/** Whether distinct iteration points address distinct elements of a regular slot: taken from the
+ * smallest stride up, each dim steps over everything the dims inside it cover. */
+NK_INLINE bool injective(const OpDesc* d, int slot) {
+  int64_t stride[kIterDims], span[kIterDims];
+  int n = 0;
+  for (int k = 0; k < kIterDims; ++k)
+    if (d->count[k] > 1) {
+      const int64_t s = d->view[slot].stride[k] < 0 ? -d->view[slot].stride[k] : d->view[slot].stride[k];
+      int i = n++;
+      for (; i > 0 && stride[i - 1] > s; --i) stride[i] = stride[i - 1], span[i] = span[i - 1];
+      stride[i] = s, span[i] = (d->count[k] - 1) * s;
+    }
+  int64_t inner = dtype_size(dtype_of(d, slot));
+  for (int i = 0; i < n; ++i) {
+    if (stride[i] < inner) return false;
+    inner += span[i];
+  }
+  return true;
+}
+
+/**
+ * Whether a routine may process the elements of `dst` and of the tensor slots in `srcs` in any
+ * order within a partition: dst addresses each element once, and every source either shares no
+ * byte with dst or is dst's own elements in the same order (an in-place update: each element is
+ * read before it is written, by the same iteration).
+ */
+NK_INLINE bool independent(const OpDesc* d, const OpArgs* a, int dst, uint32_t srcs) {
+  if (((d->irregular >> dst) & 1) || !injective(d, dst)) return false;
+  int64_t dlo, dhi;
+  extent(d, dst, dlo, dhi);
+  const intptr_t db = reinterpret_cast<intptr_t>(a->base[dst]);
+  for (int s = 0; s < kSlots; ++s) {
+    if (s == dst || !((srcs >> s) & 1) || d->slot_kind[s] != kSlotTensor) continue;
+    if ((d->irregular >> s) & 1) return false;
+    int64_t lo, hi;
+    extent(d, s, lo, hi);
+    const intptr_t sb = reinterpret_cast<intptr_t>(a->base[s]);
+    if (sb + hi <= db + dlo || db + dhi <= sb + lo) continue;
+    bool same = sb == db && dtype_size(dtype_of(d, s)) == dtype_size(dtype_of(d, dst));
+    for (int k = 0; k < kIterDims; ++k)
+      same = same && (d->count[k] == 1 || d->view[s].stride[k] == d->view[dst].stride[k]);
+    if (!same) return false;
+  }
+  return true;
+}
+
+// --- sequential folds of many partitions at once ----------------------------------------------
+
+typedef float lanes_v __attribute__((ext_vector_type(16)));
+inline constexpr int64_t kLanes = 16;  // partitions folded together, elements per step of each
+
+template <int H, size_t... J>
+NK_INLINE lanes_v interleave_lo(lanes_v x, lanes_v y, std::index_sequence<J...>) {
+  return __builtin_shufflevector(x, y, ((J & H) == 0 ? int(J) : int(J) - H + 16)...);
+}
+template <int H, size_t... J>
+NK_INLINE lanes_v interleave_hi(lanes_v x, lanes_v y, std::index_sequence<J...>) {
+  return __builtin_shufflevector(x, y, ((J & H) == 0 ? int(J) + H : int(J) + 16)...);
+}
+
+/** One stage of a 16 x 16 transpose: swaps the H x H off-diagonal blocks of every 2H x 2H block. */
+template <int H>
+NK_INLINE void transpose_stage(lanes_v (&r)[kLanes]) {
+  for (int i = 0; i < kLanes; ++i)
+    if (!(i & H)) {
+      const lanes_v x = r[i], y = r[i + H];
+      r[i] = interleave_lo<H>(x, y, std::make_index_sequence<kLanes>());
+      r[i + H] = interleave_hi<H>(x, y, std::make_index_sequence<kLanes>());
+    }
+}
+
+/**
+ * Folds rows[l][0..len) into acc[l] for every lane l, each lane's elements in order, with
+ * acc = fold(acc, element); an unseeded fold takes its first element as it is. The block is
+ * transposed first (element j of every lane in one vector), so each step of the kLanes
+ * independent sequential folds is one vector operation.
+ */
+template <class Fold>
+NK_INLINE void fold_block(Fold&& fold, float (&acc)[kLanes], bool& seeded, const float (&rows)[kLanes][kLanes],
+                          int64_t len) {
+  lanes_v r[kLanes];
+  std::memcpy(r, rows, sizeof(r));
+  transpose_stage<8>(r);
+  transpose_stage<4>(r);
+  transpose_stage<2>(r);
+  transpose_stage<1>(r);
+  float col[kLanes][kLanes];
+  std::memcpy(col, r, sizeof(col));
+  int64_t j = 0;
+  if (!seeded) {
+    for (int l = 0; l < kLanes; ++l) acc[l] = col[0][l];
+    seeded = true;
+    j = 1;
+  }
+  for (; j < len; ++j)
+    for (int l = 0; l < kLanes; ++l) acc[l] = fold(acc[l], col[j][l]);
+}
+
+/** Rows at least this long are folded kLanes partitions at a time (fold_rows); shorter ones
+ * partition by partition, where a transposed block would be mostly empty. */
+inline constexpr int64_t kFoldRowMin = 8;
+
+/**
+ * The fold of every partition's row of fp32 values, kLanes partitions at a time. For each block
+ * of partitions: start(p) for each of them, then values(p, i1, i2, i3, j0, len, out) for chunks of
+ * up to kLanes elements of each row (dims 1..3 as in iterate, dim 4 in chunks, in order), which
+ * computes elements [j0, j0 + len) of p's row into out[0..len) and writes whatever the instruction
+ * writes for them; then done(p, acc) with the row's fold (acc = fold(acc, v) from `init` when
+ * `seeded`, else from the first element).
+ */
+template <class Fold, class Start, class Values, class Done>
+NK_INLINE void fold_rows(const OpDesc* d, Fold&& fold, bool seeded0, float init, Start&& start, Values&& values,
+                         Done&& done) {
+  const int64_t P = d->count[0], n = d->count[4];
+  const int64_t outer[3] = {d->count[1], d->count[2], d->count[3]};
+  for (int64_t p0 = 0; p0 < P; p0 += kLanes) {
+    const int64_t lanes = P - p0 < kLanes ? P - p0 : kLanes;
+    for (int64_t l = 0; l < lanes; ++l) start(p0 + l);
+    float acc[kLanes];
+    for (int l = 0; l < kLanes; ++l) acc[l] = init;
+    bool seeded = seeded0;
+    float rows[kLanes][kLanes] = {};  // lanes past the last partition fold zeros, unused
+    for (int64_t i1 = 0; i1 < outer[0]; ++i1)
+      for (int64_t i2 = 0; i2 < outer[1]; ++i2)
+        for (int64_t i3 = 0; i3 < outer[2]; ++i3)
+          for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+            const int64_t len = n - j0 < kLanes ? n - j0 : kLanes;
+            for (int64_t l = 0; l < lanes; ++l) {
+              if (len == kLanes) values(p0 + l, i1, i2, i3, j0, kLanes, rows[l]);  // a constant trip count
+              else values(p0 + l, i1, i2, i3, j0, len, rows[l]);
+            }
+            fold_block(fold, acc, seeded, rows, len);
+          }
+    for (int64_t l = 0; l < lanes; ++l) done(p0 + l, acc[l]);
+  }
+}
+
+/** Runs f(j) for j in [0, len), the iterations declared independent when kParallel. */
+template <bool kParallel, class F>
+NK_INLINE void for_chunk(int64_t len, F&& f) {
+  if constexpr (kParallel) {
+#pragma clang loop vectorize(assume_safety)
+    for (int64_t j = 0; j < len; ++j) f(j);
+  } else {
+    for (int64_t j = 0; j < len; ++j) f(j);
+  }
+}
+
 }  // namespace
 
 // --- copies (dma_copy, tensor_copy) ------------------------------------------------------------
@@ -196,13 +398,16 @@ NK_ENTRY void nk_copy(const OpDesc* d, const OpArgs* args) {
 NK_ENTRY void nk_tensor_tensor(const OpDesc* d, const OpArgs* args) {
   NK_LOCAL_ARGS;
   const AluOp op = static_cast<AluOp>(d->op0);
-  iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+  auto element = [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
     uint8_t* dst = address(d, a, 0, i0, i1, i2, i3, i4);
     const uint8_t* x = address(d, a, 1, i0, i1, i2, i3, i4);
     const uint8_t* y = address(d, a, 2, i0, i1, i2, i3, i4);
     if (is_bitvec_op(op)) store_int(d, 0, dst, alu_apply_bits(op, load_int(d, 1, x), load_int(d, 2, y), d->bits));
     else if (d->flags & kFlagGpsimdInt) store_int(d, 0, dst, alu_apply_int(op, load_int(d, 1, x), load_int(d, 2, y)));
     else store(d, 0, dst, alu_apply(op, load(d, 1, x), load(d, 2, y)));
+  };
+  dispatch_parallel(independent(d, a, 0, 0b110), [&](auto parallel) {
+    for (int64_t p = 0; p < d->count[0]; ++p) for_row<decltype(parallel)::value>(d, p, element);
   });
 }
 
@@ -211,21 +416,29 @@ NK_ENTRY void nk_tensor_scalar(const OpDesc* d, const OpArgs* args) {
   const AluOp op0 = static_cast<AluOp>(d->op0), op1 = static_cast<AluOp>(d->op1);
   const bool r0 = d->flags & kFlagReverse0, r1 = d->flags & kFlagReverse1;
   const bool two = d->slot_kind[3] != kSlotNone;
-  iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
-    uint8_t* dst = address(d, a, 0, i0, i1, i2, i3, i4);
-    const uint8_t* x = address(d, a, 1, i0, i1, i2, i3, i4);
-    if (is_bitvec_op(op0)) {
+  if (is_bitvec_op(op0)) {
+    // The reference reads the integer operands at every element (a dst overlapping one changes it).
+    iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
       auto s_int = [&](int slot) {
         return d->slot_kind[slot] == kSlotImm ? static_cast<int64_t>(a->imm[slot])
                                               : load_int(d, slot, address(d, a, slot, i0, i1, i2, i3, i4));
       };
-      int64_t r = apply_bits(op0, r0, load_int(d, 1, x), s_int(2), d->bits);
+      int64_t r = apply_bits(op0, r0, load_int(d, 1, address(d, a, 1, i0, i1, i2, i3, i4)), s_int(2), d->bits);
       if (two) r = apply_bits(op1, r1, r, s_int(3), d->bits);
-      store_int(d, 0, dst, r);
-    } else {
-      float r = apply(op0, r0, load(d, 1, x), operand_value(d, a, 2, i0, i1, i2, i3, i4));
-      if (two) r = apply(op1, r1, r, operand_value(d, a, 3, i0, i1, i2, i3, i4));
-      store(d, 0, dst, r);
+      store_int(d, 0, address(d, a, 0, i0, i1, i2, i3, i4), r);
+    });
+    return;
+  }
+  dispatch_parallel(independent(d, a, 0, 0b10), [&](auto parallel) {
+    for (int64_t p = 0; p < d->count[0]; ++p) {
+      // the reference reads a partition's fp32 operands once, before its elements
+      const float s0 = operand_value(d, a, 2, p, 0, 0, 0, 0);
+      const float s1 = two ? operand_value(d, a, 3, p, 0, 0, 0, 0) : 0.0f;
+      for_row<decltype(parallel)::value>(d, p, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+        float r = apply(op0, r0, load(d, 1, address(d, a, 1, i0, i1, i2, i3, i4)), s0);
+        if (two) r = apply(op1, r1, r, s1);
+        store(d, 0, address(d, a, 0, i0, i1, i2, i3, i4), r);
+      });
     }
   });
 }
@@ -234,19 +447,26 @@ NK_ENTRY void nk_scalar_tensor_tensor(const OpDesc* d, const OpArgs* args) {
   NK_LOCAL_ARGS;
   const AluOp op0 = static_cast<AluOp>(d->op0), op1 = static_cast<AluOp>(d->op1);
   const bool r0 = d->flags & kFlagReverse0, r1 = d->flags & kFlagReverse1;
-  iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
-    float r = apply(op0, r0, load(d, 1, address(d, a, 1, i0, i1, i2, i3, i4)),
-                    operand_value(d, a, 2, i0, i1, i2, i3, i4));
-    const float y = load(d, 3, address(d, a, 3, i0, i1, i2, i3, i4));
-    r = r1 ? alu_apply(op1, y, r) : alu_apply(op1, r, y);
-    store(d, 0, address(d, a, 0, i0, i1, i2, i3, i4), r);
+  dispatch_parallel(independent(d, a, 0, 0b1010), [&](auto parallel) {
+    for (int64_t p = 0; p < d->count[0]; ++p) {
+      const float s0 = operand_value(d, a, 2, p, 0, 0, 0, 0);  // once per partition, as the reference
+      for_row<decltype(parallel)::value>(d, p, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+        float r = apply(op0, r0, load(d, 1, address(d, a, 1, i0, i1, i2, i3, i4)), s0);
+        const float y = load(d, 3, address(d, a, 3, i0, i1, i2, i3, i4));
+        r = r1 ? alu_apply(op1, y, r) : alu_apply(op1, r, y);
+        store(d, 0, address(d, a, 0, i0, i1, i2, i3, i4), r);
+      });
+    }
   });
 }
 
 NK_ENTRY void nk_reciprocal(const OpDesc* d, const OpArgs* args) {
   NK_LOCAL_ARGS;
-  iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
-    store(d, 0, address(d, a, 0, i0, i1, i2, i3, i4), 1.0f / load(d, 1, address(d, a, 1, i0, i1, i2, i3, i4)));
+  dispatch_parallel(independent(d, a, 0, 0b10), [&](auto parallel) {
+    for (int64_t p = 0; p < d->count[0]; ++p)
+      for_row<decltype(parallel)::value>(d, p, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+        store(d, 0, address(d, a, 0, i0, i1, i2, i3, i4), 1.0f / load(d, 1, address(d, a, 1, i0, i1, i2, i3, i4)));
+      });
   });
 }
 
@@ -265,31 +485,61 @@ NK_ENTRY void nk_memset(const OpDesc* d, const OpArgs* args) {
 
 // --- activation (Scalar engine) ----------------------------------------------------------------
 
+/**
+ * activation: y = f(fma(x, scale, bias)) per element, scale and bias read once per partition.
+ * With reduce, the accumulator update takes the left-to-right fp32 sum of the partition's y
+ * (before rounding to dst), computed kLanes partitions at a time when rows are long enough.
+ */
 NK_ENTRY void nk_activation(const OpDesc* d, const OpArgs* args) {
   NK_LOCAL_ARGS;
   const ActFunc func = static_cast<ActFunc>(d->func);
   const ReduceCmd cmd = static_cast<ReduceCmd>(d->reduce_cmd);
   const bool reducing = cmd == ReduceCmd::reduce || cmd == ReduceCmd::reset_reduce;
-  for (int64_t p = 0; p < d->count[0]; ++p) {
-    const float bias = d->slot_kind[2] == kSlotTensor ? load(d, 2, address(d, a, 2, p, 0, 0, 0, 0)) : 0.0f;
-    const float scale = operand_value(d, a, 3, p, 0, 0, 0, 0);
-    float sum = 0.0f;
-    bool first = true;
-    for (int64_t i1 = 0; i1 < d->count[1]; ++i1)
-      for (int64_t i2 = 0; i2 < d->count[2]; ++i2)
-        for (int64_t i3 = 0; i3 < d->count[3]; ++i3)
-          for (int64_t i4 = 0; i4 < d->count[4]; ++i4) {
-            const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, i4));
-            const float y = activation_apply(func, __builtin_fmaf(x, scale, bias));
-            store(d, 0, address(d, a, 0, p, i1, i2, i3, i4), y);
-            if (reducing) {
-              sum = first ? y : sum + y;
-              first = false;
-            }
-          }
+  auto bias_of = [&](int64_t p) {
+    return d->slot_kind[2] == kSlotTensor ? load(d, 2, address(d, a, 2, p, 0, 0, 0, 0)) : 0.0f;
+  };
+  auto scale_of = [&](int64_t p) { return operand_value(d, a, 3, p, 0, 0, 0, 0); };
+  auto finish = [&](int64_t p, float sum) {
     apply_reduce_cmd(cmd, AluOp::add, 0.0f, a->scalar_acc[p], sum, reducing);
     if (d->slot_kind[4] == kSlotTensor) store(d, 4, address(d, a, 4, p, 0, 0, 0, 0), a->scalar_acc[p]);
+  };
+  const bool parallel = independent(d, a, 0, 0b10);
+  if (reducing && d->count[4] >= kFoldRowMin) {
+    float bias[kMaxPartitions], scale[kMaxPartitions];
+    dispatch_parallel(parallel, [&](auto par) {
+      fold_rows(
+          d, [](float acc, float y) { return acc + y; }, false, 0.0f,
+          [&](int64_t p) { bias[p] = bias_of(p), scale[p] = scale_of(p); },
+          [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {
+            const float b = bias[p], s = scale[p];
+            for_chunk<decltype(par)::value>(len, [&](int64_t j) {
+              const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
+              const float y = activation_apply(func, __builtin_fmaf(x, s, b));
+              store(d, 0, address(d, a, 0, p, i1, i2, i3, j0 + j), y);
+              out[j] = y;
+            });
+          },
+          finish);
+    });
+    return;
   }
+  dispatch_parallel(parallel && !reducing, [&](auto par) {
+    for (int64_t p = 0; p < d->count[0]; ++p) {
+      const float bias = bias_of(p), scale = scale_of(p);
+      float sum = 0.0f;
+      bool first = true;
+      for_row<decltype(par)::value>(d, p, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+        const float x = load(d, 1, address(d, a, 1, i0, i1, i2, i3, i4));
+        const float y = activation_apply(func, __builtin_fmaf(x, scale, bias));
+        store(d, 0, address(d, a, 0, i0, i1, i2, i3, i4), y);
+        if (reducing) {
+          sum = first ? y : sum + y;
+          first = false;
+        }
+      });
+      finish(p, sum);
+    }
+  });
 }
 
 // --- reductions --------------------------------------------------------------------------------
@@ -345,6 +595,26 @@ NK_ENTRY void nk_tensor_scalar_reduce(const OpDesc* d, const OpArgs* args) {
   const AluOp op = static_cast<AluOp>(d->op0), rop = static_cast<AluOp>(d->reduce_op);
   const int64_t P = d->count[0];
   float s0[kMaxPartitions], acc[kMaxPartitions];
+  auto finish = [&](int64_t p, float r) {
+    a->vector_acc[p] = r;
+    if (d->slot_kind[3] == kSlotTensor) store(d, 3, address(d, a, 3, p, 0, 0, 0, 0), r);
+  };
+  if (d->count[4] >= kFoldRowMin) {
+    dispatch_parallel(independent(d, a, 0, 0b10), [&](auto par) {
+      fold_rows(
+          d, [rop](float r, float v) { return alu_apply(rop, r, v); }, false, 0.0f,
+          [&](int64_t p) { s0[p] = operand_value(d, a, 2, p, 0, 0, 0, 0); },
+          [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {
+            for_chunk<decltype(par)::value>(len, [&](int64_t j) {
+              const float v = alu_apply(op, load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j)), s0[p]);
+              store(d, 0, address(d, a, 0, p, i1, i2, i3, j0 + j), v);
+              out[j] = v;
+            });
+          },
+          finish);
+    });
+    return;
+  }
   for (int64_t p = 0; p < P; ++p) s0[p] = operand_value(d, a, 2, p, 0, 0, 0, 0);
   iterate_chunks(d, [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, bool start) {
     float v[kChunk];
@@ -356,10 +626,7 @@ NK_ENTRY void nk_tensor_scalar_reduce(const OpDesc* d, const OpArgs* args) {
     for (int64_t j = 1; j < len; ++j) r = alu_apply(rop, r, v[j]);
     acc[p] = r;
   });
-  for (int64_t p = 0; p < P; ++p) {
-    a->vector_acc[p] = acc[p];
-    if (d->slot_kind[3] == kSlotTensor) store(d, 3, address(d, a, 3, p, 0, 0, 0, 0), acc[p]);
-  }
+  for (int64_t p = 0; p < P; ++p) finish(p, acc[p]);
 }
 
 /** tensor_tensor_scan: res = op1(op0(data0, res), data1) along the flattened free dims, from the
@@ -441,26 +708,42 @@ NK_ENTRY void nk_select_reduce(const OpDesc* d, const OpArgs* args) {
   const int64_t P = d->count[0];
   constexpr float kNegInf = -__builtin_inff();
   float on_false[kMaxPartitions], best[kMaxPartitions];
+  auto finish = [&](int64_t p, float m) {
+    apply_reduce_cmd(cmd, AluOp::maximum, kNegInf, a->vector_acc[p], m, reducing);
+    if (d->slot_kind[4] == kSlotTensor) store(d, 4, address(d, a, 4, p, 0, 0, 0, 0), a->vector_acc[p]);
+  };
+  // the selection of one element (the on_true value is read either way: the loop vectorizes)
+  auto select = [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
+    const bool take = (load_int(d, 1, address(d, a, 1, p, i1, i2, i3, i4)) != 0) != reverse;
+    const float t = load(d, 2, address(d, a, 2, p, i1, i2, i3, i4));
+    const float v = take ? t : on_false[p];
+    store(d, 0, address(d, a, 0, p, i1, i2, i3, i4), v);
+    return v;
+  };
+  if (d->count[4] >= kFoldRowMin) {
+    dispatch_parallel(independent(d, a, 0, 0b110), [&](auto par) {
+      fold_rows(
+          d, [](float m, float v) { return alu_apply(AluOp::maximum, m, v); }, true, kNegInf,
+          [&](int64_t p) { on_false[p] = operand_value(d, a, 3, p, 0, 0, 0, 0); },
+          [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {
+            for_chunk<decltype(par)::value>(len, [&](int64_t j) { out[j] = select(p, i1, i2, i3, j0 + j); });
+          },
+          finish);
+    });
+    return;
+  }
   for (int64_t p = 0; p < P; ++p) {
     on_false[p] = operand_value(d, a, 3, p, 0, 0, 0, 0);
     best[p] = kNegInf;
   }
   iterate_chunks(d, [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, bool) {
     float v[kChunk];
-    for (int64_t j = 0; j < len; ++j) {
-      const bool take = (load_int(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j)) != 0) != reverse;
-      const float t = load(d, 2, address(d, a, 2, p, i1, i2, i3, j0 + j));  // read either way: it vectorizes
-      v[j] = take ? t : on_false[p];
-      store(d, 0, address(d, a, 0, p, i1, i2, i3, j0 + j), v[j]);
-    }
+    for (int64_t j = 0; j < len; ++j) v[j] = select(p, i1, i2, i3, j0 + j);
     float m = best[p];
     for (int64_t j = 0; j < len; ++j) m = alu_apply(AluOp::maximum, m, v[j]);
     best[p] = m;
   });
-  for (int64_t p = 0; p < P; ++p) {
-    apply_reduce_cmd(cmd, AluOp::maximum, kNegInf, a->vector_acc[p], best[p], reducing);
-    if (d->slot_kind[4] == kSlotTensor) store(d, 4, address(d, a, 4, p, 0, 0, 0, 0), a->vector_acc[p]);
-  }
+  for (int64_t p = 0; p < P; ++p) finish(p, best[p]);
 }
 
 // --- index generation ------------------------------------------------------------------------

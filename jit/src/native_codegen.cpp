@@ -12,6 +12,8 @@
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
 #include <llvm/ExecutionEngine/Orc/ThreadSafeModule.h>
 #include <llvm/IR/Constants.h>
+#include <llvm/IR/DiagnosticInfo.h>
+#include <llvm/IR/DiagnosticPrinter.h>
 #include <llvm/IR/IRBuilder.h>
 #include <llvm/IR/LegacyPassManager.h>
 #include <llvm/IR/LLVMContext.h>
@@ -103,6 +105,14 @@ class NativeJit {
     llvm::InitializeNativeTargetAsmParser();
     auto builder = check(llvm::orc::JITTargetMachineBuilder::detectHost(), "detecting the host CPU");
     builder.setCodeGenOptLevel(llvm::CodeGenOptLevel::Aggressive);
+    // x86-64 JIT code defaults to the large code model, which reaches every constant through a
+    // 64-bit absolute address held in a register: in loops with many constants (the activation
+    // polynomials) the addresses crowd the registers and broadcasts are reloaded every
+    // iteration. The small model with position-independent code reaches them PC-relative (32-bit
+    // displacements: JITLink keeps an object's sections within reach of each other and routes
+    // external calls and data through its own GOT and stubs).
+    builder.setCodeModel(llvm::CodeModel::Small);
+    builder.setRelocationModel(llvm::Reloc::PIC_);
     cpu_ = builder.getCPU();
     features_ = builder.getFeatures().getString();
     target_machine_ = check(builder.createTargetMachine(), "creating the host target machine");
@@ -205,6 +215,19 @@ class NativeJit {
   /** Specializes the library for the templates and compiles it to a relocatable object. */
   std::vector<uint8_t> emit_object(const std::vector<NativeTemplate>& templates, const std::string& prefix) {
     llvm::LLVMContext context;
+    // The library asks LLVM to vectorize the loops it declares independent (kernels.cpp); where
+    // one cannot be (its body calls libm: erf, sin, ...) LLVM would print a warning and remarks to
+    // stderr, which are no concern of nikki's users. Errors are kept and raised after compiling.
+    std::string llvm_error;
+    context.setDiagnosticHandlerCallBack(
+        [](const llvm::DiagnosticInfo* info, void* error) {
+          auto& message = *static_cast<std::string*>(error);
+          if (info->getSeverity() != llvm::DS_Error || !message.empty()) return;
+          llvm::raw_string_ostream os(message);
+          llvm::DiagnosticPrinterRawOStream printer(os);
+          info->print(printer);
+        },
+        &llvm_error);
     std::unique_ptr<llvm::Module> module = library(context);
     std::vector<std::string> names;
     for (size_t i = 0; i < templates.size(); ++i) names.push_back(add_wrapper(*module, templates[i], prefix, i));
@@ -216,6 +239,8 @@ class NativeJit {
     internal_check(!target_machine_->addPassesToEmitFile(codegen, os, nullptr, llvm::CodeGenFileType::ObjectFile),
                    "the host target cannot emit object files");
     codegen.run(*module);
+    if (!llvm_error.empty())
+      throw InternalError(fmt::format("compiling native code: {}", llvm_error), std::source_location::current());
     return std::vector<uint8_t>(buffer.begin(), buffer.end());
   }
 

@@ -194,7 +194,7 @@ class TemplateBuilder {
       case Opcode::scalar_tensor_tensor: ok = elementwise("nk_scalar_tensor_tensor", true, {0, 1, 3}, {2}); break;
       case Opcode::reciprocal: ok = elementwise("nk_reciprocal", true, {0, 1}, {}); break;
       case Opcode::memset: ok = elementwise("nk_memset", true, {0}, {}); break;
-      case Opcode::activation: ok = elementwise("nk_activation", true, {0, 1}, {2, 3, 4}); break;
+      case Opcode::activation: ok = elementwise("nk_activation", true, {0, 1}, {2, 3, 4}) && stack_partitions(); break;
       case Opcode::tensor_reduce: ok = reduce(); break;
       case Opcode::tensor_scalar_reduce:
         ok = elementwise("nk_tensor_scalar_reduce", true, {0, 1}, {2, 3}) && stack_partitions();
