@@ -411,3 +411,26 @@ def test_mutable_tensor_with_postponed_annotations(rng):
         expected = -a
         assert namespace[name](a) is a
         np.testing.assert_array_equal(a, expected)
+
+
+@nki.jit(mode="trace")
+def _scaled_tile(src, scale):
+    """A legacy trace-mode helper kernel: loads a tile, scales it, returns the SBUF tile."""
+    tile = nl.load(src)
+    return nl.multiply(tile, scale)
+
+
+@nki.jit
+def _kernel_calling_a_helper_kernel(a):
+    out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+    nl.store(out, _scaled_tile(a, 3.0))
+    return out
+
+
+def test_trace_mode_helper_kernel_is_inlined_into_its_caller(rng):
+    a = rng.standard_normal((64, 32)).astype(np.float32)
+    np.testing.assert_array_equal(_kernel_calling_a_helper_kernel(a), a * np.float32(3.0))
+    # The helper alone is an ordinary kernel too: its result is an on-chip tile, which a kernel
+    # cannot return.
+    with pytest.raises(nikki.KernelError, match=r"kernel '_scaled_tile' returns tensor '\w+' in sbuf"):
+        _scaled_tile(a, 3.0)
