@@ -46,6 +46,13 @@ namespace nikki::kernels {
 namespace flash_detail {
 
 inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+/** The first n partitions (or elements) of a dim. */
+inline auto rows(int64_t n) { return nl::ds(0, n); }
+/** Task lists joined: a task's dependencies gathered from several places. */
+inline std::vector<int> cat(std::vector<int> a, const std::vector<int>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
 
 [[noreturn]] inline void fail(const std::string& kernel, const std::string& what, const std::string& limit = {},
                               const std::string& hint = {}) {
@@ -470,11 +477,8 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
   using U = flash_detail::Unit;
   const bool wide = dt == DType::float32;
   const auto all = nl::all;
-  auto rows = [](int64_t n) { return nl::ds(0, n); };
-  auto cat = [](std::vector<int> a, const std::vector<int>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
+  using flash_detail::cat;
+  using flash_detail::rows;
   auto eng = [&](U u, double cycles, int64_t free) { return sch.engine(u, cycles, free); };
   // The first instruction on a scratch tensor also fills all of it with sentinels, so every later
   // access waits for it. A one-element memset takes that role for the row staging: the first K
@@ -923,11 +927,8 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   const TargetConfig& target = KernelBuilder::current(std::source_location::current()).config();
   flash_detail::Scheduler sch(target);
   const auto all = nl::all;
-  auto rows = [](int64_t n) { return nl::ds(0, n); };
-  auto cat = [](std::vector<int> a, const std::vector<int>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
+  using flash_detail::cat;
+  using flash_detail::rows;
   auto eng = [&](U u, double cycles, int64_t free) { return sch.engine(u, cycles, free); };
   auto copy_choices = [&](int64_t n) {  // a PSUM -> SBUF copy: Vector (2x mode) or Scalar
     return std::vector<std::pair<U, double>>{{U::vector, eng(U::vector, double(n) / 2, n)},
