@@ -20,7 +20,7 @@
 //   160 ns, so they stay within a few percent of it only if neither idles.
 // - V gets an extra column of ones, so the P V matmul also accumulates the softmax denominator
 //   (the sum of the very probabilities the numerator used) with no reduction instruction.
-// - Work is ordered by a list scheduler run at trace time (flash_detail::Scheduler) over
+// - Work is ordered by a list scheduler run at trace time (task_scheduler.hpp) over
 //   (head, query tile, key chunk) items. Tiles that several items have in flight live in rings
 //   and arenas carved out of one tensor; the scheduler's byte-range hazards make a slot wait only
 //   for its own previous readers.
@@ -40,10 +40,16 @@
 #include <vector>
 
 #include "nikki/kernels/library.hpp"
+#include "nikki/kernels/task_scheduler.hpp"
 
 namespace nikki::kernels {
 
 namespace flash_detail {
+
+using scheduling::Arena;
+using scheduling::Ring;
+using scheduling::Scheduler;
+using scheduling::Unit;
 
 inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /** The first n partitions (or elements) of a dim. */
@@ -99,235 +105,6 @@ inline Dims check_qkv(const std::string& kernel, const Tensor& q, const Tensor& 
                      std::string(dtype_name(k.dtype())) + ", " + std::string(dtype_name(v.dtype())));
   return d;
 }
-
-/**
- * A ring of equally sized slots in one on-chip tensor (dim 1 indexes the slot). A slot is taken
- * for each new occupant; the tasks that use an occupant register with use(), and the first
- * writer of the next occupant of that slot waits for them (take() returns them).
- */
-struct Ring {
-  Tensor t;
-  int64_t n = 1;
-  int64_t next = 0;
-  std::vector<std::vector<int>> users;
-
-  Ring(Tensor tensor, int64_t slots) : t(std::move(tensor)), n(slots), users(size_t(slots)) {}
-  /** The next slot, and the tasks that must finish before it is overwritten. */
-  std::pair<int64_t, std::vector<int>> take() {
-    const int64_t s = next++ % n;
-    std::vector<int> prev = std::move(users[size_t(s)]);
-    users[size_t(s)].clear();
-    return {s, std::move(prev)};
-  }
-  void use(int64_t slot, int task) { users[size_t(slot)].push_back(task); }
-};
-
-/**
- * Circular allocation of contiguous spans along a tile's last dim, for work items of varying
- * width (key chunks of different lengths): many narrow items or a few wide ones are in flight.
- * take() returns the span's offset and the tasks that used the spans it overwrites.
- */
-struct Arena {
-  Tensor t;
-  int64_t total = 0;
-  int64_t head = 0;
-  struct Span {
-    int64_t begin, end;
-    std::vector<int> users;
-  };
-  std::vector<Span> live;  // in allocation order
-
-  Arena(Tensor tensor, int64_t size) : t(std::move(tensor)), total(size) {}
-  std::pair<int64_t, std::vector<int>> take(int64_t width) {
-    internal_check(width <= total, "flash attention arena span larger than the arena");
-    if (head + width > total) head = 0;
-    const int64_t b = head, e = head + width;
-    head = e;
-    std::vector<int> deps;
-    for (auto it = live.begin(); it != live.end();) {
-      if (it->begin < e && b < it->end) {
-        deps.insert(deps.end(), it->users.begin(), it->users.end());
-        it = live.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    live.push_back(Span{b, e, {}});
-    return {b, std::move(deps)};
-  }
-  void use(int64_t offset, int task) {
-    for (auto it = live.rbegin(); it != live.rend(); ++it)
-      if (it->begin == offset) {
-        it->users.push_back(task);
-        return;
-      }
-    internal_check(false, "flash attention arena span not found");
-  }
-};
-
-enum class Unit : int { tensor, vector, scalar, gpsimd, dma };
-inline constexpr int kUnits = 5;
-
-/**
- * Orders the kernel's instructions: a list scheduler run at trace time. Each task is a few
- * instructions on one engine with an estimated duration (the published per-instruction cost
- * formulas, read from the target's table) and the tasks it depends on (data, and reuse of ring
- * slots). run() simulates the engines greedily (among the tasks that can start first, the one
- * with the longest chain of work behind it; a DMA transfer is taken when the shared bandwidth can
- * take its data, the ready transfers in priority order) and emits the tasks in simulated start
- * order. Program order is thus a valid sequential order, and each engine's in-order queue gets
- * its tasks in an order that keeps it busy; the device program's real dependencies come from the
- * scheduler's hazards, as for any kernel. A task's priority only orders DMA transfers (lower
- * first).
- */
-class Scheduler {
- public:
-  explicit Scheduler(const TargetConfig& t) : t_(t) {}
-
-  int add(Unit unit, double ns, std::vector<int> deps, int64_t priority, std::function<void()> emit) {
-    return add_flexible({{unit, ns}}, std::move(deps), priority, [f = std::move(emit)](Unit) { f(); });
-  }
-  /** A task that may run on any of several engines (with its duration on each): the simulation
-   *  picks the one that finishes it first and passes it to `emit`. */
-  int add_flexible(std::vector<std::pair<Unit, double>> choices, std::vector<int> deps, int64_t priority,
-                   std::function<void(Unit)> emit) {
-    const int id = int(tasks_.size());
-    tasks_.push_back(Task{std::move(choices), std::move(deps), priority, std::move(emit)});
-    return id;
-  }
-  /** Adds a dependency of `task` on `dep` (ignored when either is -1). */
-  void depend(int task, int dep) {
-    if (task >= 0 && dep >= 0) tasks_[size_t(task)].deps.push_back(dep);
-  }
-
-  // Estimated durations in ns of the instruction kinds the kernels use.
-  double matmul(int64_t m, int64_t n, bool wide) const {
-    const double c = double(std::max<int64_t>(std::min<int64_t>(t_.matmul_init_cycles, m), n));
-    return (wide ? t_.matmul_fp32_slowdown : 1) * c / t_.clock_ghz.tensor;
-  }
-  double transpose(int64_t partitions, int64_t free) const {
-    return double(std::max<int64_t>(partitions, std::min<int64_t>(t_.matmul_init_cycles, free))) / t_.clock_ghz.tensor;
-  }
-  /** An engine instruction streaming `cycles` (already divided by its speed-up). */
-  double engine(Unit u, double cycles, int64_t free_size) const {
-    double c = std::max(double(t_.min_ii_cycles), cycles);
-    if (free_size < int64_t(t_.pe_array_cols)) c += t_.static_overhead_cycles;
-    const double ghz = u == Unit::vector ? t_.clock_ghz.vector : u == Unit::scalar ? t_.clock_ghz.scalar : t_.clock_ghz.gpsimd;
-    return c / ghz;
-  }
-  double dma(int64_t bytes, int64_t rows) const {
-    return double(bytes + rows * int64_t(t_.dma_buffer_overhead_bytes)) / (t_.dma_engines * t_.dma_bytes_per_ns_per_engine);
-  }
-
-  void run() {
-    const size_t n = tasks_.size();
-    std::vector<int> waiting(n, 0);
-    std::vector<double> ready(n, 0.0);
-    std::vector<std::vector<int>> dependents(n);
-    std::vector<int> candidates;
-    for (size_t i = 0; i < n; ++i) {
-      std::vector<int>& d = tasks_[i].deps;
-      d.erase(std::remove(d.begin(), d.end(), -1), d.end());  // -1: no such task
-      std::sort(d.begin(), d.end());
-      d.erase(std::unique(d.begin(), d.end()), d.end());
-      for (int j : d) {
-        internal_check(j >= 0 && size_t(j) < i, "flash attention task depends on a later task");
-        dependents[size_t(j)].push_back(int(i));
-      }
-      waiting[i] = int(d.size());
-      if (d.empty()) candidates.push_back(int(i));
-    }
-    double free[kUnits] = {0, 0, 0, 0, 0};
-    auto timing = [&](int id, const std::pair<Unit, double>& c) {  // (start, end) on choice c
-      const int u = int(c.first);
-      if (c.first == Unit::dma) {  // a fixed latency, then the shared bandwidth, one transfer at a time
-        // A transfer is taken (issued) when its data phase could follow the previous one's, so that
-        // the transfers ready by then go in priority order.
-        const double r = ready[size_t(id)];
-        return std::pair<double, double>{std::max(r, free[u] - t_.dma_fixed_latency_ns),
-                                         std::max(r + t_.dma_fixed_latency_ns, free[u]) + c.second};
-      }
-      const double start = std::max(free[u], ready[size_t(id)]);
-      return std::pair<double, double>{start, start + c.second};
-    };
-    // Bottom level: the longest chain of estimated durations from a task to the end of the kernel.
-    std::vector<double> level(n, 0.0);
-    for (size_t i = n; i-- > 0;) {
-      double c = tasks_[i].choices[0].second;
-      for (const auto& ch : tasks_[i].choices) c = std::min(c, ch.second);
-      double after = 0;
-      for (int dpt : dependents[i]) after = std::max(after, level[size_t(dpt)]);
-      level[i] = c + after;
-    }
-    struct Option {
-      int choice;
-      double start, end;
-    };
-    std::vector<Option> options;
-    for (size_t done = 0; done < n; ++done) {
-      // Each candidate on the engine that finishes it first; then, among the candidates that can
-      // start earliest, the one with the longest chain of work behind it (critical path first).
-      options.resize(candidates.size());
-      double earliest = 0;
-      for (size_t k = 0; k < candidates.size(); ++k) {
-        const Task& t = tasks_[size_t(candidates[k])];
-        Option o{0, 0, 0};
-        std::tie(o.start, o.end) = timing(candidates[k], t.choices[0]);
-        for (size_t c = 1; c < t.choices.size(); ++c) {
-          auto [s2, e2] = timing(candidates[k], t.choices[c]);
-          if (e2 < o.end) o = Option{int(c), s2, e2};
-        }
-        options[k] = o;
-        if (k == 0 || o.start < earliest) earliest = o.start;
-      }
-      size_t best = 0;
-      int best_choice = -1;
-      double best_start = 0, best_end = 0;
-      for (size_t k = 0; k < candidates.size(); ++k) {
-        const Option& o = options[k];
-        if (o.start > earliest) continue;
-        const Task& cand = tasks_[size_t(candidates[k])];
-        bool better = best_choice < 0;
-        if (!better) {
-          const Task& incumbent = tasks_[size_t(candidates[best])];
-          const double lk = level[size_t(candidates[k])], lb = level[size_t(candidates[best])];
-          // DMA transfers share one bandwidth: they go in the order their items need them.
-          if (cand.choices[0].first == Unit::dma && incumbent.choices[0].first == Unit::dma)
-            better = cand.priority < incumbent.priority || (cand.priority == incumbent.priority && o.start < best_start);
-          else
-            better = lk > lb || (lk == lb && o.start < best_start);
-        }
-        if (better) {
-          best = k;
-          best_choice = o.choice;
-          best_start = o.start;
-          best_end = o.end;
-        }
-      }
-      internal_check(best_choice >= 0, "flash attention task graph has a cycle");
-      const int id = candidates[best];
-      candidates.erase(candidates.begin() + std::ptrdiff_t(best));
-      Task& t = tasks_[size_t(id)];
-      const Unit unit = t.choices[size_t(best_choice)].first;
-      free[int(unit)] = best_end;
-      t.emit(unit);
-      for (int dpt : dependents[size_t(id)]) {
-        ready[size_t(dpt)] = std::max(ready[size_t(dpt)], best_end);
-        if (--waiting[size_t(dpt)] == 0) candidates.push_back(dpt);
-      }
-    }
-  }
-
- private:
-  struct Task {
-    std::vector<std::pair<Unit, double>> choices;
-    std::vector<int> deps;
-    int64_t priority;
-    std::function<void(Unit)> emit;
-  };
-  const TargetConfig& t_;
-  std::vector<Task> tasks_;
-};
 
 /** PSUM -> SBUF copy on the Vector engine, or on the Scalar engine (as activation: trn1's
  *  Scalar engine has no tensor_copy). */
