@@ -22,6 +22,7 @@
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Target/TargetMachine.h>
+#include <llvm/Transforms/IPO/GlobalDCE.h>
 
 #include <atomic>
 #include <map>
@@ -190,6 +191,11 @@ class NativeJit {
     pb.registerFunctionAnalyses(fam);
     pb.registerLoopAnalyses(lam);
     pb.crossRegisterProxies(lam, fam, cgam, mam);
+    // The library's routines that no template calls are internal and dead: removing them before
+    // the pipeline saves optimizing them (most of the time of a kernel with few templates).
+    llvm::ModulePassManager dead_code;
+    dead_code.addPass(llvm::GlobalDCEPass());
+    dead_code.run(m, mam);
     llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O2);
     mpm.run(m, mam);
   }
