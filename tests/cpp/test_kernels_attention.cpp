@@ -8,6 +8,7 @@
 #include "close_check.hpp"
 #include "harness.hpp"
 #include "nikki/kernels/flash_attention.hpp"
+#include "nikki/kernels/registry.hpp"
 
 namespace nikki::test {
 namespace {
@@ -190,6 +191,60 @@ TEST_CASE("flash_attention backward matches a double-precision reference") {
   };
   uint32_t seed = 5;
   for (const Case& c : cases) run_backward_case(c, seed += 4);
+}
+
+}  // namespace
+}  // namespace nikki::test
+
+namespace nikki::test {
+namespace {
+
+/** The message of the KernelError that tracing `name` on `specs` raises (empty if none). */
+std::string attention_error(const std::string& name, std::vector<TensorSpec> specs, kernels::Params params = {}) {
+  try {
+    kernels::trace_library_kernel(kernels::find_kernel(name), std::move(specs), params);
+  } catch (const KernelError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  INFO("message: " << text);
+  return text.find(part) != std::string::npos;
+}
+
+TEST_CASE("flash_attention: shape, dtype and size mistakes are KernelErrors that say what to change") {
+  const DType bf = DType::bfloat16, f32 = DType::float32;
+  const TensorSpec q = spec({1, 4, 256, 64}, bf), kv = spec({1, 2, 256, 64}, bf);
+  CHECK(contains(attention_error("flash_attention", {spec({4, 256, 64}, bf), kv, kv}),
+                 "flash_attention: q, k and v must be 4-D [batch, heads, seq, head_dim], got"));
+  CHECK(contains(attention_error("flash_attention", {q, spec({1, 2, 256, 32}, bf), kv}),
+                 "must both be [B, Hkv, Skv, D] with q's B and D (q is [1, 4, 256, 64])"));
+  CHECK(contains(attention_error("flash_attention", {q, spec({1, 3, 256, 64}, bf), spec({1, 3, 256, 64}, bf)}),
+                 "q has 4 heads, which is not a multiple of the 3 kv heads"));
+  const std::string big_head = attention_error(
+      "flash_attention", {spec({1, 1, 128, 256}, bf), spec({1, 1, 128, 256}, bf), spec({1, 1, 128, 256}, bf)});
+  CHECK(contains(big_head, "head dim 256 is too large"));
+  CHECK(contains(big_head, "split the heads, or use head_dim 64 or 128"));
+  CHECK(contains(attention_error("flash_attention", {spec({1, 1, 128, 64}, DType::int8), spec({1, 1, 128, 64}, DType::int8),
+                                                     spec({1, 1, 128, 64}, DType::int8)}),
+                 "dtype int8 is not supported"));
+  CHECK(contains(attention_error("flash_attention", {q, spec({1, 2, 256, 64}, f32), kv}),
+                 "q, k and v must have one dtype, got bfloat16, float32, bfloat16"));
+  const TensorSpec long_kv = spec({1, 1, 200000, 128}, bf);
+  const std::string too_long = attention_error("flash_attention", {spec({1, 1, 128, 128}, bf), long_kv, long_kv});
+  CHECK(contains(too_long, "K and V of one kv head (Skv = 200000, D = 128, bfloat16) do not fit in SBUF"));
+  CHECK(contains(too_long, "split the keys across calls"));
+}
+
+TEST_CASE("flash_attention_bwd: saved tensors of the wrong shape or dtype are KernelErrors") {
+  const DType bf = DType::bfloat16;
+  const TensorSpec q = spec({1, 2, 128, 64}, bf), kv = spec({1, 1, 128, 64}, bf);
+  CHECK(contains(attention_error("flash_attention_bwd", {q, kv, kv, spec({1, 2, 100, 64}, bf), spec({1, 2, 128}, DType::float32), q}),
+                 "must have q's shape and dtype [1, 2, 128, 64] bfloat16"));
+  CHECK(contains(attention_error("flash_attention_bwd", {q, kv, kv, q, spec({1, 2, 128}, bf), q}),
+                 "lse [1, 2, 128] bfloat16 must be float32 [B, H, S] = [1, 2, 128]"));
 }
 
 }  // namespace
