@@ -51,7 +51,6 @@ using scheduling::Ring;
 using scheduling::Scheduler;
 using scheduling::Unit;
 
-inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 /** The first n partitions (or elements) of a dim. */
 inline auto rows(int64_t n) { return nl::ds(0, n); }
 /** Task lists joined: a task's dependencies gathered from several places. */
@@ -185,7 +184,6 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
                                            std::optional<double> scale_opt = std::nullopt) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
-  using flash_detail::cdiv;
   using flash_detail::Arena;
   using flash_detail::Ring;
   const std::string kname = "flash_attention";
@@ -197,7 +195,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
   const double scale = scale_opt.value_or(1.0 / std::sqrt(double(D)));
   const int64_t bank = ts.psum_bank_fmax;                      // fp32 elements of one PSUM bank
   const int64_t tpb = ts.psum_bank_fmax_bytes / (P * ds);      // transposed 128-blocks per bank
-  const int64_t nkt = cdiv(Skv, P);                            // key tiles per head
+  const int64_t nkt = ceil_div(Skv, P);                            // key tiles per head
 
   Tensor out = nl::ndarray({d.B, d.H, S, D}, dt, nl::shared_hbm, "out");
   Tensor lse = nl::ndarray({d.B, d.H, S}, nl::float32, nl::shared_hbm, "lse");
@@ -380,10 +378,10 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
             // key tile than the previous.
             emitting.t0 = tensor_ns;
             emitting.c0 = c0;
-            emitting.banks = cdiv(cw, bank);
+            emitting.banks = ceil_div(cw, bank);
             emitting.bank_ns = sch.matmul(pq, std::min(bank, cw), wide);
             emitting.block_ns = sch.transpose(pq, P) + sch.matmul(pq, D1, wide);
-            load_keys(std::min(nkt, cdiv(cdiv(c0 + cw, P), kgroup) * kgroup));
+            load_keys(std::min(nkt, ceil_div(ceil_div(c0 + cw, P), kgroup) * kgroup));
 
             // Scores: one matmul per PSUM bank, a scaled copy to SBUF, the diagonal mask, and a
             // pairwise maximum that halves each row for the reduction.
@@ -396,7 +394,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               const int64_t w = std::min(bank, c0 + cw - c), off = c - c0;
               auto [sb, sb_prev] = s_ring.take();
               std::vector<int> deps = cat({qcp}, sb_prev);
-              for (int64_t j = c / P; j < cdiv(c + w, P); ++j) deps.push_back(k_ready[size_t(j)]);
+              for (int64_t j = c / P; j < ceil_div(c + w, P); ++j) deps.push_back(k_ready[size_t(j)]);
               tensor_ns += sch.matmul(pq, w, wide);
               const int qk = sch.add(U::tensor, sch.matmul(pq, w, wide), deps, 0, [=, &qT_ring, &s_ring] {
                 isa::nc_matmul(s_ring.t(rows(pq), sb, nl::ds(0, w)), qT_ring.t(all, qs, rows(pq)), kT(all, nl::ds(c, w)),
@@ -478,7 +476,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
 
             // exp, transposes of P, and P V, one PSUM bank of transposes at a time.
             auto [pr, pr_prev] = p_ar.take(cw);
-            auto [pt, pt_prev] = pt_ar.take(cdiv(cw, P));
+            auto [pt, pt_prev] = pt_ar.take(ceil_div(cw, P));
             const int64_t group = tpb * P;
             int rescale = -1;
             if (!first) {
@@ -501,7 +499,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               p_ar.use(pr, ex);
               sf_ar.use(sf, ex);
               nm_ring.use(nms, ex);
-              const int64_t b0 = off / P, b1 = cdiv(off + w, P);
+              const int64_t b0 = off / P, b1 = ceil_div(off + w, P);
               auto [tp, tp_prev] = t_ring.take();
               double tr_ns = 0;
               for (int64_t blk = b0; blk < b1; ++blk) tr_ns += sch.transpose(pq, std::min(P, cw - blk * P));
@@ -625,7 +623,6 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using flash_detail::Arena;
-  using flash_detail::cdiv;
   using flash_detail::Ring;
   using U = flash_detail::Unit;
   const std::string kname = "flash_attention_bwd";
@@ -648,7 +645,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   // Key groups: the scores and dP of a group fill one PSUM bank each.
   const int64_t Wg = std::min<int64_t>(ts.psum_bank_fmax, (bank_bytes / (P * ds)) / 2 * P);
   const int64_t nkg = Wg / P;
-  const int64_t nkt = cdiv(Skv, P), ngroups = cdiv(Skv, Wg);
+  const int64_t nkt = ceil_div(Skv, P), ngroups = ceil_div(Skv, Wg);
 
   Tensor dq = nl::ndarray({d.B, d.H, S, D}, dt, nl::shared_hbm, "grad_q");
   Tensor dk = nl::ndarray({d.B, d.Hkv, Skv, D}, dt, nl::shared_hbm, "grad_k");
@@ -656,7 +653,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
 
   // --- PSUM: scores + dP (two slots), the grad_k / grad_v accumulators of a key group, dQ
   // partial products, and the rest for transposes.
-  auto banks_of = [&](int64_t bytes) { return cdiv(bytes, bank_bytes); };
+  auto banks_of = [&](int64_t bytes) { return ceil_div(bytes, bank_bytes); };
   const int64_t sdp_banks = 2 * banks_of(2 * Wg * 4), acc_banks = banks_of(2 * nkg * D * 4), dq_banks = 1;
   const int64_t t_banks = banks - sdp_banks - acc_banks - dq_banks;
   internal_check(t_banks >= 1, "flash attention backward PSUM plan");
@@ -676,7 +673,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   const int64_t working = kKv * (nkg * D * ds + 2 * Wg * ds + nkg * 2 * D * ds) + kRows * (D * ds + D * 4) +
                           3 * kWork * Wg * ds + kWork * nkg * P * ds + 4 * D * ds + 2 * 2 * nkg * D * ds + 64;
   const int64_t kv_acc = 2 * nkt * D * 4;  // grad_k / grad_v sums across passes
-  const int64_t total_tiles = d.G * cdiv(S, P);
+  const int64_t total_tiles = d.G * ceil_div(S, P);
   int64_t per_pass = (sbuf - working) / (2 * per_tile);
   if (per_pass < total_tiles) per_pass = (sbuf - working - kv_acc) / (2 * per_tile);
   if (per_pass < 1)
@@ -686,7 +683,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
                        "grad_k and grad_v of a kv head accumulate in SBUF across passes: " +
                            std::to_string(kv_acc / 1024) + " KiB per partition",
                        "use a shorter key sequence per call");
-  const int64_t n_passes = cdiv(total_tiles, per_pass);
+  const int64_t n_passes = ceil_div(total_tiles, per_pass);
 
   Ring kv_ring(nl::ndarray({P, kKv, nkg, D}, dt, nl::sbuf, "k_rows"), kKv);  // one slot index for the three
   Tensor kvT = nl::ndarray({D, kKv, 2, Wg}, dt, nl::sbuf, "kT_vT");
@@ -803,7 +800,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
         };
 
         for (int64_t j = 0; j < ngroups; ++j) {
-          const int64_t g0 = j * Wg, wg = std::min(Wg, Skv - g0), ntile = cdiv(wg, P);
+          const int64_t g0 = j * Wg, wg = std::min(Wg, Skv - g0), ntile = ceil_div(wg, P);
           std::vector<int64_t> visible;
           for (int64_t t = p0; t < p1; ++t)
             if (!causal || tiles[size_t(t)].q0 + tiles[size_t(t)].pq - 1 >= g0) visible.push_back(t);
@@ -874,7 +871,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
             QTile& qt = tiles[size_t(ti)];
             if (!qt.prepared) prepare(qt);
             const int64_t h = qt.h, q0 = qt.q0, pq = qt.pq, i = qt.slot;
-            const int64_t wkv = causal ? std::min(wg, q0 + pq - g0) : wg, nb = cdiv(wkv, P);
+            const int64_t wkv = causal ? std::min(wg, q0 + pq - g0) : wg, nb = ceil_div(wkv, P);
             (void)h;
             // Scores and dP = dO V^T.
             auto [sd, sd_prev] = sdp_ring.take();

@@ -18,6 +18,9 @@
 
 namespace nikki::kernels {
 
+/** @brief The number of size-b pieces that cover a (a >= 0, b > 0): tiles, chunks, blocks. */
+inline constexpr int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 /** @brief The type of a scalar kernel parameter (a compile-time constant, like eps or causal). */
 enum class ParamKind { boolean, integer, real, optional_real };
 

@@ -92,7 +92,6 @@ inline void emit_pipelined(std::vector<Step>& steps, double window, int64_t cap)
   }
 }
 
-inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace matmul_detail
 
@@ -101,7 +100,6 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
                      Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
-  using matmul_detail::ceil_div;
   using matmul_detail::Load;
   using matmul_detail::Step;
   KernelBuilder& builder = a.builder();

@@ -148,7 +148,7 @@ inline Plan plan_rows(int64_t R, int64_t H, int64_t row_bytes,
   Plan plan;
   plan.segment = std::min<int64_t>(H, 4096);
   // At most one staging tile of per-row statistics (512 rows per partition) per group.
-  const int64_t want_k = std::max<int64_t>(1, std::min<int64_t>({rp, int64_t(512), (8 * 1024 + row_bytes - 1) / row_bytes}));
+  const int64_t want_k = std::max<int64_t>(1, std::min<int64_t>({rp, int64_t(512), ceil_div(8 * 1024, row_bytes)}));
   for (int la = max_lookahead; la >= 0; --la)
     for (int64_t k = want_k; k >= 1; --k)
       if ((la + 2) * k * row_bytes + other_bytes(k, plan.segment) <= ts.sbuf_fmax_bytes) {
@@ -275,7 +275,7 @@ struct ChunkNormalizer {
 
   State transform(const Tensor& xs, const Tensor& rstd, const Tensor& mean, const Tensor& nb, int64_t col0) const {
     const int64_t P = nl::tile_size().pmax;
-    const int64_t p = xs.shape()[0], w = xs.shape()[1], nblk = (w + P - 1) / P;
+    const int64_t p = xs.shape()[0], w = xs.shape()[1], nblk = ceil_div(w, P);
     Tensor y = nl::ndarray({p, w}, nl::float32, nl::sbuf, "y");
     center(y, xs, rstd, mean, nb);
     State s{nl::ndarray({std::min(w, P), nblk, p}, nl::float32, nl::psum, "yT"), p, w, col0};
@@ -288,7 +288,7 @@ struct ChunkNormalizer {
 
   void affine(const State& s, const Tensor& dst) const {
     const int64_t P = nl::tile_size().pmax;
-    const int64_t nblk = (s.w + P - 1) / P;
+    const int64_t nblk = ceil_div(s.w, P);
     Tensor oT = nl::ndarray({std::min(s.w, P), nblk, s.p}, out_dtype, nl::sbuf, "oT");
     for (int64_t b = 0; b < nblk; ++b) {
       const int64_t wb = std::min(P, s.w - b * P), blk = s.col0 / P + b;
@@ -331,8 +331,8 @@ inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gam
   const ChunkNormalizer norm{kind, x.dtype(), column_blocks(gamma, "gamma_cols"),
                              layer ? column_blocks(*beta, "beta_cols") : Tensor{}};
 
-  const int64_t xb = dtype_size(x.dtype()), nblk = (H + P - 1) / P;
-  const int64_t nst = (H + F - 1) / F;
+  const int64_t xb = dtype_size(x.dtype()), nblk = ceil_div(H, P);
+  const int64_t nst = ceil_div(H, F);
   Plan plan = plan_rows(R, H, H * xb, [&](int64_t k, int64_t seg) {
     return 4 * k * seg * xb                        // output tiles (two sites)
            + 2 * CW * 4 + 2 * CW * xb                // y and oT chunk tiles
@@ -516,7 +516,7 @@ inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gam
       const Tensor xh = G.rows(x);
       Tensor st = nl::ndarray({G.p, G.k, nst * 6}, nl::float32, nl::sbuf, "bn_stats");
       Tensor mv = nl::ndarray({G.p, G.k, 2}, nl::float32, nl::sbuf, "bn_aggr");
-      const int64_t nseg = (H + SW - 1) / SW;
+      const int64_t nseg = ceil_div(H, SW);
       // Each segment is loaded while the one before it is being read.
       auto segment = [&](int64_t si, const char* name) {
         const int64_t sw = std::min(SW, H - si * SW);
@@ -626,7 +626,7 @@ class ColumnSums {
  public:
   ColumnSums(int64_t H, const std::string& name) : H_(H) {
     const int64_t P = nl::tile_size().pmax, per_tile = nl::tile_size().psum_bank_fmax;
-    const int64_t nblk = (H + P - 1) / P;
+    const int64_t nblk = ceil_div(H, P);
     for (int64_t b0 = 0; b0 < nblk; b0 += per_tile)
       acc_.push_back(nl::ndarray({std::min(H, P), std::min(per_tile, nblk - b0)}, nl::float32, nl::psum, name));
   }
@@ -706,7 +706,7 @@ inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& ga
   const int64_t P = ts.pmax, CW = chunk_width();
   const bool layer = kind == Kind::layer;
   const int64_t xb = dtype_size(x.dtype()), db = dtype_size(dy.dtype()), gb = dtype_size(gamma.dtype());
-  const int64_t nch_max = (H + CW - 1) / CW;
+  const int64_t nch_max = ceil_div(H, CW);
 
   Tensor grad_x = nl::ndarray({R, H}, x.dtype(), nl::shared_hbm, "grad_x");
   Tensor grad_gamma = nl::ndarray({H}, gamma.dtype(), nl::shared_hbm, "grad_gamma");
@@ -787,7 +787,7 @@ inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& ga
   auto streamed_chunks = [&](int64_t g) {
     // One group row (k = 1); segments of x, grad_out and gamma, each loaded one segment ahead.
     const RowGroup G = groups[g];
-    const int64_t SW = plan.segment, nseg = (H + SW - 1) / SW;
+    const int64_t SW = plan.segment, nseg = ceil_div(H, SW);
     struct Segs {
       std::vector<Tensor> x, dy, gamma;
     };
@@ -850,7 +850,7 @@ inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& ga
       s.xhat = nl::ndarray({G.p, G.k, H}, nl::float32, nl::sbuf, "xhat_rows");
       s.g = nl::ndarray({G.p, G.k, H}, nl::float32, nl::sbuf, "g_rows");
     }
-    const int64_t nch = (H + CW - 1) / CW;
+    const int64_t nch = ceil_div(H, CW);
     if (layer) s.s1 = nl::ndarray({G.p, G.k, nch}, nl::float32, nl::sbuf, "row_sum_g");
     s.s2 = nl::ndarray({G.p, G.k, nch}, nl::float32, nl::sbuf, "row_sum_gxhat");
     const std::vector<Item> items = items_of(G);

@@ -80,8 +80,8 @@ inline void emit_pipelined(const std::vector<Unit>& units, int64_t ahead) {
  * SBUF fragments between the differently sized chunk tiles.
  */
 inline int64_t chunk_width(int64_t C, int64_t max_cols) {
-  const int64_t chunks = (C + max_cols - 1) / max_cols;
-  const int64_t w = (C + chunks - 1) / chunks;
+  const int64_t chunks = ceil_div(C, max_cols);
+  const int64_t w = ceil_div(C, chunks);
   return std::min(C, (w + 63) / 64 * 64);  // even widths keep VectorE's 16-bit fast paths
 }
 
@@ -184,7 +184,7 @@ inline Tensor softmax(const Tensor& x, Loc loc = Loc::current()) {
     // Long rows: column chunks, two passes per row tile.
     ahead = 2;
     const int64_t cw = chunk_width(C, std::clamp<int64_t>(budget / 2 / footprint(1, ahead) / 64 * 64, 64, 4096));
-    const int64_t J = (C + cw - 1) / cw;
+    const int64_t J = ceil_div(C, cw);
     for (const RowTile& rt : row_tiles(R, P, 1)) {
       struct Stats {
         Tensor nmax, sums, nM, total;  // per chunk: -max and sum of exp(x - max); -max and 1 / sum
@@ -328,7 +328,7 @@ inline Tensor softmax_bwd(const Tensor& out, const Tensor& grad_out, Loc loc = L
   } else {
     ahead = 2;
     const int64_t cw = chunk_width(C, std::clamp<int64_t>(budget / 2 / footprint(1, ahead) / 64 * 64, 64, 4096));
-    const int64_t J = (C + cw - 1) / cw;
+    const int64_t J = ceil_div(C, cw);
     for (const RowTile& rt : row_tiles(R, P, 1)) {
       struct Stats {
         Tensor dots, dot;  // per chunk, and the row's
