@@ -31,9 +31,12 @@ constexpr float kFltMax = std::numeric_limits<float>::max();
 LD sigmoid_ref(LD x) { return x >= 0 ? 1 / (1 + std::exp(-x)) : std::exp(x) / (1 + std::exp(x)); }
 LD softplus_ref(LD x) { return (x > 0 ? x : 0) + std::log1p(std::exp(-std::fabs(x))); }
 
-/** The exact formulas of activation.hpp (with its double constants), in long double. */
+/** The formulas of docs/numerics.md in long double, with their constants written out here (not
+ *  taken from activation.hpp, so a wrong constant there shows as an error). */
 LD reference(ActFunc f, LD x) {
-  using namespace activation_detail;
+  const LD sqrt2_over_pi = std::sqrt(2.0L / 3.14159265358979323846264338327950288L);
+  const LD gelu_tanh_cubic = 0.044715L, gelu_sigmoid_scale = 1.702L;
+  const LD two_over_sqrt_pi = 2.0L / std::sqrt(3.14159265358979323846264338327950288L);
   switch (f) {
     case ActFunc::exp: return std::exp(x);
     case ActFunc::log: return std::log(x);
@@ -42,17 +45,17 @@ LD reference(ActFunc f, LD x) {
     case ActFunc::silu: return x * sigmoid_ref(x);
     case ActFunc::silu_dx: return sigmoid_ref(x) * (1 + x * sigmoid_ref(-x));
     case ActFunc::gelu_apprx_tanh: {
-      const LD u = LD(kSqrt2OverPi) * (x + LD(kGeluTanhCubic) * x * x * x);
+      const LD u = sqrt2_over_pi * (x + gelu_tanh_cubic * x * x * x);
       return x * sigmoid_ref(2 * u);
     }
-    case ActFunc::gelu_apprx_sigmoid: return x * sigmoid_ref(LD(kGeluSigmoidScale) * x);
+    case ActFunc::gelu_apprx_sigmoid: return x * sigmoid_ref(gelu_sigmoid_scale * x);
     case ActFunc::gelu_apprx_sigmoid_dx: {
-      const LD a = LD(kGeluSigmoidScale) * x;
+      const LD a = gelu_sigmoid_scale * x;
       return sigmoid_ref(a) * (1 + a * sigmoid_ref(-a));
     }
     case ActFunc::softplus: return softplus_ref(x);
     case ActFunc::mish: return x * std::tanh(softplus_ref(x));
-    case ActFunc::erf_dx: return LD(kTwoOverSqrtPi) * std::exp(-x * x);
+    case ActFunc::erf_dx: return two_over_sqrt_pi * std::exp(-x * x);
     default: return NAN;
   }
 }

@@ -120,10 +120,16 @@ TEST_CASE("compile cache: a second compile is a disk hit that skips verify, allo
 
 TEST_CASE("compile cache: NIKKI_ALWAYS_COMPILE=1 neither reads nor writes the cache") {
   TempCacheDir dir;
-  ::setenv("NIKKI_ALWAYS_COMPILE", "1", 1);
-  jit::Program p = jit::compile(axpb({128, 64}, DType::float32));
-  jit::Program q = jit::compile(axpb({128, 64}, DType::float32));
-  ::unsetenv("NIKKI_ALWAYS_COMPILE");
+  struct AlwaysCompile {  // scoped, so that a failure cannot leak the variable into later tests
+    AlwaysCompile() { ::setenv("NIKKI_ALWAYS_COMPILE", "1", 1); }
+    ~AlwaysCompile() { ::unsetenv("NIKKI_ALWAYS_COMPILE"); }
+  };
+  jit::Program q;
+  {
+    AlwaysCompile always;
+    jit::Program p = jit::compile(axpb({128, 64}, DType::float32));
+    q = jit::compile(axpb({128, 64}, DType::float32));
+  }
   CHECK(has_stage(q, "schedule"));
   CHECK(fs::is_empty(dir.path()));
 }
@@ -141,8 +147,10 @@ TEST_CASE("compile cache: truncated, corrupt and foreign entries are rebuilt, ne
   SUBCASE("empty") { fs::resize_file(path, 0); }
   SUBCASE("corrupt payload byte") {
     std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(full_size - 10));
+    const char byte = char(f.get());
     f.seekp(static_cast<std::streamoff>(full_size - 10));
-    f.put('\x5a');
+    f.put(char(byte ^ 0xff));  // always a different byte
   }
   SUBCASE("valid checksum, not a device program") {
     jit::DiskCache().store("program", key, std::vector<uint8_t>(100, 0xab));

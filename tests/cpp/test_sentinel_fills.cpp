@@ -48,13 +48,13 @@ TEST_CASE("sentinel fills: skipped only when the first instruction overwrites th
 }
 
 TEST_CASE("sentinel fills: a tile reused at a dirty address still reads as sentinels where unwritten") {
-  // Two tiles in turn at the same SBUF address: the second, written in part, must not expose the
-  // first one's values.
+  // One allocation site alternates two buffers, so round 2's tile lands on round 0's dirty
+  // address; written in part, it must not expose round 0's values.
   Kernel k = trace("reuse", [](const Tensor& x) {
     Tensor out = nl::ndarray({32, 16}, nl::int32, nl::shared_hbm, "out");
-    for (int round = 0; round < 2; ++round) {
+    for (int round = 0; round < 3; ++round) {
       Tensor t = nl::ndarray({32, 16}, nl::int32, nl::sbuf, "t");
-      if (round == 0) {
+      if (round < 2) {
         isa::dma_copy(t, x);
         isa::dma_copy(out, t);
       } else {
@@ -64,6 +64,15 @@ TEST_CASE("sentinel fills: a tile reused at a dirty address still reads as senti
     }
     return out;
   }, spec({32, 16}, DType::int32, "x"));
+  jit::Program p = jit::compile(k);
+  std::vector<const Storage*> tiles;
+  for (const Storage& s : p.kernel.storages)
+    if (s.buffer == Buffer::sbuf) tiles.push_back(&s);
+  REQUIRE(tiles.size() == 3);
+  REQUIRE(tiles[0]->address.has_value());
+  REQUIRE(tiles[2]->address.has_value());
+  CHECK(tiles[2]->address->byte_offset == tiles[0]->address->byte_offset);  // the premise of the test
+  CHECK(tiles[2]->address->partition == tiles[0]->address->partition);
   HostTensor x(DType::int32, {32, 16});
   for (int64_t i = 0; i < x.size(); ++i) x.set_int(i, 1000 + i);
   for (Mode mode : {Mode::program_order, Mode::streams_interp, Mode::streams_native}) {

@@ -117,7 +117,8 @@ def test_instructions_in_program_order_with_views(rng):
     assert insts[0]["location"][1] + 2 == insts[1]["location"][1]
     assert "runtime_offsets" not in insts[0]
     assert k.instruction(4) == act
-    with pytest.raises(IndexError):
+    with pytest.raises(IndexError, match=rf"instruction index {k.num_instructions} out of range: kernel '\w+' has "
+                                         rf"{k.num_instructions} instructions"):
         k.instruction(k.num_instructions)
 
 

@@ -24,20 +24,21 @@ def _leaf(shape, dtype, seed, scale=1.0):
     return (torch.randn(shape, generator=g) * scale).to(dtype).requires_grad_()
 
 
-def _check(nikki_fn, torch_fn, inputs, dtype, grad_seed=99):
+def _check(nikki_fn, torch_fn, inputs, dtype, grad_seed=99, tol=None, grad_tol=None):
     """Forward and input gradients of nikki_fn against torch_fn evaluated in fp32 on copies of the
     same inputs (then cast back to the dtype under test)."""
     mine = nikki_fn(*inputs)
     ref_inputs = [t.detach().float().requires_grad_() for t in inputs]
     ref = torch_fn(*ref_inputs)
     assert mine.dtype == dtype and mine.shape == ref.shape
-    torch.testing.assert_close(mine.float(), ref.to(dtype).float(), **TOL[dtype])
+    tol = tol or TOL[dtype]
+    torch.testing.assert_close(mine.float(), ref.to(dtype).float(), **tol)
     g = torch.randn(ref.shape, generator=torch.Generator().manual_seed(grad_seed)).to(dtype)
     mine_grads = torch.autograd.grad(mine, inputs, g)
     ref_grads = torch.autograd.grad(ref, ref_inputs, g.float())
     for name, a, b in zip(range(len(inputs)), mine_grads, ref_grads):
         assert a.dtype == inputs[name].dtype
-        torch.testing.assert_close(a.float(), b.to(dtype).float(), **TOL[dtype],
+        torch.testing.assert_close(a.float(), b.to(dtype).float(), **(grad_tol or tol),
                                    msg=lambda m, i=name: f"gradient of input {i}: {m}")
 
 
@@ -55,7 +56,11 @@ def test_matmul(dtype, shape):
 @pytest.mark.parametrize("dim", [-1, 1])
 def test_softmax(dtype, dim):
     x = _leaf((4, 33, 50), dtype, 3, scale=3.0)
-    _check(lambda t: nt.softmax(t, dim=dim), lambda t: torch.softmax(t, dim=dim), [x], dtype)
+    # Probabilities over 50 columns are ~0.02: bf16 needs an absolute tolerance well below that.
+    # Gradients are of order 1 (the incoming gradient's scale): one bf16 rounding there is 2^-8.
+    bf16 = dtype == torch.bfloat16
+    _check(lambda t: nt.softmax(t, dim=dim), lambda t: torch.softmax(t, dim=dim), [x], dtype,
+           tol=dict(rtol=2e-2, atol=1e-3) if bf16 else None, grad_tol=dict(rtol=2e-2, atol=2 ** -8) if bf16 else None)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
