@@ -8,10 +8,8 @@
 // softmax, layernorm, rmsnorm and their backwards: DMA roofline = compulsory HBM traffic (each
 //               input read once, each output written once) / peak DMA bandwidth; reported as
 //               roofline time / estimated time. The goals (>= 70%) are for the forward kernels on trn2.
-#include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,11 +25,9 @@ struct Estimate {
   runtime::Profile profile;
   size_t instructions = 0;
   std::vector<TensorSpec> outputs;
-  double compile_ms = 0;
 };
 
 Estimate estimate(const std::string& kernel, std::vector<TensorSpec> inputs, TargetId target) {
-  const auto start = std::chrono::steady_clock::now();
   Kernel k = kernels::trace_library_kernel(kernels::find_kernel(kernel), std::move(inputs), {},
                                            TraceOptions{.target = target});
   jit::CompileOptions options;
@@ -44,9 +40,14 @@ Estimate estimate(const std::string& kernel, std::vector<TensorSpec> inputs, Tar
     const Storage& out = p.kernel.storage(id);
     e.outputs.push_back(spec(out.shape, out.dtype));
   }
-  e.compile_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   e.profile = runtime::estimate(*p.device);
   return e;
+}
+
+/** "(target >= G%: met)" / "MISSED", or nothing when the shape has no goal. */
+std::string goal_text(double value, double goal) {
+  if (goal <= 0) return {};
+  return fmt::format("(target >= {:.0f}%: {})", 100 * goal, value >= goal ? "met" : "MISSED");
 }
 
 void report_matmul(int64_t M, int64_t K, int64_t N, DType d, TargetId target, double goal) {
@@ -58,7 +59,7 @@ void report_matmul(int64_t M, int64_t K, int64_t N, DType d, TargetId target, do
               (long long)M, (long long)K, (long long)N, std::string(dtype_name(d)).c_str(), p.total_ns / 1e3,
               100 * util, 100 * p.utilization("qTensor"), p.dma_bytes_per_ns(),
               100 * p.dma_bytes_per_ns() / p.dma_peak_bytes_per_ns, e.instructions,
-              goal > 0 ? (util >= goal ? "(target >= 85%: met)" : "(target >= 85%: MISSED)") : "");
+              goal_text(util, goal).c_str());
 }
 
 /** Input specs of a row-wise kernel from its input names: rows [R, C], per-column [C], per-row fp32 [R]. */
@@ -89,7 +90,7 @@ void report_rows(const std::string& kernel, int64_t R, int64_t C, DType d, Targe
               kernel.c_str(), (long long)R, (long long)C, std::string(dtype_name(d)).c_str(), p.total_ns / 1e3,
               roofline_ns / 1e3, 100 * ratio, double(p.dma_bytes) / compulsory, 100 * p.utilization("qVector"),
               100 * p.utilization("qScalar"), 100 * p.utilization("qGpSimd"), e.instructions,
-              goal > 0 ? (ratio >= goal ? "(target >= 70%: met)" : "(target >= 70%: MISSED)") : "");
+              goal_text(ratio, goal).c_str());
 }
 
 }  // namespace

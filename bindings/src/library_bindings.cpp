@@ -93,13 +93,11 @@ void bind_library(py::module_& m) {
       [](KernelBuilder& builder, const std::string& name, const std::vector<AccessPattern>& inputs,
          const py::dict& params) {
         const kernels::KernelInfo& info = kernels::find_kernel(name);
-        if (inputs.size() != info.inputs.size())
-          throw KernelError(fmt::format("kernel '{}' takes {} inputs, got {}", name, info.inputs.size(), inputs.size()),
-                            SourceLocation{}, name);
+        kernels::Params values = to_params(params);
+        kernels::check_library_call(info, inputs.size(), values);
         BuilderScope scope(builder);
         std::vector<Tensor> tensors;
         for (const AccessPattern& ap : inputs) tensors.emplace_back(&builder, ap);
-        kernels::Params values = to_params(params);
         std::vector<AccessPattern> results;
         for (const Tensor& t : info.body(kernels::KernelCall{tensors, info.params, values}))
           results.push_back(t.access());

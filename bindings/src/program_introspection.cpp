@@ -14,6 +14,7 @@
 //   operand:     None | float (immediate) | RegisterRef(id) | TensorView(storage, dtype, offset, pattern)
 #include "program_introspection.hpp"
 
+#include <fmt/format.h>
 #include <pybind11/stl.h>
 
 #include <string>
@@ -284,7 +285,14 @@ function and reduce command by name, axes as a tuple of view dims, flags as bool
 "automatic" / "overwrite" / "accumulate"); runtime_offsets (only for instructions with dynamic
 views: {slot: {scalar_tensor, scalar_register, scalar_multiplier, vector_offset, indirect_dim,
 vector_multiplier}}, the runtime terms the slot's TensorView leaves out).)doc")
-      .def("instruction", [](const Kernel& k, size_t i) { return instruction_dict(k, i); }, py::arg("index"),
+      .def("instruction",
+           [](const Kernel& k, size_t i) {
+             if (i >= k.instructions.size())
+               throw py::index_error(fmt::format("instruction index {} out of range: kernel '{}' has {} instructions", i,
+                                                 k.name, k.instructions.size()));
+             return instruction_dict(k, i);
+           },
+           py::arg("index"),
            "Instruction `index` as instructions() describes it.");
 }
 

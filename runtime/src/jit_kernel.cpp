@@ -53,8 +53,9 @@ JitKernel::Entry& JitKernel::entry(const Specialization& s) {
   Kernel kernel = trace_specs(s.trace, name_, s.inputs, body_);
   auto entry = std::make_unique<Entry>();
   entry->kernel.program = jit::compile(std::move(kernel), options_);
+  const auto [order, seed] = stream_order_from_env();  // NIKKI_STREAM_ORDER, as for Python kernels
   entry->kernel.executor =
-      std::make_unique<StreamExecutor>(entry->kernel.program.device, kind_, entry->kernel.program.native);
+      std::make_unique<StreamExecutor>(entry->kernel.program.device, kind_, entry->kernel.program.native, order, seed);
   std::lock_guard<std::mutex> lock(mutex_);
   auto [it, inserted] = cache_.try_emplace(s, std::move(entry));
   return *it->second;  // a concurrent compile of the same key: the first one wins

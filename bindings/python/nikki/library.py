@@ -19,8 +19,6 @@ from .tensor import NkiTensor
 
 __all__ = ["LibraryKernel", "library_kernels"]
 
-_PY_TYPES = {"bool": bool, "int": int, "float": float, "float?": float}
-
 
 class LibraryKernel(Kernel):
     """One kernel of nikki's library, e.g. ``nikki.kernels.softmax``.

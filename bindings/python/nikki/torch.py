@@ -175,13 +175,10 @@ def _returns(fn_node):
 
 # --- library ops ----------------------------------------------------------------------------------
 
-_KIND_SCHEMA = {"bool": "bool", "int": "int", "float": "float", "float?": "float?"}
-
-
 def _library_schema(kernel) -> str:
     args = [f"Tensor {n}" for n in kernel.inputs]
     for pname, kind, default, _doc in kernel.info["params"]:
-        args.append(f"{_KIND_SCHEMA[kind]} {pname}={_default_text(default)}")
+        args.append(f"{kind} {pname}={_default_text(default)}")  # the kinds are torch schema types
     n = len(kernel.outputs)
     returns = "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
     return f"({', '.join(args)}) -> {returns}"

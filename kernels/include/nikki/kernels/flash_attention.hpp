@@ -136,10 +136,10 @@ inline void transpose_rows(const Tensor& dst, const Tensor& stage, int64_t n, in
   }
 }
 inline double row_load_ns(const Scheduler& sch, int64_t n, int64_t row_bytes) {
-  return n == 128 ? sch.dma(n * row_bytes, n / 2) : sch.dma(n * row_bytes, n);
+  return n == sch.partitions() ? sch.dma(n * row_bytes, n / 2) : sch.dma(n * row_bytes, n);
 }
 inline double rows_transpose_ns(const Scheduler& sch, int64_t n, int64_t D) {
-  return n == 128 ? 2 * sch.transpose(n / 2, D) : sch.transpose(n, D);
+  return n == sch.partitions() ? 2 * sch.transpose(n / 2, D) : sch.transpose(n, D);
 }
 /** Copies `tiles` transposed tiles ([D, tiles, P] in PSUM) to row order in `dst` ([D, cols]);
  *  the last tile has `last` rows. */
@@ -323,7 +323,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               isa::dma_copy(vx(rows(pk), j, nl::ds(0, D)), v(b, g, nl::ds(j * P, pk), all));
             });
           }
-          const int cp = sch.add(U::vector, eng(U::vector, double((j1 - j0) * P) / 2, (j1 - j0) * P), {tr}, 0,
+          const int cp = sch.add(U::vector, eng(U::vector, sch.vector_stream_cycles((j1 - j0) * P), (j1 - j0) * P), {tr}, 0,
                                  [=, &prep_ring] {
                                    flash_detail::copy_transposed_rows(kT(all, nl::ds(j0 * P, std::min(Skv, j1 * P) - j0 * P)),
                                                                       prep_ring.t(rows(D), ts_, all, all), j1 - j0,
@@ -356,7 +356,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
           qrow_ring.use(qr, trq);
           prep_ring.use(tq, trq);
           auto [qs, qs_prev] = qT_ring.take();
-          const int qcp = sch.add(U::vector, eng(U::vector, double(pq) / 2, pq), cat({trq}, qs_prev), 0,
+          const int qcp = sch.add(U::vector, eng(U::vector, sch.vector_stream_cycles(pq), pq), cat({trq}, qs_prev), 0,
                                   [=, &qT_ring, &prep_ring] {
                                     flash_detail::copy_transposed_rows(qT_ring.t(all, qs, rows(pq)),
                                                                        prep_ring.t(rows(D), tq, nl::ds(0, 1), all), 1, pq);
@@ -403,7 +403,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               qT_ring.use(qs, qk);
               s_ring.use(sb, qk);
               int last_write = sch.add_flexible(
-                  {{U::vector, eng(U::vector, double(w) / 2, w)}, {U::scalar, eng(U::scalar, double(w), w)}},
+                  {{U::vector, eng(U::vector, sch.vector_stream_cycles(w), w)}, {U::scalar, eng(U::scalar, double(w), w)}},
                   cat({qk}, sf_prev), 0, [=, &sf_ar, &s_ring](U unit) {
                     isa::tensor_scalar(sf_ar.t(rows(pq), nl::ds(sf + off, w)), s_ring.t(rows(pq), sb, nl::ds(0, w)),
                                        nl::multiply, scale,
@@ -441,7 +441,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
             // reduction's output): a chunk's maximum is the running one for the first chunk, the
             // minimum of the negated maxima after it.
             auto [mc, mc_prev] = nm_ring.take();
-            const int red = sch.add(U::vector, eng(U::vector, double(width) / 2, width), cat(halves, mc_prev), 0,
+            const int red = sch.add(U::vector, eng(U::vector, sch.vector_stream_cycles(width), width), cat(halves, mc_prev), 0,
                                     [=, &sh_ar, &nm_ring] {
                                       isa::tensor_reduce(nm_ring.t(rows(pq), nl::ds(mc, 1)), nl::maximum,
                                                          sh_ar.t(rows(pq), nl::ds(sh + 0, width)), {1}, true);
@@ -516,7 +516,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               // finishes it first.
               const int64_t n = (b1 - b0) * pq;
               const int cp = sch.add_flexible(
-                  {{U::vector, eng(U::vector, double(n) / 2, n)}, {U::scalar, eng(U::scalar, double(n), n)}},
+                  {{U::vector, eng(U::vector, sch.vector_stream_cycles(n), n)}, {U::scalar, eng(U::scalar, double(n), n)}},
                   cat({tr}, pt_prev), 0, [=, &t_ring, &pt_ar](U unit) {
                     const bool on_scalar = unit == U::scalar;
                     const int64_t full = std::min(b1, cw / P) - b0;
@@ -566,7 +566,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
                                             });
             const Tensor o_tile = otile_ring.t(rows(pq), ot, all);
             const int oc = sch.add_flexible(
-                {{U::vector, eng(U::vector, double(D) / 2, D)}, {U::scalar, eng(U::scalar, double(D), D)}},
+                {{U::vector, eng(U::vector, sch.vector_stream_cycles(D), D)}, {U::scalar, eng(U::scalar, double(D), D)}},
                 cat({rc}, ot_prev), 0, [=](U unit) {
                   if (unit == U::scalar) isa::activation(o_tile, nl::copy, o_acc, {.scale = recip});
                   else isa::tensor_scalar(o_tile, o_acc, nl::multiply, recip, {.engine = isa::vector_engine});
@@ -705,7 +705,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   using flash_detail::rows;
   auto eng = [&](U u, double cycles, int64_t free) { return sch.engine(u, cycles, free); };
   auto copy_choices = [&](int64_t n) {  // a PSUM -> SBUF copy: Vector (2x mode) or Scalar
-    return std::vector<std::pair<U, double>>{{U::vector, eng(U::vector, double(n) / 2, n)},
+    return std::vector<std::pair<U, double>>{{U::vector, eng(U::vector, sch.vector_stream_cycles(n), n)},
                                              {U::scalar, eng(U::scalar, double(n), n)}};
   };
   const int zero_set = sch.add(U::gpsimd, eng(U::gpsimd, 1, 1), {}, 0, [=] { isa::memset(zero, 0.0, isa::gpsimd_engine); });
@@ -855,7 +855,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
           });
           t_ring.use(tv, trv);
           kv_ring.use(kv, trv);
-          const int cvt = sch.add(U::vector, eng(U::vector, double(wg) / 2, wg), {trv}, prio, [=, &t_ring] {
+          const int cvt = sch.add(U::vector, eng(U::vector, sch.vector_stream_cycles(wg), wg), {trv}, prio, [=, &t_ring] {
             flash_detail::copy_transposed_rows(kvT(all, kv, 1, nl::ds(0, wg)), t_ring.t(rows(D), tv, all, all), ntile,
                                                wg - (ntile - 1) * P);
           });
@@ -870,9 +870,8 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
           for (int64_t ti : visible) {
             QTile& qt = tiles[size_t(ti)];
             if (!qt.prepared) prepare(qt);
-            const int64_t h = qt.h, q0 = qt.q0, pq = qt.pq, i = qt.slot;
+            const int64_t q0 = qt.q0, pq = qt.pq, i = qt.slot;
             const int64_t wkv = causal ? std::min(wg, q0 + pq - g0) : wg, nb = ceil_div(wkv, P);
-            (void)h;
             // Scores and dP = dO V^T.
             auto [sd, sd_prev] = sdp_ring.take();
             const int mm = sch.add(U::tensor, 2 * sch.matmul(pq, wkv, wide), cat({qt.qdoT, ckt, cvt}, sd_prev), prio,
@@ -907,7 +906,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
             // dS = P * (dP - Di).
             auto [dm, dm_prev] = dpm_ar.take(wkv);
             const int dpm = sch.add_flexible(
-                {{U::vector, eng(U::vector, double(wkv) / 2, wkv)}, {U::scalar, eng(U::scalar, double(wkv), wkv)}},
+                {{U::vector, eng(U::vector, sch.vector_stream_cycles(wkv), wkv)}, {U::scalar, eng(U::scalar, double(wkv), wkv)}},
                 cat(cat({mm}, qt.stats), dm_prev), prio, [=, &sdp_ring, &dpm_ar](U u) {
                   isa::tensor_scalar(dpm_ar.t(rows(pq), nl::ds(dm, wkv)), sdp_ring.t(rows(pq), sd, 1, nl::ds(0, wkv)),
                                      nl::add, stats(rows(pq), i, nl::ds(1, 1)),
@@ -919,7 +918,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
             const double fast = dt == DType::bfloat16 ? 1.0 : 2.0;
             const int dS = sch.add_flexible(
                 {{U::gpsimd, eng(U::gpsimd, fast * double(wkv), wkv)},
-                 {U::vector, eng(U::vector, fast * double(wkv) / 2, wkv)}},
+                 {U::vector, eng(U::vector, fast * sch.vector_stream_cycles(wkv), wkv)}},
                 cat({p_ready, dpm}, ds_prev), prio, [=, &p_ar, &dpm_ar, &ds_ar](U u) {
                   isa::tensor_tensor(ds_ar.t(rows(pq), nl::ds(dsx, wkv)), p_ar.t(rows(pq), nl::ds(pp, wkv)),
                                      dpm_ar.t(rows(pq), nl::ds(dm, wkv)), nl::multiply,

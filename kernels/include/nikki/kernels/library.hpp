@@ -14,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/ranges.h>
+
 #include "nikki/nikki.hpp"
 
 namespace nikki::kernels {
@@ -111,24 +113,28 @@ struct KernelInfo {
 };
 
 /**
- * @brief Traces a library kernel for concrete input specs. Throws KernelError when the number of
- * inputs is wrong or a parameter is unknown, and whatever the kernel body throws for bad shapes.
+ * @brief Checks a call of a library kernel: the number of inputs and the parameter names. Throws
+ * KernelError naming the expected inputs or the unknown parameter.
  */
-inline Kernel trace_library_kernel(const KernelInfo& info, std::vector<TensorSpec> specs, const Params& params,
-                                   const TraceOptions& options = {}) {
-  if (specs.size() != info.inputs.size())
+inline void check_library_call(const KernelInfo& info, size_t num_inputs, const Params& params) {
+  if (num_inputs != info.inputs.size())
     throw KernelError("kernel '" + info.name + "' takes " + std::to_string(info.inputs.size()) + " inputs (" +
-                          [&] {
-                            std::string s;
-                            for (const std::string& n : info.inputs) s += (s.empty() ? "" : ", ") + n;
-                            return s;
-                          }() + "), got " + std::to_string(specs.size()),
+                          fmt::format("{}", fmt::join(info.inputs, ", ")) + "), got " + std::to_string(num_inputs),
                       SourceLocation{}, info.name);
   for (const auto& [name, value] : params.values()) {
     bool known = false;
     for (const ParamSpec& p : info.params) known = known || p.name == name;
     if (!known) throw KernelError("kernel '" + info.name + "' has no parameter '" + name + "'", SourceLocation{}, info.name);
   }
+}
+
+/**
+ * @brief Traces a library kernel for concrete input specs. Throws KernelError when the number of
+ * inputs is wrong or a parameter is unknown, and whatever the kernel body throws for bad shapes.
+ */
+inline Kernel trace_library_kernel(const KernelInfo& info, std::vector<TensorSpec> specs, const Params& params,
+                                   const TraceOptions& options = {}) {
+  check_library_call(info, specs.size(), params);
   for (size_t i = 0; i < specs.size(); ++i)
     if (specs[i].name.empty()) specs[i].name = info.inputs[i];
   return trace_specs(options, info.name, specs, [&](const std::vector<Tensor>& inputs) {

@@ -127,6 +127,11 @@ class Scheduler {
   double transpose(int64_t partitions, int64_t free) const {
     return double(std::max<int64_t>(partitions, std::min<int64_t>(t_.matmul_init_cycles, free))) / t_.clock_ghz.tensor;
   }
+  /** Cycles of a Vector-engine pass over n elements of 16-bit data in SBUF: the engine's fast
+   *  mode processes two per cycle where the target has it. */
+  double vector_stream_cycles(int64_t n) const { return double(n) / (t_.vector_perf_mode ? 2 : 1); }
+  /** Partitions of the target (a full tile's rows). */
+  int64_t partitions() const { return int64_t(t_.num_partitions); }
   /** An engine instruction streaming `cycles` (already divided by its speed-up). */
   double engine(Unit u, double cycles, int64_t free_size) const {
     double c = std::max(double(t_.min_ii_cycles), cycles);
