@@ -148,14 +148,14 @@ void BM_Run(benchmark::State& state, runtime::ExecutorKind kind) {
   std::vector<std::vector<uint8_t>> buffers;
   std::vector<void*> ins, outs;
   std::mt19937 rng(1);
-  for (StorageId id : p.kernel.inputs) {
-    const Storage& s = p.kernel.storage(id);
+  for (StorageId id : p.kernel().inputs) {
+    const Storage& s = p.kernel().storage(id);
     auto& b = buffers.emplace_back(s.shape.num_elements() * dtype_size(s.dtype));
     for (size_t i = 0; i + 1 < b.size(); i += 2) b[i + 1] = 0x3f, b[i] = uint8_t(rng());  // finite values
     ins.push_back(b.data());
   }
-  for (StorageId id : p.kernel.outputs) {
-    const Storage& s = p.kernel.storage(id);
+  for (StorageId id : p.kernel().outputs) {
+    const Storage& s = p.kernel().storage(id);
     outs.push_back(buffers.emplace_back(s.shape.num_elements() * dtype_size(s.dtype)).data());
   }
   runtime::StreamExecutor exec(p.device, kind, p.native);

@@ -35,9 +35,9 @@ Estimate estimate(const std::string& kernel, std::vector<TensorSpec> inputs, Tar
   options.disk_cache = false;
   jit::Program p = jit::compile(std::move(k), options);
   Estimate e;
-  e.instructions = p.kernel.instructions.size();
-  for (StorageId id : p.kernel.outputs) {
-    const Storage& out = p.kernel.storage(id);
+  e.instructions = p.kernel().instructions.size();
+  for (StorageId id : p.kernel().outputs) {
+    const Storage& out = p.kernel().storage(id);
     e.outputs.push_back(spec(out.shape, out.dtype));
   }
   e.profile = runtime::estimate(*p.device);

@@ -54,7 +54,7 @@ bool run_and_check(const char* title, Kernel kernel, std::vector<void*> inputs, 
                    const std::vector<double>& reference, double tolerance, bool dump) {
   std::printf("== %s ==\n", title);
   jit::Program program = jit::compile(std::move(kernel));
-  const Kernel& k = program.kernel;
+  const Kernel& k = program.kernel();
   if (dump) std::printf("%s\n", to_string(k).c_str());
   std::printf("  %zu instructions: tensor %d, vector %d, scalar %d, gpsimd %d, dma %d\n", k.instructions.size(),
               instruction_count(k, Engine::tensor), instruction_count(k, Engine::vector),

@@ -411,9 +411,9 @@ PYBIND11_MODULE(_core, m) {
   // --- compiling and running ---------------------------------------------------------------
   py::class_<PyProgram>(m, "Program")
       .def("text", [](const PyProgram& p, bool locations) {
-        return to_string(p.program.kernel, PrintOptions{.locations = locations});
+        return to_string(p.program.kernel(), PrintOptions{.locations = locations});
       }, py::arg("locations") = true)
-      .def_property_readonly("kernel", [](const PyProgram& p) -> const Kernel& { return p.program.kernel; },
+      .def_property_readonly("kernel", [](const PyProgram& p) -> const Kernel& { return p.program.kernel(); },
                              py::return_value_policy::reference_internal)
       .def_property_readonly("timings",
                              [](const PyProgram& p) {
@@ -447,9 +447,7 @@ PYBIND11_MODULE(_core, m) {
         const std::string_view view = data;
         std::vector<uint8_t> bytes(view.begin(), view.end());
         auto p = std::make_unique<PyProgram>();
-        auto device = std::make_shared<jit::DeviceProgram>(jit::deserialize(bytes));
-        p->program.kernel = device->kernel;
-        p->program.device = std::move(device);
+        p->program.device = std::make_shared<jit::DeviceProgram>(jit::deserialize(bytes));
         p->kind = runtime::ExecutorKind::interp;  // a loaded program carries no native code
         return p;
       },

@@ -84,7 +84,7 @@ Program compile(Kernel kernel, const CompileOptions& options) {
       hit = cache.load("program", key);
       if (!hit) return;
       try {
-        program.device = std::make_shared<DeviceProgram>(deserialize(*hit));
+        program.device = std::make_shared<DeviceProgram>(deserialize(*hit, PayloadCheck::trusted));
       } catch (const KernelError&) {
         // An entry that passes the cache's checksum but not the program format (written by a
         // build with a colliding id, or edited by hand): recompile and overwrite it.
@@ -92,20 +92,19 @@ Program compile(Kernel kernel, const CompileOptions& options) {
       }
     }, [&] { return fmt::format("device program {}: {}\n", key.hex(), hit ? "hit" : "miss"); });
   }
-  if (program.device) {
-    program.kernel = program.device->kernel;
-  } else {
-    program.kernel = std::move(kernel);
-    stages.run("verify", [&] { verify(program.kernel); }, [&] { return to_string(program.kernel); });
-    stages.run("allocate", [&] { allocate(program.kernel); }, [&] { return to_string(program.kernel); });
+  if (!program.device) {
+    stages.run("verify", [&] { verify(kernel); }, [&] { return to_string(kernel); });
+    stages.run("allocate", [&] { allocate(kernel); }, [&] { return to_string(kernel); });
     if (scheduled) {
-      stages.run("schedule", [&] { program.device = std::make_shared<DeviceProgram>(schedule(program.kernel, options.schedule_options)); },
+      stages.run("schedule", [&] { program.device = std::make_shared<DeviceProgram>(schedule(std::move(kernel), options.schedule_options)); },
                  [&] { return disassemble(*program.device); });
       if (cache.enabled()) cache.store("program", key, serialize(*program.device));
+    } else {
+      program.unscheduled = std::move(kernel);
     }
   }
   if (options.native) {
-    stages.run("native", [&] { program.native = compile_native(*program.device); }, [&] {
+    stages.run("native", [&] { program.native = compile_native(*program.device, cache.enabled() ? std::optional(key) : std::nullopt); }, [&] {
       const NativeStats& s = program.native->stats();
       return fmt::format("native code for {}: {} instructions in {} routines, {} interpreted, {:.3f} ms\n",
                          native_target_description(), s.instructions, s.templates, s.fallbacks, s.milliseconds);

@@ -10,11 +10,9 @@
 // dims than a routine iterates, reads register operands, or overlaps another operand in a way a
 // routine's order of reads and writes would change (see in_order_safe).
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <map>
 #include <set>
-#include <unordered_map>
 
 #include "native_templates.hpp"
 #include "nikki/layout.hpp"
@@ -570,63 +568,6 @@ class TemplateBuilder {
 
 std::optional<std::pair<NativeTemplate, NativeInstruction>> make_template(const Kernel& kernel, uint32_t index) {
   return TemplateBuilder(kernel, index).build();
-}
-
-namespace {
-
-class CompiledProgram final : public NativeCode {
- public:
-  CompiledProgram(std::vector<NativeInstruction> instructions, NativeStats stats, std::shared_ptr<void> keep_alive)
-      : keep_alive_(std::move(keep_alive)) {
-    instructions_ = std::move(instructions);
-    stats_ = stats;
-  }
-
- private:
-  std::shared_ptr<void> keep_alive_;
-};
-
-struct DescKey {
-  std::string bytes;
-  bool operator==(const DescKey&) const = default;
-};
-struct DescKeyHash {
-  size_t operator()(const DescKey& k) const { return std::hash<std::string>()(k.bytes); }
-};
-
-}  // namespace
-
-std::shared_ptr<const NativeCode> compile_native(const DeviceProgram& program) {
-  const auto start = std::chrono::steady_clock::now();
-  const Kernel& k = program.kernel;
-  std::vector<NativeInstruction> instructions(k.instructions.size());
-  std::vector<bool> native(k.instructions.size(), false);
-  std::vector<NativeTemplate> templates;
-  std::unordered_map<DescKey, uint32_t, DescKeyHash> ids;
-  NativeStats stats;
-  for (uint32_t i = 0; i < k.instructions.size(); ++i) {
-    auto t = make_template(k, i);
-    if (!t) {
-      stats.fallbacks += !k.instructions[i].spec().is_control;
-      continue;
-    }
-    DescKey key;
-    key.bytes.assign(reinterpret_cast<const char*>(&t->first.desc), sizeof(native::OpDesc));
-    key.bytes.append(t->first.entry);
-    auto [it, inserted] = ids.emplace(std::move(key), uint32_t(templates.size()));
-    if (inserted) templates.push_back(t->first);
-    instructions[i] = t->second;
-    instructions[i].template_id = it->second;
-    native[i] = true;
-    ++stats.instructions;
-  }
-  std::shared_ptr<void> keep_alive;
-  std::vector<native::Routine> routines = generate_routines(templates, keep_alive);
-  for (uint32_t i = 0; i < k.instructions.size(); ++i)
-    if (native[i]) instructions[i].routine = routines[instructions[i].template_id];
-  stats.templates = int64_t(templates.size());
-  stats.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  return std::make_shared<CompiledProgram>(std::move(instructions), stats, std::move(keep_alive));
 }
 
 }  // namespace nikki::jit

@@ -21,6 +21,36 @@ struct NativeTemplate {
  * instruction has no native form (it then runs through the reference semantics). */
 std::optional<std::pair<NativeTemplate, NativeInstruction>> make_template(const Kernel& kernel, uint32_t index);
 
+/**
+ * @brief What native compilation derives from a program before generating code: its distinct
+ * templates and every instruction's run-time operands. Deriving it costs about a microsecond per
+ * instruction, so the disk cache keeps it beside the device program.
+ */
+struct NativePlan {
+  static constexpr uint32_t kInterpreted = UINT32_MAX;  // template_id of an instruction without a routine
+  std::vector<NativeTemplate> templates;
+  std::vector<NativeInstruction> instructions;  // one per kernel instruction; routines not yet set
+  int64_t fallbacks = 0;                        // non-control instructions left to the reference semantics
+  std::vector<std::string> entry_names;         // a loaded plan's entries (templates point into them)
+
+  NativePlan() = default;
+  NativePlan(NativePlan&&) = default;
+  NativePlan& operator=(NativePlan&&) = default;
+  NativePlan(const NativePlan&) = delete;  // a copy's templates would point into the original's names
+};
+
+/** @brief Derives the plan of `kernel`: make_template for every instruction, equal templates merged. */
+NativePlan plan_native(const Kernel& kernel);
+
+/** @brief The plan in the cache's encoding (fixed-width fields; run-time offsets as a flag),
+ * stamped with `program_key`, the disk-cache key of the program it was derived from. */
+std::vector<uint8_t> serialize_plan(const NativePlan& plan, const Hash128& program_key);
+
+/** @brief A plan read back for `kernel` (whose program has `program_key`), or nullopt when the
+ * bytes do not describe a plan of that program. */
+std::optional<NativePlan> deserialize_plan(const std::vector<uint8_t>& bytes, const Kernel& kernel,
+                                          const Hash128& program_key);
+
 /** @brief Generates one routine per template (LLVM ORC). `keep_alive` owns the code. */
 std::vector<native::Routine> generate_routines(const std::vector<NativeTemplate>& templates,
                                                std::shared_ptr<void>& keep_alive);

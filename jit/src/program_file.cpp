@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "byte_codec.hpp"
 #include "nikki/jit/streams.hpp"
 
 namespace nikki::jit {
@@ -21,83 +22,6 @@ uint64_t fnv1a(const uint8_t* data, size_t n) {
   for (size_t i = 0; i < n; ++i) h = (h ^ data[i]) * 0x100000001b3ull;
   return h;
 }
-
-class Writer {
- public:
-  template <class T>
-  void pod(T v) {
-    static_assert(std::is_trivially_copyable_v<T>);
-    const size_t at = out.size();
-    out.resize(at + sizeof(T));
-    std::memcpy(out.data() + at, &v, sizeof(T));
-  }
-  void u8(uint64_t v) { pod<uint8_t>(static_cast<uint8_t>(v)); }
-  void u16(uint64_t v) { pod<uint16_t>(static_cast<uint16_t>(v)); }
-  void u32(uint64_t v) { pod<uint32_t>(static_cast<uint32_t>(v)); }
-  void i32(int64_t v) { pod<int32_t>(static_cast<int32_t>(v)); }
-  void i64(int64_t v) { pod<int64_t>(v); }
-  void f64(double v) { pod<double>(v); }
-  void str(const std::string& s) {
-    u32(s.size());
-    bytes(s.data(), s.size());
-  }
-  void bytes(const void* data, size_t n) {
-    const size_t at = out.size();
-    out.resize(at + n);
-    if (n) std::memcpy(out.data() + at, data, n);
-  }
-  std::vector<uint8_t> out;
-};
-
-class Reader {
- public:
-  Reader(const uint8_t* data, size_t size) : p_(data), end_(data + size) {}
-  template <class T>
-  T pod() {
-    need(sizeof(T));
-    T v;
-    std::memcpy(&v, p_, sizeof(T));
-    p_ += sizeof(T);
-    return v;
-  }
-  uint8_t u8() { return pod<uint8_t>(); }
-  uint16_t u16() { return pod<uint16_t>(); }
-  uint32_t u32() { return pod<uint32_t>(); }
-  int32_t i32() { return pod<int32_t>(); }
-  int64_t i64() { return pod<int64_t>(); }
-  double f64() { return pod<double>(); }
-  std::string str() {
-    uint32_t n = u32();
-    need(n);
-    std::string s(reinterpret_cast<const char*>(p_), n);
-    p_ += n;
-    return s;
-  }
-  /** A count of items each at least `min_item_bytes` long, checked against the bytes left. */
-  uint32_t count(size_t min_item_bytes) {
-    uint32_t n = u32();
-    if (min_item_bytes && n > size_t(end_ - p_) / min_item_bytes) corrupt("a count exceeds the file size");
-    return n;
-  }
-  template <class E>
-  E enumeration(int limit) {
-    uint8_t v = u8();
-    if (v >= limit) corrupt("an enum value is out of range");
-    return static_cast<E>(v);
-  }
-  bool done() const { return p_ == end_; }
-  [[noreturn]] static void corrupt(const std::string& why) {
-    throw KernelError(fmt::format("device program file is corrupt: {}", why), {}, {}, {},
-                      "recompile the kernel (cached files are rebuilt automatically)");
-  }
-
- private:
-  void need(size_t n) {
-    if (size_t(end_ - p_) < n) corrupt("it ends early (truncated)");
-  }
-  const uint8_t* p_;
-  const uint8_t* end_;
-};
 
 void write_ap(Writer& w, const AccessPattern& ap);
 
@@ -228,6 +152,7 @@ Kernel read_kernel(Reader& r) {
   k.num_registers = r.i32();
   k.allocated = r.u8();
   uint32_t n = r.count(20);
+  k.locations.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
     SourceLocation l;
     l.file = r.str();
@@ -238,6 +163,7 @@ Kernel read_kernel(Reader& r) {
     k.locations.push_back(std::move(l));
   }
   n = r.count(30);
+  k.storages.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
     Storage s;
     s.name = r.str();
@@ -267,8 +193,8 @@ Kernel read_kernel(Reader& r) {
   ids(k.inputs);
   ids(k.outputs);
   n = r.count(20);
-  for (uint32_t i = 0; i < n; ++i) {
-    Instruction inst;
+  k.instructions.resize(n);
+  for (Instruction& inst : k.instructions) {
     inst.opcode = r.enumeration<Opcode>(kNumOpcodes);
     inst.engine = r.enumeration<Engine>(7);
     inst.loc = r.u32();
@@ -304,7 +230,6 @@ Kernel read_kernel(Reader& r) {
     a.step = r.i64();
     a.jump = r.i32();
     a.text = r.str();
-    k.instructions.push_back(std::move(inst));
   }
   return k;
 }
@@ -344,7 +269,7 @@ std::vector<uint8_t> serialize(const DeviceProgram& p) {
   return std::move(file.out);
 }
 
-DeviceProgram deserialize(const std::vector<uint8_t>& bytes) {
+DeviceProgram deserialize(const std::vector<uint8_t>& bytes, PayloadCheck check) {
   if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 8) != 0)
     Reader::corrupt("it is not a nikki device program (bad magic or too short)");
   Reader header(bytes.data() + 8, kHeaderBytes - 8);
@@ -357,7 +282,7 @@ DeviceProgram deserialize(const std::vector<uint8_t>& bytes) {
                       {}, {}, {}, "recompile the kernel");
   if (bytes.size() - kHeaderBytes != size) Reader::corrupt("its size does not match its header (truncated)");
   const uint8_t* payload = bytes.data() + kHeaderBytes;
-  if (fnv1a(payload, size) != checksum) Reader::corrupt("its checksum does not match");
+  if (check == PayloadCheck::verify && fnv1a(payload, size) != checksum) Reader::corrupt("its checksum does not match");
 
   Reader r(payload, size);
   DeviceProgram p;
@@ -368,6 +293,7 @@ DeviceProgram deserialize(const std::vector<uint8_t>& bytes) {
     stream.queue.kind = r.enumeration<QueueKind>(6);
     stream.queue.index = r.u16();
     uint32_t m = r.count(9);
+    stream.ops.reserve(m);
     for (uint32_t i = 0; i < m; ++i) {
       StreamOp op;
       op.kind = r.enumeration<StreamOp::Kind>(2);

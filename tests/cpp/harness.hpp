@@ -48,7 +48,7 @@ inline HostTensor random_tensor(DType dtype, Shape shape, uint32_t seed, float l
 /** @brief Compiles a traced kernel and runs it on the interpreter; returns its outputs. */
 inline std::vector<HostTensor> run_kernel(Kernel kernel, std::vector<HostTensor*> inputs) {
   jit::Program program = jit::compile(std::move(kernel));
-  const Kernel& k = program.kernel;
+  const Kernel& k = program.kernel();
   std::vector<HostTensor> outputs;
   for (StorageId id : k.outputs) outputs.emplace_back(k.storage(id).dtype, k.storage(id).shape);
   std::vector<void*> in_ptrs, out_ptrs;
@@ -77,7 +77,7 @@ inline std::vector<HostTensor> run_kernel(Kernel kernel, std::vector<HostTensor*
                                           jit::CompileOptions options = {}, RunCounts* counts = nullptr) {
   options.native = mode == Mode::streams_native;
   jit::Program program = jit::compile(std::move(kernel), options);
-  const Kernel& k = program.kernel;
+  const Kernel& k = program.kernel();
   std::vector<HostTensor> outputs;
   for (StorageId id : k.outputs) outputs.emplace_back(k.storage(id).dtype, k.storage(id).shape);
   std::vector<void*> in_ptrs, out_ptrs;

@@ -25,7 +25,7 @@ const TensorSpec X = spec({128, 512}, nl::float32, "x");
 /** Traces and compiles (verify + allocate) a kernel; returns the allocated IR. */
 template <class Fn, class... Specs>
 Kernel allocated(Fn&& fn, const Specs&... specs) {
-  return jit::compile(trace("k", std::forward<Fn>(fn), specs...)).kernel;
+  return jit::compile(trace("k", std::forward<Fn>(fn), specs...)).kernel();
 }
 
 const Storage& storage(const Kernel& k, std::string_view name) {
@@ -365,8 +365,8 @@ TEST_CASE("alloc: a tensor used inside a runtime loop stays live for the whole l
   CHECK(live[id_of(k, "u")].end < static_cast<uint32_t>(loop_end));
 
   jit::Program program = jit::compile(k);
-  CHECK_FALSE(overlap(placement(program.kernel, "a"), placement(program.kernel, "u")));
-  CHECK_FALSE(overlap(placement(program.kernel, "a"), placement(program.kernel, "t")));
+  CHECK_FALSE(overlap(placement(program.kernel(), "a"), placement(program.kernel(), "u")));
+  CHECK_FALSE(overlap(placement(program.kernel(), "a"), placement(program.kernel(), "t")));
 
   test::HostTensor in = test::random_tensor(DType::float32, {128, 512}, 7);
   std::vector<test::HostTensor> outs = test::run_kernel(k, {&in});

@@ -163,6 +163,85 @@ TEST_CASE("compile cache: truncated, corrupt and foreign entries are rebuilt, ne
   CHECK_FALSE(has_stage(hit, "schedule"));
 }
 
+jit::CompileOptions native_options() {
+  jit::CompileOptions o;
+  o.native = true;
+  return o;
+}
+
+std::vector<uint8_t> file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<uint8_t>(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST_CASE("compile cache: a native disk hit loads the instruction plan and runs the same routines") {
+  TempCacheDir dir;
+  Kernel k = axpb({128, 64}, DType::float32);
+  const jit::Hash128 key = jit::program_cache_key(k, native_options(), jit::build_id());
+  const std::string plan_path = jit::DiskCache().path("native-plan", key);
+  jit::Program first = jit::compile(k, native_options());
+  REQUIRE(fs::exists(plan_path));
+  const std::vector<uint8_t> plan = file_bytes(plan_path);
+
+  SUBCASE("intact") {}
+  SUBCASE("valid checksum, not a plan") { jit::DiskCache().store("native-plan", key, std::vector<uint8_t>(64, 0x5a)); }
+  SUBCASE("another program's plan") {
+    // Structurally valid for this kernel (same instruction count), so only its stamp tells.
+    Kernel other = axpb({128, 64}, DType::float32, TargetId::trn2, nl::subtract);
+    jit::compile(other, native_options());
+    const jit::Hash128 other_key = jit::program_cache_key(other, native_options(), jit::build_id());
+    fs::copy_file(jit::DiskCache().path("native-plan", other_key), plan_path, fs::copy_options::overwrite_existing);
+  }
+  jit::Program hit = jit::compile(k, native_options());
+  CHECK_FALSE(has_stage(hit, "schedule"));
+  REQUIRE(hit.native);
+  CHECK(hit.native->stats().instructions == first.native->stats().instructions);
+  CHECK(hit.native->stats().templates == first.native->stats().templates);
+  CHECK(hit.native->stats().fallbacks == first.native->stats().fallbacks);
+  check_axpb_result(hit);
+  CHECK(file_bytes(plan_path) == plan);  // a rejected plan was derived again and rewritten
+}
+
+TEST_CASE("compile cache: a loaded plan binds runtime offsets to the loaded program's views") {
+  TempCacheDir dir;
+  // out = table[k : k + 4, :], with k read from a 1x1 input at run time.
+  auto gather = [] {
+    return trace("gather_rows",
+                 [](const Tensor& table, const Tensor& start) {
+                   Tensor out = nl::ndarray({4, 64}, nl::float32, nl::shared_hbm, "out");
+                   Tensor k = nl::ndarray({1, 1}, nl::int32, nl::sbuf, "k");
+                   isa::dma_copy(k, start);
+                   Tensor rows = nl::ndarray({4, 64}, nl::float32, nl::sbuf, "rows");
+                   isa::dma_copy(rows, table.ap({{64, 4}, {1, 64}}, ApOptions{.scalar_offset_tensor = k}));
+                   isa::dma_copy(out, rows);
+                   return out;
+                 },
+                 spec({16, 64}, DType::float32, "table"), spec({1, 1}, DType::int32, "start"));
+  };
+  jit::compile(gather(), native_options());
+  jit::Program hit = jit::compile(gather(), native_options());
+  REQUIRE_FALSE(has_stage(hit, "schedule"));
+  const Kernel& kernel = hit.kernel();
+  bool native_runtime_offset = false;
+  for (uint32_t i = 0; i < kernel.instructions.size(); ++i)
+    if (const jit::NativeInstruction* n = hit.native->instruction(i))
+      for (int slot = 0; slot < kMaxSlots; ++slot)
+        if (n->operands[slot].indirection) {
+          CHECK(n->operands[slot].indirection == kernel.instructions[i].operands[slot].ap.indirection.get());
+          native_runtime_offset = true;
+        }
+  REQUIRE(native_runtime_offset);
+  HostTensor table(DType::float32, {16, 64}), start(DType::int32, {1, 1}), out(DType::float32, {4, 64});
+  for (int64_t i = 0; i < table.size(); ++i) table.set(i, float(i));
+  for (int64_t k : {0, 5, 12}) {
+    start.set(0, float(k));
+    void* ins[] = {table.data(), start.data()};
+    void* outs[] = {out.data()};
+    runtime::StreamExecutor(hit.device, runtime::ExecutorKind::native, hit.native).run(ins, outs);
+    for (int64_t i = 0; i < out.size(); ++i) REQUIRE(out.get(i) == float(k * 64 + i));
+  }
+}
+
 TEST_CASE("compile cache: two processes compiling the same kernel at once both succeed") {
   TempCacheDir dir;
   int go[2];

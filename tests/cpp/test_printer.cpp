@@ -34,7 +34,7 @@ TEST_CASE("printer: tiled matmul before and after allocation") {
                    spec({128, 256}, nl::bfloat16, "a"), spec({256, 640}, nl::bfloat16, "b"));
   check_golden(to_string(k), "matmul.traced.ir");
   jit::Program p = jit::compile(std::move(k));
-  check_golden(to_string(p.kernel), "matmul.allocated.ir");
+  check_golden(to_string(p.kernel()), "matmul.allocated.ir");
 }
 
 TEST_CASE("printer: softmax shows attributes, per-partition operands and reductions") {

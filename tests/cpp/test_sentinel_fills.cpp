@@ -25,7 +25,7 @@ TEST_CASE("sentinel fills: skipped only when the first instruction overwrites th
     return out;
   }, spec({64, 32}, DType::float32, "x"));
   jit::Program p = jit::compile(std::move(k));
-  const Kernel& kernel = p.kernel;
+  const Kernel& kernel = p.kernel();
   auto id_of = [&](const std::string& name) {
     for (StorageId id = 0; id < kernel.storages.size(); ++id)
       if (kernel.storages[id].name == name) return id;
@@ -42,7 +42,7 @@ TEST_CASE("sentinel fills: skipped only when the first instruction overwrites th
   // The unwritten half of `part` and all of `inplace` read as NaN, on every executor.
   HostTensor x = random_tensor(DType::float32, {64, 32}, 1);
   for (Mode mode : {Mode::program_order, Mode::streams_interp, Mode::streams_native}) {
-    HostTensor out = run_kernel(p.kernel, {&x}, mode).at(0);
+    HostTensor out = run_kernel(p.kernel(), {&x}, mode).at(0);
     for (int64_t i = 0; i < out.size(); ++i) REQUIRE(std::isnan(out.get(i)));
   }
 }
@@ -66,7 +66,7 @@ TEST_CASE("sentinel fills: a tile reused at a dirty address still reads as senti
   }, spec({32, 16}, DType::int32, "x"));
   jit::Program p = jit::compile(k);
   std::vector<const Storage*> tiles;
-  for (const Storage& s : p.kernel.storages)
+  for (const Storage& s : p.kernel().storages)
     if (s.buffer == Buffer::sbuf) tiles.push_back(&s);
   REQUIRE(tiles.size() == 3);
   REQUIRE(tiles[0]->address.has_value());

@@ -80,12 +80,12 @@ TEST_CASE("streams: every queue keeps program order and the walk matches program
     scheduled += s.ops.size();
     engines += !s.ops.empty() && s.queue.kind != jit::QueueKind::dma;
   }
-  CHECK(scheduled == p.kernel.instructions.size());
+  CHECK(scheduled == p.kernel().instructions.size());
   CHECK(engines == 4);  // tensor, vector, scalar, gpsimd all have work
   HostTensor ref(DType::float32, {256, 64});
   void* in[] = {x.data(), w.data()};
   void* outs[] = {ref.data()};
-  runtime::Interpreter(p.kernel).run(in, outs);
+  runtime::Interpreter(p.kernel()).run(in, outs);
   CHECK(run_streams(p, x, w) == ref.bytes);
 }
 
@@ -104,8 +104,8 @@ TEST_CASE("streams: removing any single semaphore wait changes the result") {
     jit::Program broken = compile_pipeline({.drop_dependency = n});
     const bool differs = run_streams(broken, x, w, runtime::StreamOrder::latest_first, 1, producer) != ref;
     if (!differs)
-      MESSAGE("dropping the wait of " << to_string(full.kernel, full.kernel.instructions[consumer]) << " on "
-                                      << to_string(full.kernel, full.kernel.instructions[producer])
+      MESSAGE("dropping the wait of " << to_string(full.kernel(), full.kernel().instructions[consumer]) << " on "
+                                      << to_string(full.kernel(), full.kernel().instructions[producer])
                                       << " did not change the result");
     caught += differs;
   }
@@ -117,7 +117,7 @@ TEST_CASE("streams: independent tiles overlap across engines (waits are not a to
   // Each tile's chain needs only waits on its own producers: far fewer waits than a barrier
   // after every instruction would need.
   const int64_t waits = jit::count_dependency_waits(*p.device);
-  CHECK(waits < int64_t(p.kernel.instructions.size()) * 2);
+  CHECK(waits < int64_t(p.kernel().instructions.size()) * 2);
   // The second tile's load does not wait for the first tile's store.
   const jit::Stream* dma_second = nullptr;
   for (const jit::Stream& s : p.device->streams)
@@ -161,7 +161,7 @@ TEST_CASE("streams: the device program file round-trips and rejects damage") {
   std::vector<uint8_t> bytes = jit::serialize(*p.device);
   jit::DeviceProgram back = jit::deserialize(bytes);
   CHECK(back.streams == p.device->streams);
-  CHECK(to_string(back.kernel) == to_string(p.kernel));
+  CHECK(to_string(back.kernel) == to_string(p.kernel()));
   CHECK(jit::disassemble(back) == jit::disassemble(*p.device));
 
   auto error_of = [](std::vector<uint8_t> b) -> std::string {

@@ -30,7 +30,10 @@ struct CompileOptions {
 /** @brief A compiled kernel: the verified, allocated IR, its device program and native code, and
  * what each stage took. */
 struct Program {
-  Kernel kernel;
+  /** @brief The verified, allocated kernel: the device program's when scheduled. */
+  const Kernel& kernel() const { return device ? device->kernel : unscheduled; }
+
+  Kernel unscheduled;  // the kernel of a program compiled without scheduling (else empty: no copy)
   std::shared_ptr<const DeviceProgram> device;  // null unless CompileOptions::schedule
   std::shared_ptr<const NativeCode> native;     // null unless CompileOptions::native
   std::vector<StageTiming> timings;

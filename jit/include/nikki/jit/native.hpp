@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "nikki/jit/cache.hpp"
 #include "nikki/jit/streams.hpp"
 
 namespace nikki::native {
@@ -62,8 +63,13 @@ class NativeCode {
   NativeStats stats_;
 };
 
-/** @brief Generates native code for a device program (throws InternalError if LLVM fails). */
-std::shared_ptr<const NativeCode> compile_native(const DeviceProgram& program);
+/**
+ * @brief Generates native code for a device program (throws InternalError if LLVM fails). With
+ * `cache_key` (the program's disk-cache key), the per-instruction plan is read from and written
+ * to the disk cache too, so a program loaded from the cache does not re-derive its templates.
+ */
+std::shared_ptr<const NativeCode> compile_native(const DeviceProgram& program,
+                                                 const std::optional<Hash128>& cache_key = std::nullopt);
 
 /** @brief The host CPU LLVM generates code for, e.g. "znver4 (+avx512f,...)". */
 std::string native_target_description();

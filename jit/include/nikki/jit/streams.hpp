@@ -94,7 +94,14 @@ std::vector<uint8_t> serialize(const DeviceProgram& program);
 /** @brief The kernel IR alone in the file format's encoding (the content a cache key hashes). */
 std::vector<uint8_t> serialize_kernel(const Kernel& kernel);
 
-/** @brief Loads a device program; throws KernelError for a truncated, corrupt or foreign file. */
-DeviceProgram deserialize(const std::vector<uint8_t>& bytes);
+/** @brief Whether deserialize recomputes the payload checksum. */
+enum class PayloadCheck : uint8_t {
+  verify,   // bytes from a file or a user
+  trusted,  // bytes the disk cache already verified with its own, stronger checksum
+};
+
+/** @brief Loads a device program; throws KernelError for a truncated, corrupt or foreign file
+ * (the structure is always checked; the FNV-1a checksum unless `check` is trusted). */
+DeviceProgram deserialize(const std::vector<uint8_t>& bytes, PayloadCheck check = PayloadCheck::verify);
 
 }  // namespace nikki::jit
