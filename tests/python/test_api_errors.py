@@ -96,6 +96,11 @@ def k_reduce_res_without_op(a):
     nisa.activation(dst=t, op=nl.exp, data=t, reduce_res=r)  # E:reduce_res_alone
 
 
+def k_bad_reduce_cmd(a):
+    t = nl.load(a)
+    nisa.activation(dst=t, op=nl.exp, data=t, reduce_cmd=7)  # E:bad_reduce_cmd
+
+
 def k_axis_out_of_range(a):
     t = nl.load(a)
     nisa.tensor_reduce(dst=nl.ndarray((4, 1), nl.float32), op=nl.add, data=t, axis=3)  # E:axis_range
@@ -266,6 +271,7 @@ def k_ap_vector_dim(a):
     (k_not_a_tensor, "not_a_tensor", ["dst must be a tensor, got int"]),
     (k_op1_without_operand1, "op1_alone", ["op1 and operand1 must be given together"]),
     (k_reduce_res_without_op, "reduce_res_alone", ["activation: reduce_res needs reduce_op"]),
+    (k_bad_reduce_cmd, "bad_reduce_cmd", ["reduce_cmd=7 is not a reduce command", "nisa.reduce_cmd.idle"]),
     (k_axis_out_of_range, "axis_range", ["axis 3 is out of range for data of rank 2"]),
     (k_tile_position_alone, "tile_alone", ["tile_position and tile_size must be given together"]),
     (k_tile_illegal, "tile_illegal", ["is not a legal PE-array tile", "multiple of the tile size"]),

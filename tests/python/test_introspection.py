@@ -290,3 +290,33 @@ def test_numpy_eager_names_unsupported_opcodes(rng):
     k = scan.specialize(np.zeros((128, 16), np.float32)).programs[0].kernel
     with pytest.raises(NotImplementedError, match="tensor_tensor_scan"):
         _numpy_eager().NumpyEagerExecutor(k)
+
+
+@nki.jit
+def _default_engines(f, i):
+    x, n = nl.load(f), nl.load(i)
+    rx = nl.ndarray(f.shape, nl.float32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=rx, data1=x, data2=x, op=nl.add)        # float: Vector engine
+    nisa.tensor_tensor(dst=rx, data1=x, data2=x, op=nl.power)      # power: GpSimd
+    rn = nl.ndarray(i.shape, nl.int32, buffer=nl.sbuf)
+    nisa.tensor_tensor(dst=rn, data1=n, data2=n, op=nl.add)        # all int32: GpSimd
+    nisa.tensor_tensor(dst=rn, data1=n, data2=n, op=nl.bitwise_and)  # bitwise: Vector engine
+    rp = nl.ndarray(i.shape, nl.int32, buffer=nl.psum)
+    nisa.tensor_tensor(dst=rp, data1=n, data2=n, op=nl.add)        # a PSUM tile: Vector engine
+    tp = nl.ndarray((f.shape[1], f.shape[0]), nl.float32, buffer=nl.psum)
+    nisa.nc_transpose(dst=tp, data=x)                              # into PSUM: Tensor engine
+    ts = nl.ndarray((f.shape[1], f.shape[0]), nl.float32, buffer=nl.sbuf)
+    nisa.nc_transpose(dst=ts, data=x)                              # into SBUF: Vector engine
+    out = nl.ndarray(f.shape, nl.float32, buffer=nl.shared_hbm)
+    nl.store(out, rx)
+    return out
+
+
+def test_default_engines_follow_nki():
+    f, i = np.ones((8, 8), np.float32), np.ones((8, 8), np.int32)
+    k = _default_engines.specialize(f, i).programs[0].kernel
+    engines = [(inst["opcode"], inst["engine"]) for inst in k.instructions()
+               if inst["opcode"] in ("tensor_tensor", "nc_transpose")]
+    assert engines == [("tensor_tensor", "vector"), ("tensor_tensor", "gpsimd"), ("tensor_tensor", "gpsimd"),
+                       ("tensor_tensor", "vector"), ("tensor_tensor", "vector"), ("nc_transpose", "tensor"),
+                       ("nc_transpose", "vector")]

@@ -68,10 +68,8 @@ class reduce_cmd(enum.IntEnum):
 
 
 _ReduceCmd = reduce_cmd
-
-_BITVEC = {getattr(_core.AluOp, n) for n in ("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift",
-                                              "invert", "arith_shift_right")}
-
+# The binding's enum for each command (constructing a bound enum from an int is slow).
+_CORE_REDUCE_CMD = {cmd: _core.ReduceCmd(int(cmd)) for cmd in reduce_cmd}
 
 class dge_mode(enum.IntEnum):
     unknown = 0
@@ -149,9 +147,23 @@ _DEVICE_PRINT = _core.Opcode.device_print
 def _emit(opcode, operands, eng=engine.unknown, name=None, **attrs) -> int:
     ctx = current()
     loc = ctx.location()
-    if operands and opcode is not _DMA_COPY and opcode is not _DEVICE_PRINT:
-        operands = [operands[0], *(_partition_broadcast(o) for o in operands[1:])]
-    return ctx.builder.emit(opcode, _engine(eng), loc, [_operand(o) for o in operands], name or "", **attrs)
+    # One pass over the operands (this runs for every traced instruction): views of tensors go
+    # straight to the builder, slots after dst get their partition broadcasts staged first.
+    stage = opcode is not _DMA_COPY and opcode is not _DEVICE_PRINT
+    converted = []
+    for i, o in enumerate(operands):
+        if o.__class__ is NkiTensor:
+            view = o._view
+            if stage and i and view.is_partition_broadcast:
+                view = _partition_broadcast(o)._view
+            converted.append(view)
+        elif o is None or o.__class__ is float:
+            converted.append(o)
+        else:
+            if stage and i:
+                o = _partition_broadcast(o)
+            converted.append(_operand(o))
+    return ctx.builder.emit(opcode, _engine(eng), loc, converted, name or "", **attrs)
 
 
 def _partition_broadcast(x):
@@ -167,15 +179,23 @@ def _partition_broadcast(x):
 
 
 def _engine(e) -> _core.Engine:
-    if isinstance(e, _core.Engine):
-        return e
     core = _ENGINES.get(e)  # plain dict lookup first: the IntEnum constructor is slow
     if core is not None:
         return core
+    if isinstance(e, _core.Engine):
+        return e
     try:
         return _ENGINES[engine(e)]
     except ValueError:
         raise kernel_error_at(user_frame(3), f"engine={e!r} is not an engine", hint="use nisa.engine.vector, ...") from None
+
+
+def _core_reduce_cmd(cmd) -> _core.ReduceCmd:
+    core = _CORE_REDUCE_CMD.get(cmd) if isinstance(cmd, int) else None
+    if core is None:
+        raise kernel_error_at(user_frame(3), f"reduce_cmd={cmd!r} is not a reduce command",
+                              hint="use nisa.reduce_cmd.idle, reset, reduce, reset_reduce or load_reduce")
+    return core
 
 
 def _check_tensor(x, param: str) -> NkiTensor:
@@ -300,18 +320,10 @@ def tensor_tensor(*args, **kwargs):
 
 
 def _tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None, mask=None):
-    alu = alu_op(op, "op")
-    eng = engine
-    if int(eng) == 0:
-        # NKI's defaults: power runs on GpSimd, and so do all-32-bit-integer tiles (exact integer
-        # arithmetic there) unless a tile is in PSUM, which GpSimd cannot read.
-        tiles = (_check_tensor(dst, "dst"), _check_tensor(data1, "data1"), _check_tensor(data2, "data2"))
-        int32 = all(t.dtype.name in ("int32", "uint32") for t in tiles) and not any(t.buffer is psum for t in tiles)
-        if alu == _core.AluOp.power or (int32 and alu not in _BITVEC):
-            eng = _Engine.gpsimd
+    # engine.unknown resolves to NKI's default in the builder (GpSimd for power and int32 tiles)
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data1, "data1"), _check_tensor(data2, "data2"))
     if ops is not None:
-        _emit(_core.Opcode.tensor_tensor, ops, eng, name, op0=alu)
+        _emit(_core.Opcode.tensor_tensor, ops, engine, name, op0=alu_op(op, "op"))
 
 
 def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, name=None):
@@ -387,7 +399,7 @@ def activation(*args, **kwargs):
 
 def _activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
                 name=None, mask=None):
-    attrs = {"func": act_func(op, "op"), "reduce_cmd": _core.ReduceCmd(int(reduce_cmd))}
+    attrs = {"func": act_func(op, "op"), "reduce_cmd": _core_reduce_cmd(reduce_cmd)}
     if reduce_op is not None:
         attrs["reduce_op"] = alu_op(reduce_op, "reduce_op")
     if reduce_res is not None and reduce_op is None:
@@ -626,13 +638,10 @@ def nc_transpose(*args, **kwargs):
 
 
 def _nc_transpose(dst, data, engine=engine.unknown, name=None, mask=None):
-    dst = _check_tensor(dst, "dst")
-    eng = engine
-    if int(eng) == 0:
-        eng = _Engine.tensor if dst.buffer is psum else _Engine.vector
-    ops = _masked(mask, dst, _check_tensor(data, "data"))
+    # engine.unknown resolves in the builder: the Tensor engine into PSUM, else the Vector engine
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
     if ops is not None:
-        _emit(_core.Opcode.nc_transpose, ops, eng, name)
+        _emit(_core.Opcode.nc_transpose, ops, engine, name)
 
 
 def _legacy_nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, name=None, api="nc_transpose"):
@@ -776,7 +785,7 @@ def select_reduce(dst=None, predicate=None, on_true=None, on_false=None, reduce_
     from . import language as nl
 
     attrs = {"reduce_op": alu_op(reduce_op if reduce_op is not None else nl.maximum, "reduce_op"),
-             "reduce_cmd": _core.ReduceCmd(int(reduce_cmd)), "reverse_pred": bool(reverse_pred)}
+             "reduce_cmd": _core_reduce_cmd(reduce_cmd), "reverse_pred": bool(reverse_pred)}
     if reduce_res is not None and int(reduce_cmd) == 0:
         attrs["reduce_cmd"] = _core.ReduceCmd.reset_reduce
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(predicate, "predicate"),

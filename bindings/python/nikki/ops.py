@@ -68,21 +68,41 @@ def _hashable(x) -> bool:
         return False
 
 
+# op -> AluOp / ActFunc of ops already resolved: every traced instruction resolves its operator,
+# and the general lookup below costs several isinstance tests and dict probes.
+_ALU_RESOLVED: dict = {}
+_ACT_RESOLVED: dict = {}
+
+
+def _remember(table: dict, op, value):
+    if _hashable(op):
+        table[op] = value
+    return value
+
+
 def alu_op(op, param: str = "op") -> _core.AluOp:
     """The ALU operator named by `op`, or a KernelError naming the parameter."""
+    try:
+        return _ALU_RESOLVED[op]
+    except (KeyError, TypeError):
+        pass
     alu, act = _lookup(op)
     if alu is None:
         what = "an activation function, not an ALU operator" if act is not None else "not an ALU operator"
         raise kernel_error_at(user_frame(2), f"{param}={op_name(op)} is {what}",
                               hint="pass an ALU operator such as nl.add, nl.multiply, nl.maximum (or np.add)")
-    return alu
+    return _remember(_ALU_RESOLVED, op, alu)
 
 
 def act_func(op, param: str = "op") -> _core.ActFunc:
     """The activation function named by `op`, or a KernelError naming the parameter."""
+    try:
+        return _ACT_RESOLVED[op]
+    except (KeyError, TypeError):
+        pass
     alu, act = _lookup(op)
     if act is None:
         what = "an ALU operator, not an activation function" if alu is not None else "not an activation function"
         raise kernel_error_at(user_frame(2), f"{param}={op_name(op)} is {what}",
                               hint="pass an activation function such as nl.exp, nl.copy, nl.gelu, nl.tanh")
-    return act
+    return _remember(_ACT_RESOLVED, op, act)

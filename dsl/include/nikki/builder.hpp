@@ -105,9 +105,33 @@ class KernelBuilder {
       if (o.is_tensor())
         internal_check(o.ap.storage < kernel_.storages.size(), "operand names a storage of another kernel");
     }
-    if (inst.engine == Engine::unknown) inst.engine = spec.default_engine;
+    if (inst.engine == Engine::unknown) inst.engine = default_engine(inst);
     kernel_.instructions.push_back(std::move(inst));
     return kernel_.instructions.back();
+  }
+
+  /**
+   * @brief NKI's engine for an instruction that names none: the opcode's, except that tensor_tensor
+   * runs power, and arithmetic on all-32-bit-integer tiles, on GpSimd (exact integer arithmetic
+   * there) unless a tile is in PSUM, which GpSimd cannot read; and nc_transpose into PSUM is the
+   * Tensor engine's, elsewhere the Vector engine's.
+   */
+  Engine default_engine(const Instruction& inst) const {
+    auto in_psum = [&](int slot) {
+      const Operand& o = inst.operands[slot];
+      return o.is_tensor() && storage(o.ap.storage).buffer == Buffer::psum;
+    };
+    if (inst.opcode == Opcode::tensor_tensor) {
+      bool int32 = true;
+      for (int slot = 0; slot < 3; ++slot) {
+        const DType t = inst.operands[slot].ap.dtype;
+        int32 = int32 && (t == DType::int32 || t == DType::uint32) && !in_psum(slot);
+      }
+      const AluOp op = inst.attrs.op0;
+      if (op == AluOp::power || (int32 && !is_bitvec_op(op))) return Engine::gpsimd;
+    }
+    if (inst.opcode == Opcode::nc_transpose) return in_psum(0) ? Engine::tensor : Engine::vector;
+    return inst.spec().default_engine;
   }
 
   /** @brief Points a loop marker at its partner (loop_begin -> loop_end and back). */

@@ -136,16 +136,7 @@ inline void tensor_tensor(const Tensor& dst, const Tensor& data1, const Tensor& 
                           Engine engine = unknown_engine, Loc loc = Loc::current()) {
   detail::Emitter e(Opcode::tensor_tensor, dst, loc);
   e.attrs().op0 = e.alu(op, "op");
-  e.tensor(0, dst).tensor(1, data1).tensor(2, data2);
-  if (engine == Engine::unknown) {
-    // NKI's defaults: power runs on GpSimd, and so do 32-bit integer tiles (exact integer
-    // arithmetic there) unless an operand is in PSUM, which GpSimd cannot read.
-    auto int32 = [](const Tensor& t) { return t.dtype() == DType::int32 || t.dtype() == DType::uint32; };
-    const bool psum = dst.buffer() == Buffer::psum || data1.buffer() == Buffer::psum || data2.buffer() == Buffer::psum;
-    if (op.alu_op() == AluOp::power || (int32(dst) && int32(data1) && int32(data2) && !psum && !is_bitvec_op(op.alu_op())))
-      engine = Engine::gpsimd;
-  }
-  e.engine(engine).emit();
+  e.tensor(0, dst).tensor(1, data1).tensor(2, data2).engine(engine).emit();  // default: KernelBuilder::default_engine
 }
 
 /** @brief Optional parameters of tensor_scalar. */
@@ -294,10 +285,7 @@ inline void nc_matmul(const Tensor& dst, const Tensor& stationary, const Tensor&
 inline void nc_transpose(const Tensor& dst, const Tensor& data, Engine engine = unknown_engine,
                          Loc loc = Loc::current()) {
   detail::Emitter e(Opcode::nc_transpose, dst, loc);
-  e.tensor(0, dst).tensor(1, data);
-  if (engine == Engine::unknown)
-    engine = is_on_chip(dst.buffer()) && dst.buffer() == Buffer::psum ? Engine::tensor : Engine::vector;
-  e.engine(engine).emit();
+  e.tensor(0, dst).tensor(1, data).engine(engine).emit();  // default: KernelBuilder::default_engine
 }
 
 // --- initialization and index generation --------------------------------------------------
