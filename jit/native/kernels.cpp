@@ -4,22 +4,24 @@
 // trip counts and strides, which LLVM vectorizes for the host CPU.
 //
 // Numerics must match the reference interpreter bit for bit: both use nikki/numerics.hpp,
-// nikki/alu.hpp and nikki/activation.hpp for element conversions and operators, and the loops
-// here keep the interpreter's order of every rounding step (sequential folds per partition,
-// fused multiply-adds in increasing k for matmul). Accumulating routines read and update the
-// engines' per-partition accumulators (OpArgs::scalar_acc / vector_acc) exactly as the reference
-// does, so reduce_cmd sequences carry across instructions whichever executor ran each one.
+// nikki/alu.hpp and nikki/activation.hpp for element conversions and operators, and
+// nikki/reduction_order.hpp for tensor_reduce's fold; the loops here keep the interpreter's order
+// of every rounding step (sequential folds per partition, fused multiply-adds in increasing k for
+// matmul). Accumulating routines read and update the engines' per-partition accumulators
+// (OpArgs::scalar_acc / vector_acc) exactly as the reference does, so reduce_cmd sequences carry
+// across instructions whichever executor ran each one.
 //
 // Loop shapes: element-wise routines walk partitions, then the free dims (innermost vectorizes;
 // when the operands cannot overlap harmfully, independent() lets the routine declare that loop's
 // iterations independent, so LLVM vectorizes it without run-time alias checks). Routines folding
-// along a partition's row either run partitions innermost (tensor_reduce: the fold vectorizes
-// across partitions), fold long rows kLanes partitions at a time through a transposed block
-// (fold_rows: one vector operation per step of kLanes sequential folds), or walk chunks of short
-// rows with every partition's fold in turn (iterate_chunks: the element-wise part vectorizes along
-// the chunk, the independent folds overlap). Partitions never interact, and engine operands of one
-// instruction cover the same or disjoint partitions, so reordering partitions never changes a
-// result.
+// along a partition's row either fold one row at a time in an order that vectorizes along the row
+// (tensor_reduce: reduction_order.hpp), run partitions innermost (tensor_reduce with bitvec
+// operators: the sequential fold vectorizes across partitions), fold long rows kLanes partitions
+// at a time through a transposed block (fold_rows: one vector operation per step of kLanes
+// sequential folds), or walk chunks of short rows with every partition's fold in turn
+// (iterate_chunks: the element-wise part vectorizes along the chunk, the independent folds
+// overlap). Partitions never interact, and engine operands of one instruction cover the same or
+// disjoint partitions, so reordering partitions never changes a result.
 #include <cstring>
 #include <type_traits>
 #include <utility>
@@ -27,6 +29,7 @@
 #include "nikki/activation.hpp"
 #include "nikki/alu.hpp"
 #include "nikki/numerics.hpp"
+#include "nikki/reduction_order.hpp"
 #include "op_desc.hpp"
 
 #define NK_INLINE __attribute__((always_inline)) inline
@@ -544,16 +547,12 @@ NK_ENTRY void nk_activation(const OpDesc* d, const OpArgs* args) {
 
 // --- reductions --------------------------------------------------------------------------------
 
-/** tensor_reduce: dims >= reduce_from are folded left to right, the first element seeding the fold.
- * Partitions are independent, so the partition loop is innermost: the fold order per partition
- * stays sequential while the loop vectorizes across partitions. */
-NK_ENTRY void nk_tensor_reduce(const OpDesc* d, const OpArgs* args) {
-  NK_LOCAL_ARGS;
-  const AluOp op = static_cast<AluOp>(d->op0);
-  const bool negate = d->flags & kFlagNegate;
+/** tensor_reduce with a bitvec operator: the integer bits fold left to right, the first element
+ * seeding the fold. Partitions are independent, so the partition loop is innermost: the fold
+ * order per partition stays sequential while the loop vectorizes across partitions. */
+NK_INLINE void tensor_reduce_bits(const OpDesc* d, const OpArgs* a, AluOp op) {
   const int64_t P = d->count[0];
-  float acc[kMaxPartitions];
-  int64_t acc_bits[kMaxPartitions];
+  int64_t acc[kMaxPartitions];
   // Kept dims are 1..reduce_from-1, reduced dims reduce_from..4; dst strides on reduced dims are 0.
   for (int64_t i1 = 0; i1 < (d->reduce_from > 1 ? d->count[1] : 1); ++i1)
     for (int64_t i2 = 0; i2 < (d->reduce_from > 2 ? d->count[2] : 1); ++i2)
@@ -566,23 +565,78 @@ NK_ENTRY void nk_tensor_reduce(const OpDesc* d, const OpArgs* args) {
                 const int64_t k1 = d->reduce_from > 1 ? i1 : j1, k2 = d->reduce_from > 2 ? i2 : j2,
                               k3 = d->reduce_from > 3 ? i3 : j3;
                 for (int64_t p = 0; p < P; ++p) {
-                  const uint8_t* x = address(d, a, 1, p, k1, k2, k3, j4);
-                  if (is_bitvec_op(op)) {
-                    const int64_t v = load_int(d, 1, x);
-                    acc_bits[p] = first ? v : alu_apply_bits(op, acc_bits[p], v, d->bits);
-                  } else {
-                    const float v = load(d, 1, x);
-                    acc[p] = first ? v : alu_apply(op, acc[p], v);
-                  }
+                  const int64_t v = load_int(d, 1, address(d, a, 1, p, k1, k2, k3, j4));
+                  acc[p] = first ? v : alu_apply_bits(op, acc[p], v, d->bits);
                 }
                 first = false;
               }
-        for (int64_t p = 0; p < P; ++p) {
-          uint8_t* dst = address(d, a, 0, p, i1, i2, i3, 0);
-          if (is_bitvec_op(op)) store_int(d, 0, dst, acc_bits[p]);
-          else store(d, 0, dst, negate ? -acc[p] : acc[p]);
-        }
+        for (int64_t p = 0; p < P; ++p) store_int(d, 0, address(d, a, 0, p, i1, i2, i3, 0), acc[p]);
       }
+}
+
+/** Iteration indices (k[1..4]) of element `flat` of a tensor_reduce run: the reduced dims
+ * reduce_from..4 flattened, innermost last; the kept dims' indices are left as they are. */
+NK_INLINE void run_position(const OpDesc* d, int64_t flat, int64_t (&k)[kIterDims]) {
+  for (int dim = kIterDims - 1; dim >= d->reduce_from; --dim) {
+    k[dim] = flat % d->count[dim];
+    flat /= d->count[dim];
+  }
+}
+
+/**
+ * tensor_reduce: each output element folds its run (the reduced dims reduce_from..4 flattened,
+ * innermost last) in nikki's reduction order, nikki/reduction_order.hpp; the reference interpreter
+ * calls the same reduction::fold, so only the way elements are fetched differs. Fast path: when
+ * the reduced dims of an aligned fp32 source are one contiguous stretch, the fold reads the row in
+ * place; otherwise fetched elements are converted into a block buffer, a segment of the innermost
+ * dim at a time (a plain strided loop, which vectorizes for contiguous bf16 and fp32), or element
+ * by element for an irregular source.
+ */
+NK_ENTRY void nk_tensor_reduce(const OpDesc* d, const OpArgs* args) {
+  NK_LOCAL_ARGS;
+  const AluOp op = static_cast<AluOp>(d->op0);
+  if (is_bitvec_op(op)) return tensor_reduce_bits(d, a, op);
+  const bool negate = d->flags & kFlagNegate;
+  const int from = d->reduce_from;
+  const int64_t* stride = d->view[1].stride;
+  const int64_t size = dtype_size(dtype_of(d, 1));
+  const bool regular = !(d->irregular & (1 << 1));
+  int64_t run = 1;
+  bool in_place = regular && dtype_of(d, 1) == DType::float32;
+  for (int dim = kIterDims - 1; dim >= from; --dim) {
+    // contiguous: each reduced dim steps over exactly the dims inside it
+    in_place = in_place && (d->count[dim] == 1 || stride[dim] == run * size);
+    run *= d->count[dim];
+  }
+  for (int64_t i1 = 0; i1 < (from > 1 ? d->count[1] : 1); ++i1)
+    for (int64_t i2 = 0; i2 < (from > 2 ? d->count[2] : 1); ++i2)
+      for (int64_t i3 = 0; i3 < (from > 3 ? d->count[3] : 1); ++i3)
+        for (int64_t p = 0; p < d->count[0]; ++p) {
+          // the run's first element (reduced indices 0; dst strides on reduced dims are 0)
+          const uint8_t* row = address(d, a, 1, p, i1, i2, i3, 0);
+          // read in place only at fp32 alignment (any other address is copied through load())
+          const bool aligned = (reinterpret_cast<uintptr_t>(row) & (alignof(float) - 1)) == 0;
+          const float r = reduction::fold(op, run, [&](int64_t lo, int64_t len, float* buf) -> const float* {
+            if (in_place && aligned) return reinterpret_cast<const float*>(row) + lo;
+            int64_t k[kIterDims] = {p, i1, i2, i3, 0};
+            if (!regular) {
+              for (int64_t i = 0; i < len; ++i) {
+                run_position(d, lo + i, k);
+                buf[i] = load(d, 1, address(d, a, 1, k[0], k[1], k[2], k[3], k[4]));
+              }
+              return buf;
+            }
+            for (int64_t got = 0; got < len;) {
+              run_position(d, lo + got, k);
+              const int64_t seg = len - got < d->count[4] - k[4] ? len - got : d->count[4] - k[4];
+              const uint8_t* src = address(d, a, 1, k[0], k[1], k[2], k[3], k[4]);
+              for (int64_t i = 0; i < seg; ++i) buf[got + i] = load(d, 1, src + i * stride[4]);
+              got += seg;
+            }
+            return buf;
+          });
+          store(d, 0, address(d, a, 0, p, i1, i2, i3, 0), negate ? -r : r);
+        }
 }
 
 /**

@@ -18,6 +18,7 @@
 #include "nikki/jit/liveness.hpp"
 #include "nikki/layout.hpp"
 #include "nikki/numerics.hpp"
+#include "nikki/reduction_order.hpp"
 
 namespace nikki::runtime {
 
@@ -415,9 +416,10 @@ class Machine {
           for (int64_t i = 0; i < run; ++i) v[i] = data.get_int(p, o * run + i);
           dst.set_int(p, o, fold_bits(at.op0, v, bits));
         } else {
+          // fp32 folds take nikki's reduction order (pairwise for add), shared with the native routine
           std::vector<float> v(run);
           for (int64_t i = 0; i < run; ++i) v[i] = data.get(p, o * run + i);
-          const float r = fold(at.op0, v);
+          const float r = reduction::fold(at.op0, run, [&](int64_t lo, int64_t, float*) { return v.data() + lo; });
           dst.set(p, o, at.negate ? -r : r);
         }
       }

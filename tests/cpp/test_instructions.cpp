@@ -9,6 +9,7 @@
 // operations, comparisons, single fp32 operations, iota, max8, ...) the comparison is exact;
 // elsewhere each tolerance is justified next to it.
 #include "harness.hpp"
+#include "reduction_reference.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -1096,6 +1097,63 @@ TEST_CASE("instr: tensor_reduce over one and several trailing axes, negate, keep
                  return s;
                },
                [&](int64_t) { return 8 * kEps32 * 8; });
+}
+
+TEST_CASE("instr: tensor_reduce sums pairwise and folds max / min as left to right, bit for bit") {
+  // Exact references (reduction_reference.hpp): numpy's pairwise sum in float, and the sequential
+  // maximum / minimum fold with NKI's NaN and tie rules. Runs from 1 to 3000 elements cover
+  // short sequential sums, whole 8-accumulator blocks with and without leftovers, and the
+  // recursive halving above 128; two-axis reductions fold the run in the view's row-major order.
+  constexpr int64_t P = 8, N = 3000;
+  const std::vector<int64_t> lengths = {1, 2, 7, 8, 9, 15, 16, 17, 100, 127, 128, 129, 136, 255, 256, 257, 1000, 2048, 2999};
+  HostTensor x(DType::float32, {P, N}), t(DType::float32, {P, N});
+  std::mt19937 rng(83);
+  std::normal_distribution<float> normal;
+  // Specials: partitions 0-3 hold no positive values (the maximum is a zero of either sign), 4-7
+  // no negative ones (so is the minimum); partitions 2, 3, 6 and 7 also hold a few NaNs.
+  const float below[] = {-0.0f, 0.0f, -1.0f, -1e30f, -float(kInf)}, above[] = {-0.0f, 0.0f, 1.0f, 1e30f, float(kInf)};
+  for (int64_t i = 0; i < x.size(); ++i) {
+    set_f32(x, i, normal(rng) * std::ldexp(1.0f, int(rng() % 16)));  // spread magnitudes: the order shows
+    const int64_t p = i / N;
+    const uint32_t r = rng() % 100;
+    set_f32(t, i, (p & 2) && r == 0 ? float(kNaN) : (p < 4 ? below : above)[r % 5]);
+  }
+  const nl::Op ops[] = {nl::add, nl::maximum, nl::minimum};
+  auto outs = run(
+      [&](Tensor x, Tensor t) {
+        Tensor sx = to_sbuf(x), st = to_sbuf(t);
+        std::vector<Tensor> r;
+        for (const nl::Op& op : ops)
+          for (const Tensor& src : {sx, st}) {
+            Tensor d = nl::ndarray({P, int64_t(lengths.size()) + 2}, nl::float32, nl::sbuf);
+            for (size_t c = 0; c < lengths.size(); ++c)
+              isa::tensor_reduce(d(nl::all, nl::ds(int64_t(c), 1)), op, src(nl::all, nl::ds(0, lengths[c])), {1});
+            const int64_t c = int64_t(lengths.size());
+            isa::tensor_reduce(d(nl::all, nl::ds(c, 1)), op, src.reshape({P, 24, 125}), {1, 2});
+            isa::tensor_reduce(d(nl::all, nl::ds(c + 1, 1)), op, src.reshape({P, 125, 24}).permute({0, 2, 1}), {1, 2});
+            r.push_back(to_hbm(d));
+          }
+        return r;
+      },
+      x, t);
+  for (size_t o = 0; o < 6; ++o) {
+    const HostTensor& in = o % 2 ? t : x;
+    const AluOp op = static_cast<AluOp>(ops[o / 2].alu);
+    const int64_t cols = int64_t(lengths.size()) + 2;
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t c = 0; c < cols; ++c) {
+        std::vector<float> run(c < cols - 2 ? lengths[c] : N);
+        for (int64_t i = 0; i < int64_t(run.size()); ++i) {
+          // element i of the permuted view's run is (a, b) = (i / 125, i % 125), row element b * 24 + a
+          const int64_t f = c == cols - 1 ? (i % 125) * 24 + i / 125 : i;
+          run[i] = float(f32_at(in, p * N + f));
+        }
+        const uint32_t want = std::bit_cast<uint32_t>(test::fold_ref(op, run)), got = f32_bits_at(outs[o], p * cols + c);
+        INFO(fmt::format("op {} data {} partition {} column {} (run {}): got {:#x}, want {:#x}", ops[o / 2].name,
+                         o % 2 ? "specials" : "normal", p, c, run.size(), got, want));
+        CHECK(got == want);
+      }
+  }
 }
 
 TEST_CASE("instr: tensor_scalar_reduce writes op0(data, operand0) and its row reduction") {

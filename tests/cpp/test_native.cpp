@@ -310,6 +310,49 @@ TEST_CASE("native: tensor_reduce with negate into integer and float destinations
                   k, j, x);
 }
 
+TEST_CASE("native: tensor_reduce's pairwise sums and reordered max / min on long runs and every source layout") {
+  // Runs up to 3000 elements (the recursive halving of the pairwise sum), fp32 sources read in
+  // place and strided, permuted or bf16 sources fetched into blocks, one and two reduced axes.
+  // Specials: NaN, +-inf and +-0 (tricky); and rows with no positive values, so that the maximum
+  // is a zero whose sign the fold must reproduce, half of them with a few NaNs.
+  HostTensor x = test::random_tensor(DType::float32, {128, 3000}, 34, -3, 3);
+  HostTensor sp = tricky({128, 3000}, 35);
+  HostTensor z(DType::float32, {128, 3000});
+  std::mt19937 rng(36);
+  const float nonpositive[] = {-0.0f, 0.0f, -1.5f, -INFINITY};
+  for (int64_t i = 0; i < z.size(); ++i) {
+    const uint32_t r = rng() % 200;
+    const float v = (i / 3000) % 2 && r == 0 ? host_nan() : nonpositive[r % 4];
+    std::memcpy(z.bytes.data() + 4 * i, &v, 4);
+  }
+  check_all_modes("reduce_orders",
+                  [](Tensor x, Tensor sp, Tensor z) {
+                    const Tensor sources[] = {to_sbuf(x), to_sbuf(sp), to_sbuf(z), to_sbuf(x, nl::bfloat16)};
+                    std::vector<Tensor> r;
+                    for (const nl::Op& op : {nl::add, nl::maximum, nl::minimum})
+                      for (const Tensor& s : sources) {
+                        Tensor d = nl::ndarray({128, 16}, nl::float32);
+                        auto col = [&](int64_t c, int64_t n = 1) { return d(nl::all, nl::ds(c, n)); };
+                        const int64_t lengths[] = {1, 9, 129, 300, 3000};
+                        for (int64_t c = 0; c < 5; ++c) isa::tensor_reduce(col(c), op, s(nl::all, nl::ds(0, lengths[c])), {1});
+                        isa::tensor_reduce(col(5), op, s.reshape({128, 24, 125}), {1, 2});
+                        // innermost dim contiguous, the outer reduced one strided: blocks span segments
+                        isa::tensor_reduce(col(6), op, s.reshape({128, 30, 100})(nl::all, nl::all, nl::ds(0, 90)), {1, 2});
+                        isa::tensor_reduce(col(7), op, s.reshape({128, 125, 24}).permute({0, 2, 1}), {1, 2});
+                        isa::tensor_reduce(col(8, 3), op, s.reshape({128, 3, 1000}), {2});
+                        isa::tensor_reduce(col(11, 5), op, s.reshape({128, 5, 2, 300}), {2, 3}, true);
+                        // a partition subset
+                        isa::tensor_reduce(d(nl::ds(64, 64), nl::ds(0, 1)), op, s(nl::ds(0, 64), nl::ds(0, 257)), {1});
+                        r.push_back(to_hbm(d));
+                        Tensor h = nl::ndarray({128, 1}, nl::bfloat16);  // rounding the fold to bf16
+                        isa::tensor_reduce(h, op, s(nl::all, nl::ds(0, 2000)), {1}, true);
+                        r.push_back(to_hbm(h));
+                      }
+                    return r;
+                  },
+                  x, sp, z);
+}
+
 TEST_CASE("native: nc_matmul partial PSUM tiles and automatic accumulation per written word") {
   HostTensor a = test::random_tensor(DType::float32, {96, 128}, 41), b = test::random_tensor(DType::float32, {96, 256}, 42);
   check_all_modes("matmul_partial",

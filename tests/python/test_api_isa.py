@@ -7,8 +7,9 @@ Tolerances, by how the engines compute (docs/numerics.md):
   rounding, as numpy does for float32 arrays), integer and bitvec ops, selections, iota.
 - rtol 2e-7 (one fp32 rounding): activation functions, evaluated in double and rounded once to fp32,
   compared with a float64 numpy formula.
-- rtol 1e-5: fp32 matmul / reductions / statistics, whose summation order differs from numpy's
-  pairwise summation (K <= 128 terms of fp32 round-off).
+- rtol 1e-5: fp32 matmul / reductions / statistics against float64 references, or where the
+  summation order differs from numpy's pairwise summation (K <= 128 terms of fp32 round-off);
+  tensor_reduce's fp32 add uses numpy's order, and one test checks it bit for bit.
 - bf16 results: exact against ml_dtypes' round-to-nearest-even cast of the fp32 result.
 """
 
@@ -369,7 +370,29 @@ def test_tensor_reduce_axes_current(rng, shape, axis, keepdims):
         nisa.tensor_reduce(dst=d, op=nl.add, data=x, axis=axis, keepdims=keepdims)
         return store(d)
 
-    np.testing.assert_allclose(k(a), ref, rtol=1e-5, atol=1e-6)  # fp32 sequential sum
+    np.testing.assert_allclose(k(a), ref, rtol=1e-5, atol=1e-6)  # fp32 pairwise sum against float64
+
+
+def test_tensor_reduce_add_is_numpys_float32_sum_bit_for_bit(rng):
+    """tensor_reduce sums in numpy's pairwise order (docs/numerics.md, "Reduction order"), so over
+    contiguous rows it equals np.add.reduce exactly: short rows, whole blocks of 8 with leftovers,
+    and the recursive halving above 128 elements."""
+    lengths = (1, 2, 7, 8, 9, 16, 100, 127, 128, 129, 136, 255, 256, 257, 1000, 1031, 2048, 3000)
+    # magnitudes over a few binades, so that a different order of the roundings shows
+    a = (rng.standard_normal((64, 3000)) * np.exp2(rng.integers(0, 12, (64, 3000)))).astype(np.float32)
+
+    @nki.jit
+    def k(x_in):
+        x = load(x_in)
+        d = nl.ndarray((x_in.shape[0], len(lengths)), nl.float32, buffer=nl.sbuf)
+        for c, n in enumerate(lengths):
+            nisa.tensor_reduce(dst=d[:, c:c + 1], op=nl.add, data=x[:, 0:n], axis=1, keepdims=True)
+        return store(d)
+
+    got = k(a)
+    for c, n in enumerate(lengths):
+        want = np.add.reduce(np.ascontiguousarray(a[:, :n]), axis=1)
+        np.testing.assert_array_equal(got[:, c].view(np.uint32), want.view(np.uint32), err_msg=f"{n} elements")
 
 
 def test_tensor_reduce_max_negate_and_legacy(rng):
