@@ -374,15 +374,15 @@ PYBIND11_MODULE(_core, m) {
       .def("emit",
            [](KernelBuilder& b, Opcode op, Engine engine, LocId loc, const py::sequence& operands, std::string name,
               const py::kwargs& attrs) {
-             Instruction inst;
-             inst.opcode = op;
-             inst.engine = engine;
-             inst.loc = loc;
-             inst.name = std::move(name);
-             const size_t n = operands.size();
-             for (size_t i = 0; i < n && i < size_t(kMaxSlots); ++i) inst.operands[i] = to_operand(operands[i]);
-             for (auto item : attrs) set_attribute(inst.attrs, item.first.cast<std::string>(), item.second);
-             b.append(std::move(inst));
+             b.append_in_place([&](Instruction& inst) {
+               inst.opcode = op;
+               inst.engine = engine;
+               inst.loc = loc;
+               inst.name = std::move(name);
+               const size_t n = operands.size();
+               for (size_t i = 0; i < n && i < size_t(kMaxSlots); ++i) inst.operands[i] = to_operand(operands[i]);
+               for (auto item : attrs) set_attribute(inst.attrs, item.first.cast<std::string>(), item.second);
+             });
              return b.kernel().instructions.size() - 1;
            })
       .def("set_jump",

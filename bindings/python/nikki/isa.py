@@ -399,19 +399,27 @@ def activation(*args, **kwargs):
 
 def _activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=reduce_cmd.idle,
                 name=None, mask=None):
-    attrs = {"func": act_func(op, "op"), "reduce_cmd": _core_reduce_cmd(reduce_cmd)}
-    if reduce_op is not None:
-        attrs["reduce_op"] = alu_op(reduce_op, "reduce_op")
-    if reduce_res is not None and reduce_op is None:
-        raise kernel_error_at(user_frame(2), "activation: reduce_res needs reduce_op", hint="pass reduce_op=nl.add")
-    if reduce_res is not None and int(reduce_cmd) == 0:
-        attrs["reduce_cmd"] = _core.ReduceCmd.reset_reduce
-    if isinstance(bias, (int, float)) and not isinstance(bias, bool):
+    func = act_func(op, "op")
+    cmd = _core_reduce_cmd(reduce_cmd)
+    if reduce_res is not None:
+        if reduce_op is None:
+            raise kernel_error_at(user_frame(2), "activation: reduce_res needs reduce_op", hint="pass reduce_op=nl.add")
+        if cmd is _CORE_REDUCE_CMD[_ReduceCmd.idle]:
+            cmd = _CORE_REDUCE_CMD[_ReduceCmd.reset_reduce]
+    if bias is not None and bias.__class__ is not NkiTensor and isinstance(bias, (int, float)) \
+            and not isinstance(bias, bool):
         bias = _constant_bias(data, float(bias))
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
-    if ops is not None:
+    if ops is None:
+        return
+    if mask is not None:
         bias, scale, reduce_res = _masked_extras(mask, bias, scale, reduce_res)
-        _emit(_core.Opcode.activation, (*ops, bias, scale, reduce_res), engine.scalar, name, **attrs)
+    operands = (*ops, bias, scale, reduce_res)
+    if reduce_op is None:
+        _emit(_core.Opcode.activation, operands, engine.scalar, name, func=func, reduce_cmd=cmd)
+    else:
+        _emit(_core.Opcode.activation, operands, engine.scalar, name, func=func, reduce_cmd=cmd,
+              reduce_op=alu_op(reduce_op, "reduce_op"))
 
 
 def _constant_bias(data: NkiTensor, value: float):

@@ -88,6 +88,33 @@ class KernelBuilder {
 
   /** @brief Appends an instruction after checking its operands fit the opcode's slots. */
   Instruction& append(Instruction inst) {
+    check_slots(inst);
+    if (inst.engine == Engine::unknown) inst.engine = default_engine(inst);
+    kernel_.instructions.push_back(std::move(inst));
+    return kernel_.instructions.back();
+  }
+
+  /**
+   * @brief Appends an instruction that `fill` writes in place, then checks it like append. An
+   * Instruction is about a kilobyte: front ends that emit one per traced call save building a
+   * temporary and moving it.
+   */
+  template <class Fill>
+  Instruction& append_in_place(Fill&& fill) {
+    Instruction& inst = kernel_.instructions.emplace_back();
+    try {
+      fill(inst);
+      check_slots(inst);
+    } catch (...) {
+      kernel_.instructions.pop_back();
+      throw;
+    }
+    if (inst.engine == Engine::unknown) inst.engine = default_engine(inst);
+    return inst;
+  }
+
+  /** @brief Internal check that an instruction's operands fit its opcode's slots. */
+  void check_slots(const Instruction& inst) const {
     const OpcodeSpec& spec = inst.spec();
     for (int s = 0; s < kMaxSlots; ++s) {
       const Operand& o = inst.operands[s];
@@ -105,9 +132,6 @@ class KernelBuilder {
       if (o.is_tensor())
         internal_check(o.ap.storage < kernel_.storages.size(), "operand names a storage of another kernel");
     }
-    if (inst.engine == Engine::unknown) inst.engine = default_engine(inst);
-    kernel_.instructions.push_back(std::move(inst));
-    return kernel_.instructions.back();
   }
 
   /**
