@@ -3,8 +3,8 @@
 // calls activation_apply per element, and the native routines (jit/native/kernels.cpp) inline the
 // same code, so both executors agree bit for bit. docs/numerics.md gives the formulas.
 //
-// exp is computed in fp32 (exp_f32, faithfully rounded: the correctly rounded value or its
-// neighbour). Every other function is evaluated in double precision from its formula and rounded
+// exp, tanh and log are computed in fp32 (exp_f32, tanh_f32, log_f32; faithfully rounded: the
+// correctly rounded value or its neighbour). Every other function is evaluated in double precision from its formula and rounded
 // once to fp32. The transcendental parts (exp, expm1, log, log1p, tanh, sigmoid) are nikki's own
 // approximations, not libm's: straight-line arithmetic without calls or branches (special cases are
 // selects), so LLVM vectorizes them inside the native routines, and every compiler evaluates them
@@ -17,7 +17,7 @@
 // docs/numerics.md tabulates the measured errors; tests/cpp/test_activation.cpp bounds them.
 //
 // Hardware uses piece-wise polynomial approximations within each function's valid range; nikki
-// gives the (nearly always correctly rounded) value of the exact formula everywhere.
+// gives the correctly or faithfully rounded value of the exact formula everywhere.
 //
 // NaN results are the canonical quiet NaN 0x7fc00000, as ALU results are (alu.hpp): which NaN
 // IEEE arithmetic passes on is up to the host and the compiler. copy, relu, sign and abs pass a
@@ -138,17 +138,12 @@ inline double log_core(double u, double f_if_k0) {
   return std::fma(kd, kLn2Hi, std::fma(kd, kLn2Lo, l));
 }
 
-/** Natural log in double: -inf at +-0, NaN below 0 and for NaN, +inf at +inf. */
-inline double log_d(double x) {
-  const double y = log_core(x, x - 1.0);
-  return !(x >= 0.0) ? NAN : (x == 0.0 ? -kInf : (x == kInf ? kInf : y));
-}
-
 /** log(1 + t) in double for t in [0, 1] (softplus' argument) or NaN, without cancellation for
  * small t. */
 inline double log1p_d(double t) { return t == t ? log_core(1.0 + t, t) : t; }
 
-/** tanh in double: sign(x) (1 - e^-2|x|) / (1 + e^-2|x|) through expm1, exact sign of zeros. */
+/** tanh in double, for mish (the tanh activation is tanh_f32): sign(x) (1 - e^-2|x|) / (1 + e^-2|x|)
+ * through expm1, exact sign of zeros. */
 inline double tanh_d(double x) {
   const double em = expm1_d(-2.0 * std::fabs(x));  // in [-1, 0]
   return std::copysign(-em / (2.0 + em), x);
@@ -164,32 +159,43 @@ inline void sigmoid_d(double x, double& s, double& c) {
   c = x >= 0.0 ? small : big;
 }
 
-/**
- * e^x evaluated in fp32, for the exp activation (the hot one: softmax). Faithfully rounded: the
- * result is the correctly rounded e^x or its neighbour (worst error over every fp32 input 0.874
- * ulp, docs/numerics.md), including subnormal results and the overflow threshold. x = n ln 2 + r with the
- * reduction exact to within one rounding (ln 2's high part has 15 bits, so n * kLn2HiF is exact
- * for |n| <= 256); e^r = 1 + r q(r) with q the degree-6 minimax fit of (e^r - 1) / r for relative
- * error (2^-31.8, fitted like expm1_ratio); 2^n is applied as two factors so that each stays a
- * normal float and only the last multiplication rounds.
- */
-inline float exp_f32(float x) {
-  constexpr float kLn2HiF = 0x1.62e4p-1f, kLn2LoF = 0x1.7f7d1cp-20f, kShiftF = 0x1.8p23f;
-  // below -104, e^x < 2^-150 rounds to 0; above 90 it overflows; inside, |n| <= 150
-  float xc = x < -104.0f ? -104.0f : (x > 90.0f ? 90.0f : x);
-  xc = x != x ? 0.0f : xc;
-  const float t = std::fma(xc, 0x1.715476p+0f, kShiftF);
-  const float n = t - kShiftF;
-  const float r = std::fma(n, -kLn2LoF, std::fma(n, -kLn2HiF, xc));
+inline constexpr float kLn2HiF = 0x1.62e4p-1f, kLn2LoF = 0x1.7f7d1cp-20f, kShiftF = 0x1.8p23f;
+
+/** x = n ln 2 + r in fp32 with n the integer nearest x / ln 2 (|n| <= 256, returned in `n`) and
+ * |r| <= 0.347, exact to within one rounding: ln 2's high part has 15 bits, so n * kLn2HiF is exact. */
+inline float exp_reduce_f32(float x, int32_t& n) {
+  const float t = std::fma(x, 0x1.715476p+0f, kShiftF);
+  n = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShiftF);
+  const float nf = t - kShiftF;
+  return std::fma(nf, -kLn2LoF, std::fma(nf, -kLn2HiF, x));
+}
+
+/** (e^r - 1) / r for |r| <= 0.347: the degree-6 minimax fit for relative error (2^-31.8, fitted
+ * like expm1_ratio). e^r = 1 + r q(r). */
+inline float expm1_ratio_f32(float r) {
   float q = 0x1.a019e6p-13f;
   q = std::fma(q, r, 0x1.6d82ap-10f);
   q = std::fma(q, r, 0x1.1111b2p-7f);
   q = std::fma(q, r, 0x1.5554ap-5f);
   q = std::fma(q, r, 0x1.555554p-3f);
   q = std::fma(q, r, 0.5f);
-  q = std::fma(q, r, 1.0f);
-  const float p = std::fma(r, q, 1.0f);
-  const int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShiftF);
+  return std::fma(q, r, 1.0f);
+}
+
+/**
+ * e^x evaluated in fp32, for the exp activation (the hot one: softmax). Faithfully rounded: the
+ * result is the correctly rounded e^x or its neighbour (worst error over every fp32 input 0.874
+ * ulp, docs/numerics.md), including subnormal results and the overflow threshold. x = n ln 2 + r
+ * (exp_reduce_f32); e^r = 1 + r q(r) (expm1_ratio_f32); 2^n is applied as two factors so that each
+ * stays a normal float and only the last multiplication rounds.
+ */
+inline float exp_f32(float x) {
+  // below -104, e^x < 2^-150 rounds to 0; above 90 it overflows; inside, |n| <= 150
+  float xc = x < -104.0f ? -104.0f : (x > 90.0f ? 90.0f : x);
+  xc = x != x ? 0.0f : xc;
+  int32_t ni;
+  const float r = exp_reduce_f32(xc, ni);
+  const float p = std::fma(r, expm1_ratio_f32(r), 1.0f);
   const int32_t n1 = ni >> 1, n2 = ni - n1;
   const float y = (p * std::bit_cast<float>((n1 + 127) << 23)) * std::bit_cast<float>((n2 + 127) << 23);
   // Up to 0x1.62e42ep6 the exact e^x rounds to a finite float and beyond it to infinity; p's
@@ -197,6 +203,90 @@ inline float exp_f32(float x) {
   constexpr float kMaxFinite = 0x1.fffffep127f, kLastFiniteX = 0x1.62e42ep6f;
   const float bounded = x > kLastFiniteX ? __builtin_inff() : (y > kMaxFinite ? kMaxFinite : y);
   return x != x ? NAN : bounded;
+}
+
+/**
+ * tanh evaluated in fp32, for the tanh activation. Faithfully rounded (docs/numerics.md gives the
+ * exhaustively measured worst error). Three pieces on y = |x|, all computed and one selected, so
+ * the loop has no branches; the sign is copied back at the end (tanh(-0) = -0):
+ *  - y < 0.625: y + y^3 P(y^2), P the degree-5 minimax fit of (tanh(y) - y) / y^3 (relative error
+ *    2^-25). The correction y^3 P is at most 16% of the result, so P's error and roundings shrink
+ *    by that factor; tiny and subnormal y give y itself.
+ *  - 0.625 <= y < 1.5: a degree-9 polynomial in y - c, fitted (minimax for relative error, each
+ *    coefficient rounded to fp32 in turn and the higher ones refitted) to 2^-31.5. c = kTanhMid is
+ *    a float whose tanh lies within 2^-38 of a float, so the constant term loses nothing. Here the
+ *    exp formula below would lose too much: 1 - d cannot absorb d's relative error when d ~ 0.5.
+ *  - y >= 1.5: 1 - 2E / (1 + E) with E = e^-2y (the exp_f32 steps; -2y >= -20, where tanh already
+ *    rounds to 1 and 2^n stays normal). d = 2E / (1 + E) <= 0.095 carries three roundings and E's
+ *    (about 2^-22.4 relative in all), which is at most 0.34 ulp of the result.
+ */
+inline float tanh_f32(float x) {
+  const float y = std::fabs(x);
+  const float z = y * y;
+  float pa = 0x1.6e3a9cp-9f;
+  pa = std::fma(pa, z, -0x1.21d58cp-7f);
+  pa = std::fma(pa, z, 0x1.678df6p-6f);
+  pa = std::fma(pa, z, -0x1.ba3e9ep-5f);
+  pa = std::fma(pa, z, 0x1.11119cp-3f);
+  pa = std::fma(pa, z, -0x1.555556p-2f);
+  const float small = std::fma(y * z, pa, y);
+
+  constexpr float kTanhMid = 0x1.0b653p+0f;
+  const float t = y - kTanhMid;
+  float pb = 0x1.76f23ap-9f;
+  pb = std::fma(pb, t, -0x1.72b368p-8f);
+  pb = std::fma(pb, t, 0x1.236a9ep-12f);
+  pb = std::fma(pb, t, 0x1.3cd1a8p-6f);
+  pb = std::fma(pb, t, -0x1.516864p-5f);
+  pb = std::fma(pb, t, 0x1.26786ep-6f);
+  pb = std::fma(pb, t, 0x1.b8f42ep-4f);
+  pb = std::fma(pb, t, -0x1.391p-2f);
+  pb = std::fma(pb, t, 0x1.918906p-2f);
+  const float mid = std::fma(pb, t, 0x1.8f301ap-1f);
+
+  const float yc = y < 10.0f ? y : 10.0f;  // NaN and inf become 10 (selected away or exact)
+  int32_t n;
+  const float r = exp_reduce_f32(-2.0f * yc, n);
+  const float e = std::fma(r, expm1_ratio_f32(r), 1.0f) * std::bit_cast<float>((n + 127) << 23);
+  const float large = 1.0f - (2.0f * e) / (1.0f + e);
+
+  const float m = y < 0.625f ? small : (y < 1.5f ? mid : large);
+  return x != x ? NAN : std::copysign(m, x);
+}
+
+/**
+ * Natural log evaluated in fp32, for the log activation. Faithfully rounded (docs/numerics.md).
+ * x = 2^k m with m in [2/3, 4/3) (subnormal x is scaled by 2^23 first), f = m - 1 exact, and
+ * log x = k ln 2 + f + f^2 Q(f) with Q the degree-10 fit of (log1p(f) - f) / f^2 on |f| <= 1/3
+ * (relative error 2^-29.5; coefficients rounded like tanh_f32's). The correction f^2 Q is at most
+ * 19% of the result, so its roundings count for little; k ln 2 + f is the one sum that could cost a
+ * full rounding, so it is split exactly (Fast2Sum: |k ln 2| > |f| whenever k != 0) and its error
+ * joins the small terms before the single last rounding.
+ */
+inline float log_f32(float x) {
+  const bool subnormal = x < 0x1p-126f;  // also 0 and negatives, selected away below
+  const uint32_t bits = std::bit_cast<uint32_t>(subnormal ? x * 0x1p23f : x);
+  // k = floor(log2(x / (2/3))): 0x3f2aaaab is 2/3 rounded up
+  const int32_t k = int32_t(bits - 0x3f2aaaabu) >> 23;
+  const float f = std::bit_cast<float>(bits - (uint32_t(k) << 23)) - 1.0f;
+  const float kf = float(k) - (subnormal ? 23.0f : 0.0f);
+  float q = -0x1.c43eecp-4f;
+  q = std::fma(q, f, 0x1.e43ed4p-4f);
+  q = std::fma(q, f, -0x1.8bf788p-4f);
+  q = std::fma(q, f, 0x1.ba7a62p-4f);
+  q = std::fma(q, f, -0x1.005d5p-3f);
+  q = std::fma(q, f, 0x1.24ddf4p-3f);
+  q = std::fma(q, f, -0x1.555336p-3f);
+  q = std::fma(q, f, 0x1.999842p-3f);
+  q = std::fma(q, f, -0x1.000002p-2f);
+  q = std::fma(q, f, 0x1.555556p-2f);
+  q = std::fma(q, f, -0.5f);
+  const float hi = kf * kLn2HiF;  // exact: |k| <= 149 has 8 bits, kLn2HiF 15
+  const float s = hi + f;
+  const float err = (hi - s) + f;  // s + err = hi + f exactly
+  const float lo = std::fma(f * f, q, std::fma(kf, kLn2LoF, err));
+  const float y = s + lo;
+  return !(x >= 0.0f) ? NAN : (x == 0.0f ? -__builtin_inff() : (x == __builtin_inff() ? __builtin_inff() : y));
 }
 
 inline double softplus_d(double x) { return (x > 0.0 ? x : 0.0) + log1p_d(exp_d(-std::fabs(x))); }
@@ -246,13 +336,13 @@ inline float activation_apply(ActFunc f, float xf) {
       sigmoid_d(x, s, c);
       y = s * std::fma(x, c, 1.0);
       break;
-    case ActFunc::tanh: y = tanh_d(x); break;
+    case ActFunc::tanh: return tanh_f32(xf);
     case ActFunc::softplus: y = softplus_d(x); break;
     case ActFunc::mish: y = x * tanh_d(softplus_d(x)); break;
     case ActFunc::erf: y = std::erf(x); break;
     case ActFunc::erf_dx: y = kTwoOverSqrtPi * exp_d(-x * x); break;
     case ActFunc::exp: return exp_f32(xf);
-    case ActFunc::log: y = log_d(x); break;
+    case ActFunc::log: return log_f32(xf);
     case ActFunc::sin: y = std::sin(x); break;
     case ActFunc::arctan: y = std::atan(x); break;
     case ActFunc::sqrt: y = std::sqrt(x); break;
