@@ -31,6 +31,7 @@
 #include "nikki/numerics.hpp"
 #include "nikki/reduction_order.hpp"
 #include "op_desc.hpp"
+#include "operand_overlap.hpp"
 
 #define NK_INLINE __attribute__((always_inline)) inline
 #define NK_ENTRY extern "C" __attribute__((always_inline))
@@ -221,61 +222,21 @@ NK_INLINE void dispatch_parallel(bool parallel, Body&& body) {
   else body(std::false_type{});
 }
 
-/** Byte offsets [lo, hi) of a regular slot's elements from its base, over the iteration space. */
-NK_INLINE void extent(const OpDesc* d, int slot, int64_t& lo, int64_t& hi) {
-  lo = 0, hi = 0;
-  for (int k = 0; k < kIterDims; ++k) {
-    const int64_t span = (d->count[k] - 1) * d->view[slot].stride[k];
-    if (span < 0) lo += span;
-    else hi += span;
-  }
-  hi += dtype_size(dtype_of(d, slot));
-}
-
-/** Whether distinct iteration points address distinct elements of a regular slot: taken from the
- * smallest stride up, each dim steps over everything the dims inside it cover. */
-NK_INLINE bool injective(const OpDesc* d, int slot) {
-  int64_t stride[kIterDims], span[kIterDims];
-  int n = 0;
-  for (int k = 0; k < kIterDims; ++k)
-    if (d->count[k] > 1) {
-      const int64_t s = d->view[slot].stride[k] < 0 ? -d->view[slot].stride[k] : d->view[slot].stride[k];
-      int i = n++;
-      for (; i > 0 && stride[i - 1] > s; --i) stride[i] = stride[i - 1], span[i] = span[i - 1];
-      stride[i] = s, span[i] = (d->count[k] - 1) * s;
-    }
-  int64_t inner = dtype_size(dtype_of(d, slot));
-  for (int i = 0; i < n; ++i) {
-    if (stride[i] < inner) return false;
-    inner += span[i];
-  }
-  return true;
-}
-
 /**
  * Whether a routine may process the elements of `dst` and of the tensor slots in `srcs` in any
- * order within a partition: dst addresses each element once, and every source either shares no
- * byte with dst or is dst's own elements in the same order (an in-place update: each element is
- * read before it is written, by the same iteration).
+ * order within a partition (operand_overlap.hpp). With a verdict from the template builder the
+ * descriptor decides and LLVM folds the test away, and with it one of dispatch_parallel's loops.
  */
 NK_INLINE bool independent(const OpDesc* d, const OpArgs* a, int dst, uint32_t srcs) {
-  if (((d->irregular >> dst) & 1) || !injective(d, dst)) return false;
-  int64_t dlo, dhi;
-  extent(d, dst, dlo, dhi);
-  const intptr_t db = reinterpret_cast<intptr_t>(a->base[dst]);
-  for (int s = 0; s < kSlots; ++s) {
-    if (s == dst || !((srcs >> s) & 1) || d->slot_kind[s] != kSlotTensor) continue;
-    if ((d->irregular >> s) & 1) return false;
-    int64_t lo, hi;
-    extent(d, s, lo, hi);
-    const intptr_t sb = reinterpret_cast<intptr_t>(a->base[s]);
-    if (sb + hi <= db + dlo || db + dhi <= sb + lo) continue;
-    bool same = sb == db && dtype_size(dtype_of(d, s)) == dtype_size(dtype_of(d, dst));
-    for (int k = 0; k < kIterDims; ++k)
-      same = same && (d->count[k] == 1 || d->view[s].stride[k] == d->view[dst].stride[k]);
-    if (!same) return false;
+  uint32_t hazards;
+  if (d->flags & kFlagStaticOverlap) {
+    hazards = d->static_hazards;  // computed for dst = 0, the destination of every caller
+  } else {
+    intptr_t base[kSlots];
+    for (int s = 0; s < kSlots; ++s) base[s] = reinterpret_cast<intptr_t>(a->base[s]);
+    hazards = overlap_hazards(d, dst, base);
   }
-  return true;
+  return (hazards & (kHazardDst | srcs)) == 0;
 }
 
 // --- sequential folds of many partitions at once ----------------------------------------------

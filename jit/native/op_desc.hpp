@@ -34,6 +34,7 @@ enum Flags : int32_t {
   kFlagReversePred = 8,
   kFlagIsTranspose = 16,
   kFlagGpsimdInt = 32,  // tensor_tensor on GpSimd with 32-bit integer tiles: exact integer arithmetic
+  kFlagStaticOverlap = 64,  // static_hazards holds the overlap verdict (every operand is on chip)
 };
 
 /**
@@ -73,7 +74,7 @@ struct OpDesc {
   int64_t offset;  // iota / affine_select: value = offset + pattern pseudo-operand offset, wrapped to int32
   int64_t out_count[kIterDims];
   int32_t irregular;  // bit set of slots addressed through irr
-  int32_t reserved;
+  uint32_t static_hazards;  // with kFlagStaticOverlap: overlap_hazards(desc, 0, addresses)
   IrregularView irr[kSlots];
 };
 

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "native_templates.hpp"
+#include "operand_overlap.hpp"
 #include "nikki/layout.hpp"
 
 namespace nikki::jit {
@@ -233,6 +234,7 @@ class TemplateBuilder {
       };
       if (int32(0) && int32(1) && int32(2) && inst_.attrs.op0 != AluOp::power) t_.desc.flags |= native::kFlagGpsimdInt;
     }
+    decide_overlap();
     return std::make_pair(t_, out_);
   }
 
@@ -242,6 +244,28 @@ class TemplateBuilder {
     for (int i = 0; i < inst_.spec().num_slots; ++i)
       if (inst_.operands[i].is_tensor()) s.push_back(i);
     return s;
+  }
+
+  /**
+   * Decides the routines' overlap test now when every tensor operand is on chip: the allocator
+   * fixed their addresses, and only the distances between them matter. HBM tensors arrive at run
+   * time (two parameters may even be one array), so their instructions keep the run-time test.
+   */
+  void decide_overlap() {
+    // SBUF and PSUM are separate memories: placed far apart here, they never overlap.
+    constexpr intptr_t kPsumOrigin = intptr_t(1) << 48;
+    intptr_t base[native::kSlots] = {};
+    for (int s = 0; s < native::kSlots; ++s) {
+      if (t_.desc.slot_kind[s] != native::kSlotTensor) continue;
+      const NativeOperand& n = out_.operands[s];
+      const Storage& st = k_.storage(n.storage);
+      if (!st.on_chip() || n.indirection) return;
+      base[s] = (st.buffer == Buffer::psum ? kPsumOrigin : 0) +
+                st.address->partition * partition_pitch(k_.config(), st.buffer) + st.address->byte_offset +
+                n.byte_offset;
+    }
+    t_.desc.static_hazards = native::overlap_hazards(&t_.desc, 0, base);
+    t_.desc.flags |= native::kFlagStaticOverlap;
   }
 
   /** Records where a tensor operand lives; false for views only the interpreter can address. */

@@ -798,6 +798,33 @@ TEST_CASE("native: overlapping operands keep the reference's order of reads and 
   CHECK(left == 2);
 }
 
+TEST_CASE("native: element-wise routines on overlapping on-chip views keep the reference's order") {
+  // The template builder decides from the allocated addresses whether a routine may reorder its
+  // element loop; a write that lands on an element read later must keep the sequential order.
+  HostTensor x = test::random_tensor(DType::float32, {32, 80}, 171, -2, 2);
+  check_all_modes("overlaps",
+                  [](Tensor x) {
+                    Tensor ahead = to_sbuf(x), behind = to_sbuf(x), same = to_sbuf(x), act = to_sbuf(x);
+                    // dst one element ahead of its source: each write feeds the next read
+                    isa::tensor_tensor(ahead(nl::all, nl::ds(1, 64)), ahead(nl::all, nl::ds(0, 64)),
+                                       ahead(nl::all, nl::ds(8, 64)), nl::add);
+                    isa::tensor_scalar(ahead(nl::all, nl::ds(2, 64)), ahead(nl::all, nl::ds(0, 64)), nl::multiply, 0.75);
+                    // dst behind its source: reads run ahead of writes
+                    isa::tensor_tensor(behind(nl::all, nl::ds(0, 64)), behind(nl::all, nl::ds(1, 64)),
+                                       behind(nl::all, nl::ds(3, 64)), nl::subtract);
+                    // in place, and a copy between the disjoint halves of one tile
+                    isa::tensor_scalar(same, same, nl::add, 1.0);
+                    isa::tensor_copy(same(nl::all, nl::ds(0, 40)), same(nl::all, nl::ds(40, 40)));
+                    isa::activation(act(nl::all, nl::ds(1, 70)), nl::exp, act(nl::all, nl::ds(0, 70)));
+                    // PSUM and SBUF never overlap, whatever their offsets
+                    Tensor p = nl::ndarray({32, 80}, nl::float32, nl::psum);
+                    isa::tensor_copy(p, ahead);
+                    isa::tensor_tensor(behind, p, behind, nl::maximum);
+                    return std::vector<Tensor>{to_hbm(ahead), to_hbm(behind), to_hbm(same), to_hbm(act)};
+                  },
+                  x);
+}
+
 // =================================================================================================
 // Randomized views: every operand of an instruction gets its own random split of the free
 // elements into dims, its own memory order of those dims, padding, offsets and (for sources)

@@ -1,0 +1,81 @@
+// Whether a routine may run an instruction's element loop in any order: the overlap test between
+// its destination and its sources. The kernel library evaluates it at run time from the operands'
+// addresses; the template builder evaluates the same code at compile time when every operand is
+// on chip (the allocator fixed the addresses) and stores the verdict in the descriptor, so LLVM
+// keeps one version of each loop instead of an ordered and an unordered one.
+//
+// Compiled by both g++ (the compiler side) and clang (the bitcode side).
+#pragma once
+
+#include <cstdint>
+
+#include "nikki/dtype.hpp"
+#include "op_desc.hpp"
+
+namespace nikki::native {
+
+/** @brief Bit of overlap_hazards' result: dst itself may address an element twice (or is irregular). */
+inline constexpr uint32_t kHazardDst = 1u << 31;
+
+inline int64_t element_bytes(const OpDesc* d, int slot) { return dtype_size(static_cast<DType>(d->view[slot].dtype)); }
+
+/** @brief Byte offsets [lo, hi) of a regular slot's elements from its base, over the iteration space. */
+inline void extent(const OpDesc* d, int slot, int64_t& lo, int64_t& hi) {
+  lo = 0, hi = 0;
+  for (int k = 0; k < kIterDims; ++k) {
+    const int64_t span = (d->count[k] - 1) * d->view[slot].stride[k];
+    if (span < 0) lo += span;
+    else hi += span;
+  }
+  hi += element_bytes(d, slot);
+}
+
+/** @brief Whether distinct iteration points address distinct elements of a regular slot: taken
+ * from the smallest stride up, each dim steps over everything the dims inside it cover. */
+inline bool injective(const OpDesc* d, int slot) {
+  int64_t stride[kIterDims], span[kIterDims];
+  int n = 0;
+  for (int k = 0; k < kIterDims; ++k)
+    if (d->count[k] > 1) {
+      const int64_t s = d->view[slot].stride[k] < 0 ? -d->view[slot].stride[k] : d->view[slot].stride[k];
+      int i = n++;
+      for (; i > 0 && stride[i - 1] > s; --i) stride[i] = stride[i - 1], span[i] = span[i - 1];
+      stride[i] = s, span[i] = (d->count[k] - 1) * s;
+    }
+  int64_t inner = element_bytes(d, slot);
+  for (int i = 0; i < n; ++i) {
+    if (stride[i] < inner) return false;
+    inner += span[i];
+  }
+  return true;
+}
+
+/**
+ * @brief The slots whose elements a routine must not process out of order, given each tensor
+ * slot's base address: kHazardDst when `dst` may address an element twice, and bit s for a source
+ * that shares bytes with dst without being dst's own elements in the same order (an in-place
+ * update is safe: each element is read before it is written, by the same iteration).
+ */
+inline uint32_t overlap_hazards(const OpDesc* d, int dst, const intptr_t (&base)[kSlots]) {
+  if (((d->irregular >> dst) & 1) || !injective(d, dst)) return kHazardDst;
+  int64_t dlo, dhi;
+  extent(d, dst, dlo, dhi);
+  uint32_t hazards = 0;
+  for (int s = 0; s < kSlots; ++s) {
+    if (s == dst || d->slot_kind[s] != kSlotTensor) continue;
+    if ((d->irregular >> s) & 1) {
+      hazards |= 1u << s;
+      continue;
+    }
+    int64_t lo, hi;
+    extent(d, s, lo, hi);
+    if (base[s] + hi <= base[dst] + dlo || base[dst] + dhi <= base[s] + lo) continue;
+    bool same = base[s] == base[dst] && element_bytes(d, s) == element_bytes(d, dst);
+    for (int k = 0; k < kIterDims; ++k)
+      same = same && (d->count[k] == 1 || d->view[s].stride[k] == d->view[dst].stride[k]);
+    if (!same) hazards |= 1u << s;
+  }
+  return hazards;
+}
+
+}  // namespace nikki::native
