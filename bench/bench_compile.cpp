@@ -23,10 +23,12 @@
 #include "nikki/kernels/softmax.hpp"
 #include "nikki/runtime/executor.hpp"
 #include "nikki/runtime/jit_kernel.hpp"
+#include "scoped_env.hpp"
 
 namespace {
 
 using namespace nikki;
+using test::ScopedEnv;
 
 // --- kernels ------------------------------------------------------------------------------------
 
@@ -65,23 +67,6 @@ Kernel kernel_by_index(int64_t i) {
 void label(benchmark::State& state, const Kernel& k) {
   state.SetLabel(fmt::format("{} ({} instructions)", k.name, k.instructions.size()));
 }
-
-/** Sets an environment variable for a benchmark's lifetime. */
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) previous_ = old;
-    ::setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (previous_) ::setenv(name_, previous_->c_str(), 1);
-    else ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> previous_;
-};
 
 std::string temp_cache_dir() {
   auto dir = std::filesystem::temp_directory_path() / fmt::format("nikki-bench-cache-{}", ::getpid());

@@ -66,6 +66,12 @@ class Reader {
     p_ += n;
     return s;
   }
+  /** @brief `n` raw bytes into `out`. */
+  void bytes(void* out, size_t n) {
+    need(n);
+    std::memcpy(out, p_, n);
+    p_ += n;
+  }
   /** A count of items each at least `min_item_bytes` long, checked against the bytes left. */
   uint32_t count(size_t min_item_bytes) {
     uint32_t n = u32();

@@ -24,12 +24,20 @@
 #include <llvm/Target/TargetMachine.h>
 #include <llvm/Transforms/IPO/GlobalDCE.h>
 
+#include <sched.h>
+
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <exception>
 #include <map>
 #include <mutex>
+#include <string_view>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "byte_codec.hpp"
 #include "native_templates.hpp"
 #include "nikki/jit/cache.hpp"
 
@@ -49,6 +57,72 @@ template <class T>
 T check(llvm::Expected<T> value, const char* what) {
   if (!value) llvm_failure(what, value.takeError());
   return std::move(*value);
+}
+
+/** Threads for compiling native code: NIKKI_COMPILE_THREADS, else the cores this process may run on. */
+size_t compile_threads() {
+  if (const char* env = std::getenv("NIKKI_COMPILE_THREADS"); env && *env) {
+    const long n = std::strtol(env, nullptr, 10);
+    if (n >= 1) return size_t(std::min<long>(n, 64));
+  }
+  cpu_set_t cpus;
+  if (sched_getaffinity(0, sizeof(cpus), &cpus) == 0) return size_t(std::max(1, CPU_COUNT(&cpus)));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+/** Relative LLVM cost of a template of library entry `entry`, measured on cold compiles: the
+ * element-wise routines with several loop versions dominate; anything else counts as a copy. */
+int compile_cost(std::string_view entry) {
+  if (entry == "nk_tensor_scalar" || entry == "nk_activation") return 6;
+  if (entry == "nk_tensor_tensor" || entry == "nk_scalar_tensor_tensor" || entry == "nk_tensor_scalar_reduce") return 4;
+  return 2;
+}
+
+/** Template indices in at most `count` groups of about equal cost (largest first, each to the
+ * cheapest group so far). */
+std::vector<std::vector<size_t>> balanced_groups(const std::vector<NativeTemplate>& templates, size_t count) {
+  std::vector<size_t> order(templates.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return compile_cost(templates[a].entry) > compile_cost(templates[b].entry);
+  });
+  std::vector<std::vector<size_t>> groups(std::max<size_t>(1, std::min(count, templates.size())));
+  std::vector<int> load(groups.size(), 0);
+  for (size_t i : order) {
+    const size_t g = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    groups[g].push_back(i);
+    load[g] += compile_cost(templates[i].entry);
+  }
+  return groups;
+}
+
+/** The cache payload of a template set's object files: a count, then each file with its size. */
+std::vector<uint8_t> pack_objects(const std::vector<std::vector<uint8_t>>& objects) {
+  Writer w;
+  w.u32(objects.size());
+  for (const std::vector<uint8_t>& o : objects) {
+    w.pod<uint64_t>(o.size());
+    w.bytes(o.data(), o.size());
+  }
+  return std::move(w.out);
+}
+
+/** The object files of a payload, or nullopt when it is not one (then they are compiled again). */
+std::optional<std::vector<std::vector<uint8_t>>> unpack_objects(const std::vector<uint8_t>& payload) {
+  try {
+    Reader r(payload.data(), payload.size());
+    std::vector<std::vector<uint8_t>> objects(r.count(8));
+    for (std::vector<uint8_t>& o : objects) {
+      const uint64_t size = r.pod<uint64_t>();
+      if (size > payload.size()) return std::nullopt;
+      o.resize(size);
+      r.bytes(o.data(), size);
+    }
+    if (!r.done() || objects.empty()) return std::nullopt;
+    return objects;
+  } catch (const KernelError&) {
+    return std::nullopt;
+  }
 }
 
 /** The process-wide JIT: one LLJIT, the host target, a counter for unique symbol names. */
@@ -75,19 +149,20 @@ class NativeJit {
         return code->routines;
       }
     DiskCache cache;
-    std::vector<uint8_t> object;
-    if (auto hit = cache.load("native", key)) {
-      object = std::move(*hit);
-    } else {
-      object = emit_object(templates, prefix);
-      cache.store("native", key, object);
+    std::optional<std::vector<std::vector<uint8_t>>> objects;
+    if (auto hit = cache.load("native", key)) objects = unpack_objects(*hit);
+    if (!objects) {
+      objects = emit_objects(templates, prefix);
+      cache.store("native", key, pack_objects(*objects));
     }
     auto code = std::make_shared<Loaded>();
     code->tracker = jit_->getMainJITDylib().createResourceTracker();
-    auto buffer = llvm::MemoryBuffer::getMemBufferCopy(
-        llvm::StringRef(reinterpret_cast<const char*>(object.data()), object.size()), prefix);
-    if (llvm::Error err = jit_->addObjectFile(code->tracker, std::move(buffer)))
-      llvm_failure("loading native code", std::move(err));
+    for (const std::vector<uint8_t>& object : *objects) {
+      auto buffer = llvm::MemoryBuffer::getMemBufferCopy(
+          llvm::StringRef(reinterpret_cast<const char*>(object.data()), object.size()), prefix);
+      if (llvm::Error err = jit_->addObjectFile(code->tracker, std::move(buffer)))
+        llvm_failure("loading native code", std::move(err));
+    }
     for (size_t i = 0; i < templates.size(); ++i) {
       llvm::orc::ExecutorAddr addr = check(jit_->lookup(fmt::format("{}_t{}", prefix, i)), "looking up a routine");
       code->routines.push_back(addr.toPtr<native::Routine>());
@@ -117,6 +192,7 @@ class NativeJit {
     cpu_ = builder.getCPU();
     features_ = builder.getFeatures().getString();
     target_machine_ = check(builder.createTargetMachine(), "creating the host target machine");
+    host_ = builder;
     jit_ = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(builder).create(), "creating the JIT");
     // Generated code calls libm (exp, erf, ...) and memcpy from the running process.
     jit_->getMainJITDylib().addGenerator(check(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
@@ -177,7 +253,7 @@ class NativeJit {
     }
   }
 
-  void optimize(llvm::Module& m) {
+  void optimize(llvm::Module& m, llvm::TargetMachine& machine) {
     llvm::PipelineTuningOptions tuning;
     tuning.LoopVectorization = true;
     tuning.SLPVectorization = true;
@@ -185,7 +261,7 @@ class NativeJit {
     llvm::FunctionAnalysisManager fam;
     llvm::CGSCCAnalysisManager cgam;
     llvm::ModuleAnalysisManager mam;
-    llvm::PassBuilder pb(target_machine_.get(), tuning);
+    llvm::PassBuilder pb(&machine, tuning);
     pb.registerModuleAnalyses(mam);
     pb.registerCGSCCAnalyses(cgam);
     pb.registerFunctionAnalyses(fam);
@@ -218,8 +294,36 @@ class NativeJit {
     return h.finish();
   }
 
-  /** Specializes the library for the templates and compiles it to a relocatable object. */
-  std::vector<uint8_t> emit_object(const std::vector<NativeTemplate>& templates, const std::string& prefix) {
+  /**
+   * Specializes the library for the templates and compiles it to relocatable objects: the
+   * templates are split into groups of about equal cost, one per usable core, each compiled in
+   * its own LLVM context with its own target machine (neither is thread-safe), in parallel.
+   */
+  std::vector<std::vector<uint8_t>> emit_objects(const std::vector<NativeTemplate>& templates, const std::string& prefix) {
+    const std::vector<std::vector<size_t>> groups = balanced_groups(templates, compile_threads());
+    std::vector<std::unique_ptr<llvm::TargetMachine>> machines(groups.size());
+    for (size_t g = 1; g < groups.size(); ++g) machines[g] = check(host_->createTargetMachine(), "creating a target machine");
+    std::vector<std::vector<uint8_t>> objects(groups.size());
+    std::vector<std::exception_ptr> errors(groups.size());
+    auto compile_group = [&](size_t g) {
+      try {
+        objects[g] = emit_object(templates, groups[g], prefix, g == 0 ? *target_machine_ : *machines[g]);
+      } catch (...) {
+        errors[g] = std::current_exception();
+      }
+    };
+    std::vector<std::thread> threads;
+    for (size_t g = 1; g < groups.size(); ++g) threads.emplace_back(compile_group, g);
+    compile_group(0);
+    for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : errors)
+      if (e) std::rethrow_exception(e);
+    return objects;
+  }
+
+  /** Compiles the templates `indices` (wrappers keep their index in `templates` in their names). */
+  std::vector<uint8_t> emit_object(const std::vector<NativeTemplate>& templates, const std::vector<size_t>& indices,
+                                   const std::string& prefix, llvm::TargetMachine& machine) {
     llvm::LLVMContext context;
     // The library asks LLVM to vectorize the loops it declares independent (kernels.cpp); where
     // one cannot be (its body calls libm: erf, sin, ...) LLVM would print a warning and remarks to
@@ -236,13 +340,13 @@ class NativeJit {
         &llvm_error);
     std::unique_ptr<llvm::Module> module = library(context);
     std::vector<std::string> names;
-    for (size_t i = 0; i < templates.size(); ++i) names.push_back(add_wrapper(*module, templates[i], prefix, i));
+    for (size_t i : indices) names.push_back(add_wrapper(*module, templates[i], prefix, i));
     prepare(*module, names);
-    optimize(*module);
+    optimize(*module, machine);
     llvm::SmallVector<char, 0> buffer;
     llvm::raw_svector_ostream os(buffer);
     llvm::legacy::PassManager codegen;
-    internal_check(!target_machine_->addPassesToEmitFile(codegen, os, nullptr, llvm::CodeGenFileType::ObjectFile),
+    internal_check(!machine.addPassesToEmitFile(codegen, os, nullptr, llvm::CodeGenFileType::ObjectFile),
                    "the host target cannot emit object files");
     codegen.run(*module);
     if (!llvm_error.empty())
@@ -250,6 +354,7 @@ class NativeJit {
     return std::vector<uint8_t>(buffer.begin(), buffer.end());
   }
 
+  std::optional<llvm::orc::JITTargetMachineBuilder> host_;  // makes a target machine per compile thread
   std::unique_ptr<llvm::TargetMachine> target_machine_;
   std::unique_ptr<llvm::orc::LLJIT> jit_;
   std::string cpu_, features_;

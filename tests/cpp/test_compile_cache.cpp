@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "harness.hpp"
+#include "scoped_env.hpp"
 #include "nikki/runtime/jit_kernel.hpp"
 
 namespace nikki::test {
@@ -21,28 +22,23 @@ namespace fs = std::filesystem;
 /** Points NIKKI_CACHE_DIR at a fresh directory for the test's lifetime. */
 class TempCacheDir {
  public:
-  TempCacheDir() {
-    path_ = fs::temp_directory_path() / fmt::format("nikki-cache-test-{}-{}", ::getpid(), counter()++);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-    if (const char* old = std::getenv("NIKKI_CACHE_DIR")) previous_ = old;
-    ::setenv("NIKKI_CACHE_DIR", path_.c_str(), 1);
-  }
+  TempCacheDir() : path_(fresh_path()), env_("NIKKI_CACHE_DIR", path_.string()) {}
   ~TempCacheDir() {
-    if (previous_) ::setenv("NIKKI_CACHE_DIR", previous_->c_str(), 1);
-    else ::unsetenv("NIKKI_CACHE_DIR");
     std::error_code ec;
     fs::remove_all(path_, ec);
   }
   const fs::path& path() const { return path_; }
 
  private:
-  static std::atomic<int>& counter() {
-    static std::atomic<int> n{0};
-    return n;
+  static fs::path fresh_path() {
+    static std::atomic<int> counter{0};
+    fs::path p = fs::temp_directory_path() / fmt::format("nikki-cache-test-{}-{}", ::getpid(), counter++);
+    fs::remove_all(p);
+    fs::create_directories(p);
+    return p;
   }
   fs::path path_;
-  std::optional<std::string> previous_;
+  ScopedEnv env_;
 };
 
 // out = a * scale + b over a [rows, cols] tile; `op` and `scale` vary the IR.
@@ -120,13 +116,9 @@ TEST_CASE("compile cache: a second compile is a disk hit that skips verify, allo
 
 TEST_CASE("compile cache: NIKKI_ALWAYS_COMPILE=1 neither reads nor writes the cache") {
   TempCacheDir dir;
-  struct AlwaysCompile {  // scoped, so that a failure cannot leak the variable into later tests
-    AlwaysCompile() { ::setenv("NIKKI_ALWAYS_COMPILE", "1", 1); }
-    ~AlwaysCompile() { ::unsetenv("NIKKI_ALWAYS_COMPILE"); }
-  };
   jit::Program q;
   {
-    AlwaysCompile always;
+    ScopedEnv always("NIKKI_ALWAYS_COMPILE", "1");
     jit::Program p = jit::compile(axpb({128, 64}, DType::float32));
     q = jit::compile(axpb({128, 64}, DType::float32));
   }
@@ -240,6 +232,31 @@ TEST_CASE("compile cache: a loaded plan binds runtime offsets to the loaded prog
     runtime::StreamExecutor(hit.device, runtime::ExecutorKind::native, hit.native).run(ins, outs);
     for (int64_t i = 0; i < out.size(); ++i) REQUIRE(out.get(i) == float(k * 64 + i));
   }
+}
+
+TEST_CASE("compile cache: native code compiled on several threads is stored, reloaded and rebuilt whole") {
+  TempCacheDir dir;
+  ScopedEnv threads("NIKKI_COMPILE_THREADS", "3");
+  Kernel k = axpb({128, 64}, DType::float32);
+  int64_t templates = 0;
+  {
+    jit::Program first = jit::compile(k, native_options());
+    templates = first.native->stats().templates;
+    check_axpb_result(first);
+  }  // the last user of the loaded code is gone: the next compile reads the disk cache
+  REQUIRE(templates >= 3);  // so that each thread has a template of its own
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(dir.path() / "native")) entries.push_back(e.path());
+  REQUIRE(entries.size() == 1);
+  SUBCASE("reloaded") {}
+  SUBCASE("a payload that is not object files is compiled again") {
+    const std::string hex = entries[0].stem().string();
+    const jit::Hash128 key{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16, 16), nullptr, 16)};
+    jit::DiskCache().store("native", key, std::vector<uint8_t>(40, 0x07));
+  }
+  jit::Program again = jit::compile(k, native_options());
+  CHECK(again.native->stats().templates == templates);
+  check_axpb_result(again);
 }
 
 TEST_CASE("compile cache: two processes compiling the same kernel at once both succeed") {
