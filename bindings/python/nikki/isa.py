@@ -179,18 +179,23 @@ def _partition_broadcast(x):
 
 
 def _engine(e) -> _core.Engine:
-    core = _ENGINES.get(e)  # plain dict lookup first: the IntEnum constructor is slow
+    if e.__class__ is _core.Engine:  # an identity test: hashing a bound enum is slow
+        return e
+    core = _ENGINES.get(e)  # a dict lookup before the IntEnum constructor, which is slow
     if core is not None:
         return core
-    if isinstance(e, _core.Engine):
-        return e
     try:
         return _ENGINES[engine(e)]
     except ValueError:
         raise kernel_error_at(user_frame(3), f"engine={e!r} is not an engine", hint="use nisa.engine.vector, ...") from None
 
 
+_CORE_IDLE = _CORE_REDUCE_CMD[_ReduceCmd.idle]
+
+
 def _core_reduce_cmd(cmd) -> _core.ReduceCmd:
+    if cmd is _ReduceCmd.idle:  # the default, tested by identity: hashing an enum member is slow
+        return _CORE_IDLE
     core = _CORE_REDUCE_CMD.get(cmd) if isinstance(cmd, int) else None
     if core is None:
         raise kernel_error_at(user_frame(3), f"reduce_cmd={cmd!r} is not a reduce command",
@@ -392,6 +397,8 @@ def _legacy_scalar_tensor_tensor(data, op0, operand0, op1, operand1, reverse0=Fa
 def activation(*args, **kwargs):
     """``activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=idle)``:
     dst = op(data * scale + bias) on the Scalar engine."""
+    if "dst" in kwargs or (args and args[0].__class__ is NkiTensor):  # the current form, tested cheaply
+        return _activation(*args, **kwargs)
     if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
         return _legacy_activation(*args, **kwargs)
     return _activation(*args, **kwargs)
@@ -404,15 +411,17 @@ def _activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=
     if reduce_res is not None:
         if reduce_op is None:
             raise kernel_error_at(user_frame(2), "activation: reduce_res needs reduce_op", hint="pass reduce_op=nl.add")
-        if cmd is _CORE_REDUCE_CMD[_ReduceCmd.idle]:
+        if cmd is _CORE_IDLE:
             cmd = _CORE_REDUCE_CMD[_ReduceCmd.reset_reduce]
     if bias is not None and bias.__class__ is not NkiTensor and isinstance(bias, (int, float)) \
             and not isinstance(bias, bool):
         bias = _constant_bias(data, float(bias))
-    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
-    if ops is None:
-        return
-    if mask is not None:
+    if mask is None:
+        ops = (_check_tensor(dst, "dst"), _check_tensor(data, "data"))
+    else:
+        ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
+        if ops is None:
+            return
         bias, scale, reduce_res = _masked_extras(mask, bias, scale, reduce_res)
     operands = (*ops, bias, scale, reduce_res)
     if reduce_op is None:
