@@ -34,6 +34,7 @@
 #include <map>
 #include <mutex>
 #include <string_view>
+#include <system_error>
 #include <thread>
 
 #include <fmt/format.h>
@@ -330,7 +331,14 @@ class NativeJit {
       }
     };
     std::vector<std::thread> threads;
-    for (size_t g = 1; g < groups.size(); ++g) threads.emplace_back(compile_group, g);
+    threads.reserve(groups.size());
+    for (size_t g = 1; g < groups.size(); ++g) {
+      try {
+        threads.emplace_back(compile_group, g);
+      } catch (const std::system_error&) {
+        compile_group(g);  // no thread to be had (a process limit): compile the group here
+      }
+    }
     compile_group(0);
     for (std::thread& t : threads) t.join();
     for (const std::exception_ptr& e : errors)
