@@ -114,12 +114,16 @@ def test_nki_op_under_torch_compile_fullgraph_forward_and_backward():
         s, m = split_sum(torch.tanh(a).detach())
         return (scaled_add(a, b, 0.25) * 2).sum() + s.sum() + m.sum()
 
-    a0, b0 = torch.randn(32, 64), torch.randn(32, 64)
+    g = torch.Generator().manual_seed(3)
+    a0, b0 = torch.randn(32, 64, generator=g), torch.randn(32, 64, generator=g)
     a1, b1 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
     a2, b2 = a0.clone().requires_grad_(), b0.clone().requires_grad_()
     eager = model(a1, b1)
     compiled = torch.compile(model, fullgraph=True)(a2, b2)
-    torch.testing.assert_close(compiled, eager)
+    # torch's own ops (tanh, the sums of 2048 fp32 terms) run as Inductor's loops in the compiled
+    # graph, which round and order differently from eager; a few ulp per term, summed, stay far
+    # below 1e-4 on a result of magnitude ~10, while a dropped or doubled term would not.
+    torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-4)
     eager_grads = torch.autograd.grad(eager, [a1, b1])
     compiled_grads = torch.autograd.grad(compiled, [a2, b2])
     torch.testing.assert_close(compiled_grads[0], torch.full_like(a0, 2.0))
