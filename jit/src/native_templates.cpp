@@ -259,7 +259,7 @@ class TemplateBuilder {
       if (t_.desc.slot_kind[s] != native::kSlotTensor) continue;
       const NativeOperand& n = out_.operands[s];
       const Storage& st = k_.storage(n.storage);
-      if (!st.on_chip() || n.indirection) return;
+      if (!st.on_chip()) return;  // (only HBM views carry runtime offsets natively)
       base[s] = (st.buffer == Buffer::psum ? kPsumOrigin : 0) +
                 st.address->partition * partition_pitch(k_.config(), st.buffer) + st.address->byte_offset +
                 n.byte_offset;

@@ -4,17 +4,18 @@
 // same code, so both executors agree bit for bit. docs/numerics.md gives the formulas.
 //
 // exp, tanh and log are computed in fp32 (exp_f32, tanh_f32, log_f32; faithfully rounded: the
-// correctly rounded value or its neighbour). Every other function is evaluated in double precision from its formula and rounded
-// once to fp32. The transcendental parts (exp, expm1, log, log1p, tanh, sigmoid) are nikki's own
-// approximations, not libm's: straight-line arithmetic without calls or branches (special cases are
-// selects), so LLVM vectorizes them inside the native routines, and every compiler evaluates them
-// with the same IEEE operations (every multiply-add is an explicit fma, so no compiler's
-// contraction choice can change a rounding). Their relative error in double is below about 2^-40,
-// far below fp32's 2^-24, so the fp32 result is the correctly rounded value of the exact formula
-// except when that value lies within about 2^-40 (relative) of a point halfway between two floats:
-// then it may be the other neighbour (error below 0.5 + 2^-16 ulp). erf (gelu, gelu_dx, erf), sin
-// and arctan still call libm (almost always correctly rounded in fp32, not vectorized).
-// docs/numerics.md tabulates the measured errors; tests/cpp/test_activation.cpp bounds them.
+// correctly rounded value or its neighbour). Every other function is evaluated in double precision
+// from its formula and rounded once to fp32. The transcendental parts (exp, expm1, log, log1p,
+// tanh, sigmoid) are nikki's own approximations, not libm's: straight-line arithmetic without calls
+// or branches (special cases are selects), so LLVM vectorizes them inside the native routines, and
+// every compiler evaluates them with the same IEEE operations (every multiply-add is an explicit
+// fma, so no compiler's contraction choice can change a rounding). Their relative error in double
+// is below about 2^-40, far below fp32's 2^-24, so the fp32 result is the correctly rounded value
+// of the exact formula except when that value lies within about 2^-40 (relative) of a point halfway
+// between two floats: then it may be the other neighbour (error below 0.5 + 2^-16 ulp). erf (gelu,
+// gelu_dx, erf), sin and arctan still call libm (almost always correctly rounded in fp32, not
+// vectorized). docs/numerics.md tabulates the measured errors; tests/cpp/test_activation.cpp bounds
+// them.
 //
 // Hardware uses piece-wise polynomial approximations within each function's valid range; nikki
 // gives the correctly or faithfully rounded value of the exact formula everywhere.

@@ -88,10 +88,7 @@ class KernelBuilder {
 
   /** @brief Appends an instruction after checking its operands fit the opcode's slots. */
   Instruction& append(Instruction inst) {
-    check_slots(inst);
-    if (inst.engine == Engine::unknown) inst.engine = default_engine(inst);
-    kernel_.instructions.push_back(std::move(inst));
-    return kernel_.instructions.back();
+    return append_in_place([&](Instruction& slot) { slot = std::move(inst); });
   }
 
   /**
