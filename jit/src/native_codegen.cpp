@@ -2,10 +2,12 @@
 // LLVM headers (they are slow to compile and LLVM is built without exceptions: every llvm::Error is
 // converted to nikki's InternalError here, never thrown through LLVM frames).
 //
-// For each kernel: parse the embedded kernel library, add one constant descriptor and one wrapper
-// per template, internalize and always-inline the library so the descriptors fold into it, run
-// LLVM's O2 pipeline (with loop and SLP vectorization) for the host CPU, and hand the module to an
-// LLJIT whose resource tracker lives as long as the kernel's NativeCode.
+// For each kernel: read the entries of the embedded kernel library it needs (each entry already
+// has its helpers inlined and simplified at build time, see jit/CMakeLists.txt), add one constant
+// descriptor and one wrapper per template, inline the entries into the wrappers so the
+// descriptors fold into them, run LLVM's O2 pipeline (with loop and SLP vectorization) for the
+// host CPU, and hand the objects to an LLJIT whose resource tracker lives as long as the kernel's
+// NativeCode.
 #include <llvm/Bitcode/BitcodeReader.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
@@ -23,6 +25,7 @@
 #include <llvm/Support/MemoryBuffer.h>
 #include <llvm/Support/TargetSelect.h>
 #include <llvm/Target/TargetMachine.h>
+#include <llvm/Transforms/IPO/AlwaysInliner.h>
 #include <llvm/Transforms/IPO/GlobalDCE.h>
 
 #include <sched.h>
@@ -285,11 +288,14 @@ class NativeJit {
     pb.registerFunctionAnalyses(fam);
     pb.registerLoopAnalyses(lam);
     pb.crossRegisterProxies(lam, fam, cgam, mam);
-    // The library's routines that no template calls are internal and dead: removing them before
-    // the pipeline saves optimizing them (most of the time of a kernel with few templates).
-    llvm::ModulePassManager dead_code;
-    dead_code.addPass(llvm::GlobalDCEPass());
-    dead_code.run(m, mam);
+    // Each wrapper gets its entry inlined before the pipeline starts, so every pass meets the
+    // entry's body only once, with the descriptor constant, and the entries themselves are dead:
+    // the default pipeline would first simplify each entry on its own (IPSCCP, early CSE,
+    // instcombine over bodies of up to 10,000 instructions) and then again inside its wrapper.
+    llvm::ModulePassManager inline_entries;
+    inline_entries.addPass(llvm::AlwaysInlinerPass());
+    inline_entries.addPass(llvm::GlobalDCEPass());
+    inline_entries.run(m, mam);
     llvm::ModulePassManager mpm = pb.buildPerModuleDefaultPipeline(llvm::OptimizationLevel::O2);
     mpm.run(m, mam);
   }
