@@ -264,23 +264,28 @@ NK_INLINE void transpose_stage(lanes_v (&r)[kLanes]) {
     }
 }
 
+/** A block of kLanes partitions x kLanes elements transposed: element j of every lane in cols[j]. */
+NK_INLINE void transpose_block(const float (&rows)[kLanes][kLanes], lanes_v (&cols)[kLanes]) {
+  std::memcpy(cols, rows, sizeof(cols));
+  transpose_stage<8>(cols);
+  transpose_stage<4>(cols);
+  transpose_stage<2>(cols);
+  transpose_stage<1>(cols);
+}
+
 /**
  * Folds rows[l][0..len) into acc[l] for every lane l, each lane's elements in order, with
  * acc = fold(acc, element); an unseeded fold takes its first element as it is. The block is
- * transposed first (element j of every lane in one vector), so each step of the kLanes
- * independent sequential folds is one vector operation.
+ * transposed first, so each step of the kLanes independent sequential folds is one vector
+ * operation.
  */
 template <class Fold>
 NK_INLINE void fold_block(Fold&& fold, float (&acc)[kLanes], bool& seeded, const float (&rows)[kLanes][kLanes],
                           int64_t len) {
-  lanes_v r[kLanes];
-  std::memcpy(r, rows, sizeof(r));
-  transpose_stage<8>(r);
-  transpose_stage<4>(r);
-  transpose_stage<2>(r);
-  transpose_stage<1>(r);
+  lanes_v cols[kLanes];
+  transpose_block(rows, cols);
   float col[kLanes][kLanes];
-  std::memcpy(col, r, sizeof(col));
+  std::memcpy(col, cols, sizeof(col));
   int64_t j = 0;
   if (!seeded) {
     for (int l = 0; l < kLanes; ++l) acc[l] = col[0][l];
@@ -296,25 +301,22 @@ NK_INLINE void fold_block(Fold&& fold, float (&acc)[kLanes], bool& seeded, const
 inline constexpr int64_t kFoldRowMin = 8;
 
 /**
- * The fold of every partition's row of fp32 values, kLanes partitions at a time. For each block
- * of partitions: start(p) for each of them, then values(p, i1, i2, i3, j0, len, out) for chunks of
- * up to kLanes elements of each row (dims 1..3 as in iterate, dim 4 in chunks, in order), which
- * computes elements [j0, j0 + len) of p's row into out[0..len) and writes whatever the instruction
- * writes for them; then done(p, acc) with the row's fold (acc = fold(acc, v) from `init` when
- * `seeded`, else from the first element).
+ * Walks every partition's row kLanes partitions at a time, for folds that carry state along a
+ * row. For each block of partitions p0 .. p0 + lanes: begin(p0, lanes), then for chunks of up to
+ * kLanes elements of each row (dims 1..3 as in iterate, dim 4 in chunks, in order)
+ * values(p, i1, i2, i3, j0, len, out) for each partition of the block, which computes elements
+ * [j0, j0 + len) of p's row into out[0..len) and writes whatever the instruction writes for them,
+ * then block(rows, len) with the chunk of every lane (lanes past the last partition hold zeros);
+ * finally end(p0, lanes).
  */
-template <class Fold, class Start, class Values, class Done>
-NK_INLINE void fold_rows(const OpDesc* d, Fold&& fold, bool seeded0, float init, Start&& start, Values&& values,
-                         Done&& done) {
+template <class Begin, class Values, class Block, class End>
+NK_INLINE void for_row_blocks(const OpDesc* d, Begin&& begin, Values&& values, Block&& block, End&& end) {
   const int64_t P = d->count[0], n = d->count[4];
   const int64_t outer[3] = {d->count[1], d->count[2], d->count[3]};
   for (int64_t p0 = 0; p0 < P; p0 += kLanes) {
     const int64_t lanes = P - p0 < kLanes ? P - p0 : kLanes;
-    for (int64_t l = 0; l < lanes; ++l) start(p0 + l);
-    float acc[kLanes];
-    for (int l = 0; l < kLanes; ++l) acc[l] = init;
-    bool seeded = seeded0;
-    float rows[kLanes][kLanes] = {};  // lanes past the last partition fold zeros, unused
+    begin(p0, lanes);
+    float rows[kLanes][kLanes] = {};
     for (int64_t i1 = 0; i1 < outer[0]; ++i1)
       for (int64_t i2 = 0; i2 < outer[1]; ++i2)
         for (int64_t i3 = 0; i3 < outer[2]; ++i3)
@@ -324,10 +326,33 @@ NK_INLINE void fold_rows(const OpDesc* d, Fold&& fold, bool seeded0, float init,
               if (len == kLanes) values(p0 + l, i1, i2, i3, j0, kLanes, rows[l]);  // a constant trip count
               else values(p0 + l, i1, i2, i3, j0, len, rows[l]);
             }
-            fold_block(fold, acc, seeded, rows, len);
+            block(rows, len);
           }
-    for (int64_t l = 0; l < lanes; ++l) done(p0 + l, acc[l]);
+    end(p0, lanes);
   }
+}
+
+/**
+ * The fold of every partition's row of fp32 values, kLanes partitions at a time (for_row_blocks):
+ * start(p) for each partition of a block, values as for for_row_blocks, then done(p, acc) with the
+ * row's fold (acc = fold(acc, v) from `init` when `seeded`, else from the first element).
+ */
+template <class Fold, class Start, class Values, class Done>
+NK_INLINE void fold_rows(const OpDesc* d, Fold&& fold, bool seeded0, float init, Start&& start, Values&& values,
+                         Done&& done) {
+  float acc[kLanes];
+  bool seeded = seeded0;
+  for_row_blocks(
+      d,
+      [&](int64_t p0, int64_t lanes) {
+        for (int64_t l = 0; l < lanes; ++l) start(p0 + l);
+        for (int l = 0; l < kLanes; ++l) acc[l] = init;
+        seeded = seeded0;
+      },
+      values, [&](const float (&rows)[kLanes][kLanes], int64_t len) { fold_block(fold, acc, seeded, rows, len); },
+      [&](int64_t p0, int64_t lanes) {
+        for (int64_t l = 0; l < lanes; ++l) done(p0 + l, acc[l]);
+      });
 }
 
 /** Runs f(j) for j in [0, len), the iterations declared independent when kParallel. */
@@ -799,6 +824,45 @@ NK_ENTRY void nk_affine_select(const OpDesc* d, const OpArgs* args) {
 NK_ENTRY void nk_bn_stats(const OpDesc* d, const OpArgs* args) {
   NK_LOCAL_ARGS;
   const int64_t P = d->count[0];
+  auto write = [&](int64_t p, const float (&out)[6]) {
+    iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
+      if (k < 6) store(d, 0, address(d, a, 0, p, o1, o2, o3, o4), out[k]);
+    });
+  };
+  if (d->count[4] >= kFoldRowMin) {
+    // kLanes partitions at a time: each element's update (a division on the chain through the
+    // mean) is one vector operation for all of them, instead of one latency-bound chain each.
+    lanes_v mean_v[2], m2_v[2];
+    float count[2];
+    int64_t f;  // flattened index of the next chunk's first element: its parity picks the lane
+    for_row_blocks(
+        d,
+        [&](int64_t, int64_t) {
+          mean_v[0] = mean_v[1] = m2_v[0] = m2_v[1] = lanes_v(0.0f);
+          count[0] = count[1] = 0.0f;
+          f = 0;
+        },
+        [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {
+          for (int64_t j = 0; j < len; ++j) out[j] = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
+        },
+        [&](const float (&rows)[kLanes][kLanes], int64_t len) {
+          lanes_v x[kLanes];
+          transpose_block(rows, x);
+          for (int64_t j = 0; j < len; ++j) {
+            const int lane = int((f + j) & 1);
+            count[lane] += 1.0f;
+            const lanes_v delta = x[j] - mean_v[lane];
+            mean_v[lane] += delta / count[lane];
+            m2_v[lane] += delta * (x[j] - mean_v[lane]);
+          }
+          f += len;
+        },
+        [&](int64_t p0, int64_t lanes) {
+          for (int64_t l = 0; l < lanes; ++l)
+            write(p0 + l, {count[0], mean_v[0][l], m2_v[0][l], count[1], mean_v[1][l], m2_v[1][l]});
+        });
+    return;
+  }
   float mean[2][kMaxPartitions], m2[2][kMaxPartitions];
   for (int64_t p = 0; p < P; ++p) mean[0][p] = mean[1][p] = m2[0][p] = m2[1][p] = 0.0f;
   // The flattened index of the chunk's first element (its lane parity) and the lanes' counts
@@ -822,12 +886,7 @@ NK_ENTRY void nk_bn_stats(const OpDesc* d, const OpArgs* args) {
       f0 += len;
     }
   });
-  for (int64_t p = 0; p < P; ++p) {
-    const float out[6] = {count0[0], mean[0][p], m2[0][p], count0[1], mean[1][p], m2[1][p]};
-    iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
-      if (k < 6) store(d, 0, address(d, a, 0, p, o1, o2, o3, o4), out[k]);
-    });
-  }
+  for (int64_t p = 0; p < P; ++p) write(p, {count0[0], mean[0][p], m2[0][p], count0[1], mean[1][p], m2[1][p]});
 }
 
 /** bn_aggr: Chan et al.'s merge of the (count, mean, M2) triples of each partition in order, then

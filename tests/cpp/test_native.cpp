@@ -529,7 +529,7 @@ TEST_CASE("native: affine_select with every comparison, converting and bit-exact
                   x, h);
 }
 
-TEST_CASE("native: bn_stats and bn_aggr over chunks, odd sizes, multi-dim views and empty counts") {
+TEST_CASE("native: bn_stats and bn_aggr over chunks, odd sizes, multi-dim views, partial partitions and empty counts") {
   HostTensor x = test::random_tensor(DType::float32, {128, 1000}, 81, -1, 2);
   HostTensor y = test::random_tensor(DType::bfloat16, {128, 4, 25}, 82, 2, 4);
   HostTensor z = tricky({128, 40}, 83);
@@ -560,7 +560,15 @@ TEST_CASE("native: bn_stats and bn_aggr over chunks, odd sizes, multi-dim views 
                     isa::tensor_copy(trip(nl::ds(0, 64), nl::ds(3, 3)), ys(nl::ds(0, 64), nl::ds(0, 3)));
                     Tensor zagg2 = nl::ndarray({128, 2}, nl::float32);
                     isa::bn_aggr(zagg2, trip);
-                    for (const Tensor& t : {stats, agg, agg2, ys, yagg, zs, zagg, zagg2}) r.push_back(to_hbm(t));
+                    // a partition count that is not a multiple of the native routine's block
+                    Tensor part = nl::ndarray({128, 6}, nl::float32);
+                    isa::memset(part, 0.0);
+                    isa::bn_stats(part(nl::ds(0, 100), nl::all), sx(nl::ds(0, 100), nl::ds(3, 77)));
+                    // rows of odd length in a view that cannot be flattened: the even/odd lanes
+                    // alternate across rows
+                    Tensor odd = nl::ndarray({128, 6}, nl::float32);
+                    isa::bn_stats(odd, sy(nl::all, nl::all, nl::ds(1, 23)));
+                    for (const Tensor& t : {stats, agg, agg2, ys, yagg, zs, zagg, zagg2, part, odd}) r.push_back(to_hbm(t));
                     return r;
                   },
                   x, y, z);
