@@ -1,6 +1,7 @@
 #include "nikki/jit/liveness.hpp"
 
 #include <algorithm>
+#include <utility>
 
 namespace nikki::jit {
 
@@ -82,6 +83,92 @@ std::vector<std::vector<StorageId>> sentinel_fills(const Kernel& kernel, const s
     const Instruction& first = kernel.instructions[ranges[id].begin];
     if (s.buffer != Buffer::psum && overwrites_unread(kernel, first, id)) continue;
     fills[ranges[id].begin].push_back(id);
+  }
+  return fills;
+}
+
+namespace {
+
+/** Intervals [first, last) of elements an access visits, added to `out`; false when they would
+ * exceed `budget` in total (the caller then assumes nothing is covered). */
+bool add_intervals(const AccessPattern& ap, std::vector<std::pair<int64_t, int64_t>>& out, size_t budget) {
+  // The innermost dims that are contiguous together form one run of `run` elements.
+  int inner = ap.rank;
+  int64_t run = 1;
+  while (inner > 0 && (ap.dims[inner - 1].count == 1 || ap.dims[inner - 1].stride == run)) {
+    run *= ap.dims[inner - 1].count;
+    --inner;
+  }
+  int64_t runs = 1;
+  for (int d = 0; d < inner; ++d) runs *= ap.dims[d].count;
+  if (run == 0 || runs == 0) return true;
+  if (out.size() + size_t(runs) > budget) return false;
+  std::array<int64_t, kMaxRank> index{};
+  for (int64_t r = 0; r < runs; ++r) {
+    int64_t first = ap.offset;
+    for (int d = 0; d < inner; ++d) first += ap.dims[d].stride * index[d];
+    out.emplace_back(first, first + run);
+    for (int d = inner - 1; d >= 0; --d) {
+      if (++index[d] < ap.dims[d].count) break;
+      index[d] = 0;
+    }
+  }
+  return true;
+}
+
+bool indexes_through(const AccessPattern& ap, StorageId id) {
+  const Indirection* ind = ap.indirection.get();
+  return ind && ((ind->scalar_tensor && ind->scalar_tensor->storage == id) ||
+                 (ind->vector_offset && ind->vector_offset->storage == id));
+}
+
+}  // namespace
+
+std::vector<StorageId> output_fills(const Kernel& kernel) {
+  // Intervals per output with a chance of being skipped; an output drops out (filled) as soon as
+  // something observes its initial contents or its intervals outgrow the budget.
+  constexpr size_t kBudget = size_t(1) << 22;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> written(kernel.storages.size());
+  std::vector<bool> candidate(kernel.storages.size(), false);
+  for (StorageId id : kernel.outputs) candidate[id] = kernel.storages[id].role == StorageRole::output;
+  int loop_depth = 0;
+  for (const Instruction& inst : kernel.instructions) {
+    if (inst.opcode == Opcode::loop_begin) ++loop_depth;
+    if (inst.opcode == Opcode::loop_end) --loop_depth;
+    for (int slot = 0; slot < inst.spec().num_slots; ++slot) {
+      const Operand& o = inst.operands[slot];
+      if (!o.is_tensor()) continue;
+      for (StorageId id : kernel.outputs)
+        if (indexes_through(o.ap, id)) candidate[id] = false;
+      const StorageId id = o.ap.storage;
+      if (!candidate[id]) continue;
+      if (inst.access(slot) != Access::write) {
+        candidate[id] = false;  // reads what the fill would have put there
+        continue;
+      }
+      // Only DMA writes count (they write every element of their view), and not those that may
+      // not happen (in a runtime loop) or not where the view says (runtime offsets).
+      if (inst.engine != Engine::dma || loop_depth > 0 || o.ap.indirection ||
+          dtype_size(o.ap.dtype) != dtype_size(kernel.storages[id].dtype))
+        continue;
+      if (!add_intervals(o.ap, written[id], kBudget)) candidate[id] = false;
+    }
+  }
+  std::vector<StorageId> fills;
+  for (StorageId id : kernel.outputs) {
+    if (std::find(fills.begin(), fills.end(), id) != fills.end()) continue;
+    bool covered = candidate[id];
+    if (covered) {
+      std::vector<std::pair<int64_t, int64_t>>& w = written[id];
+      std::sort(w.begin(), w.end());
+      int64_t reached = 0;  // every element below is written
+      for (const auto& [first, last] : w) {
+        if (first > reached) break;
+        reached = std::max(reached, last);
+      }
+      covered = reached >= kernel.storages[id].shape.num_elements();
+    }
+    if (!covered && kernel.storages[id].role == StorageRole::output) fills.push_back(id);
   }
   return fills;
 }

@@ -81,6 +81,7 @@ class Machine {
   std::vector<float> scalar_acc;  // ScalarE per-partition accumulators (activation reduce)
   std::vector<float> vector_acc;  // VectorE per-partition accumulators (select_reduce)
   std::vector<std::vector<StorageId>> fills;  // storages whose live range begins at instruction i
+  std::vector<StorageId> output_fills;        // outputs whose initial fill a run could observe
 
   explicit Machine(const Kernel& kernel)
       : k(kernel),
@@ -94,7 +95,8 @@ class Machine {
         scratch_hbm(kernel.storages.size()),
         scalar_acc(t.num_partitions, 0.0f),
         vector_acc(t.num_partitions, 0.0f),
-        fills(jit::sentinel_fills(kernel, jit::live_ranges(kernel))) {
+        fills(jit::sentinel_fills(kernel, jit::live_ranges(kernel))),
+        output_fills(jit::output_fills(kernel)) {
     for (StorageId id = 0; id < kernel.storages.size(); ++id) {
       const Storage& s = kernel.storages[id];
       if (s.role == StorageRole::scratch && is_hbm(s.buffer)) scratch_hbm[id].resize(s.total_bytes());
@@ -692,8 +694,7 @@ class Machine {
     for (StorageId id = 0; id < k.storages.size(); ++id)
       if (!scratch_hbm[id].empty()) hbm[id] = scratch_hbm[id].data();
     if (fill_outputs)
-      for (StorageId id : k.outputs)
-        if (k.storages[id].role == StorageRole::output) fill_sentinel(id);
+      for (StorageId id : output_fills) fill_sentinel(id);
     regs.assign(k.num_registers, 0);
     std::fill(scalar_acc.begin(), scalar_acc.end(), 0.0f);
     std::fill(vector_acc.begin(), vector_acc.end(), 0.0f);

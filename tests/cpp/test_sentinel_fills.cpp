@@ -82,5 +82,56 @@ TEST_CASE("sentinel fills: a tile reused at a dirty address still reads as senti
   }
 }
 
+/** The names of the outputs output_fills() keeps. */
+std::vector<std::string> filled_outputs(const Kernel& kernel) {
+  std::vector<std::string> names;
+  for (StorageId id : jit::output_fills(kernel)) names.push_back(kernel.storages[id].name);
+  return names;
+}
+
+TEST_CASE("sentinel fills: an output is filled unless DMA writes cover all of it before anything reads it") {
+  // Outputs of 64 x 32: tiles of rows, interleaved columns, a missing row, one read back, one
+  // written only through a runtime offset, one only inside a runtime loop (that runs no
+  // iteration), one with a byte-reinterpreting view.
+  Kernel k = trace("outputs", [](const Tensor& x) {
+    Tensor s = nl::ndarray({64, 32}, nl::float32, nl::sbuf);
+    isa::dma_copy(s, x);
+    auto out = [](const char* name) { return nl::ndarray({64, 32}, nl::float32, nl::shared_hbm, name); };
+    Tensor rows = out("rows"), columns = out("columns"), missing = out("missing"), read = out("read"),
+           offset = out("offset"), looped = out("looped");
+    isa::dma_copy(rows(nl::ds(0, 40), nl::all), s(nl::ds(0, 40), nl::all));
+    isa::dma_copy(rows(nl::ds(40, 24), nl::all), s(nl::ds(40, 24), nl::all));
+    isa::dma_copy(columns(nl::all, Slice{0, 32, 2}), s(nl::all, Slice{0, 32, 2}));
+    isa::dma_copy(columns(nl::all, Slice{1, 32, 2}), s(nl::all, Slice{1, 32, 2}));
+    isa::dma_copy(missing(nl::ds(0, 63), nl::all), s(nl::ds(0, 63), nl::all));
+    isa::dma_copy(read, s);
+    Tensor back = nl::ndarray({64, 32}, nl::float32, nl::sbuf);
+    isa::dma_copy(back, read);
+    isa::dma_copy(read, back);
+    Tensor zero = nl::zeros({1, 1}, nl::int32);
+    isa::dma_copy(offset.ap({{32, 64}, {1, 32}}, ApOptions{.scalar_offset_tensor = zero}), s);
+    nl::fori_loop(3, 3, [&](isa::Register) { isa::dma_copy(looped, s); });
+    return std::make_tuple(rows, columns, missing, read, offset, looped);
+  }, spec({64, 32}, DType::float32, "x"));
+  jit::Program p = jit::compile(std::move(k));
+  CHECK(filled_outputs(p.kernel()) == std::vector<std::string>{"missing", "read", "offset", "looped"});
+
+  // What a run shows: the copied values wherever a DMA wrote, NaN where nothing did (the missing
+  // row, the loop that never ran), on every executor. The outputs start out zeroed, so a skipped
+  // fill that someone could observe would show zeros.
+  HostTensor x = random_tensor(DType::float32, {64, 32}, 2);
+  for (Mode mode : {Mode::program_order, Mode::streams_interp, Mode::streams_native}) {
+    std::vector<HostTensor> outs = run_kernel(p.kernel(), {&x}, mode);
+    REQUIRE(outs.size() == 6);
+    for (int o : {0, 1, 3, 4})
+      for (int64_t i = 0; i < x.size(); ++i) REQUIRE(outs[o].get(i) == x.get(i));
+    for (int64_t i = 0; i < x.size(); ++i) {
+      if (i < 63 * 32) REQUIRE(outs[2].get(i) == x.get(i));
+      else REQUIRE(std::isnan(outs[2].get(i)));
+      REQUIRE(std::isnan(outs[5].get(i)));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace nikki::test

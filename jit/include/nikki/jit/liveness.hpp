@@ -38,4 +38,15 @@ std::vector<LiveRange> live_ranges(const Kernel& kernel);
  */
 std::vector<std::vector<StorageId>> sentinel_fills(const Kernel& kernel, const std::vector<LiveRange>& ranges);
 
+/**
+ * @brief The output storages to fill with sentinels when a run starts (the elements a kernel
+ * never writes read as NaN / 4).
+ *
+ * An output is left out when no run can observe its fill: no instruction reads it (nor indexes
+ * through it), and DMA writes outside runtime loops, with static offsets, together cover every
+ * element. Filling a large output costs a pass over its memory on
+ * every call, more than the kernel's own work for simple kernels.
+ */
+std::vector<StorageId> output_fills(const Kernel& kernel);
+
 }  // namespace nikki::jit
