@@ -353,6 +353,44 @@ TEST_CASE("native: tensor_reduce's pairwise sums and reordered max / min on long
                   x, sp, z);
 }
 
+TEST_CASE("native: tensor_reduce of short rows, by blocks of partitions and row by row") {
+  // Rows of 8..32 elements in 2-D views go through transposed blocks of 16 partitions, longer
+  // ones (to 128) fold row by row: every length class of the pairwise block sum (whole steps of 8
+  // only, a remainder), partition counts that leave a block partly empty, specials (NaN, +-inf,
+  // +-0: tricky) and rows of only non-positive values, whose zero maximum must keep the sign of
+  // the run's last zero.
+  HostTensor x = test::random_tensor(DType::float32, {128, 128}, 37, -3, 3);
+  HostTensor sp = tricky({128, 128}, 38);
+  HostTensor z(DType::float32, {128, 128});
+  std::mt19937 rng(39);
+  const float nonpositive[] = {-0.0f, 0.0f, -1.5f, -INFINITY};
+  for (int64_t i = 0; i < z.size(); ++i) {
+    const uint32_t r = rng() % 100;
+    const float v = (i / 128) % 3 == 0 && r == 0 ? host_nan() : nonpositive[r % 4];
+    std::memcpy(z.bytes.data() + 4 * i, &v, 4);
+  }
+  check_all_modes("reduce_short_rows",
+                  [](Tensor x, Tensor sp, Tensor z) {
+                    const Tensor sources[] = {to_sbuf(x), to_sbuf(sp), to_sbuf(z), to_sbuf(x, nl::bfloat16)};
+                    std::vector<Tensor> r;
+                    for (const nl::Op& op : {nl::add, nl::maximum, nl::minimum, nl::subtract})
+                      for (const Tensor& s : sources) {
+                        Tensor d = nl::ndarray({128, 12}, nl::float32);
+                        isa::memset(d, 0.0);
+                        const int64_t lengths[] = {8, 9, 16, 17, 31, 32, 40, 64, 128};
+                        for (int64_t c = 0; c < 9; ++c)
+                          isa::tensor_reduce(d(nl::all, nl::ds(c, 1)), op, s(nl::all, nl::ds(0, lengths[c])), {1}, c % 2 == 1);
+                        // 100 and 9 partitions: the last block partly empty; a strided row
+                        isa::tensor_reduce(d(nl::ds(0, 100), nl::ds(9, 1)), op, s(nl::ds(0, 100), nl::ds(3, 29)), {1});
+                        isa::tensor_reduce(d(nl::ds(32, 9), nl::ds(10, 1)), op, s(nl::ds(32, 9), nl::ds(0, 25)), {1});
+                        isa::tensor_reduce(d(nl::all, nl::ds(11, 1)), op, s(nl::all, Slice{1, 64, 3}), {1});
+                        r.push_back(to_hbm(d));
+                      }
+                    return r;
+                  },
+                  x, sp, z);
+}
+
 TEST_CASE("native: nc_matmul partial PSUM tiles and automatic accumulation per written word") {
   HostTensor a = test::random_tensor(DType::float32, {96, 128}, 41), b = test::random_tensor(DType::float32, {96, 256}, 42);
   check_all_modes("matmul_partial",
