@@ -130,6 +130,21 @@ HostTensor tricky(Shape shape, uint32_t seed, bool specials = true) {
   return t;
 }
 
+/** [rows, n] fp32 of only non-positive values (-0, +0, -1.5, -inf), so that a row's maximum is
+ * often a zero whose sign a fold must reproduce; on every `nan_rows`-th row about one element in
+ * `nan_rarity` is a NaN. */
+HostTensor nonpositive(int64_t rows, int64_t n, uint32_t seed, int64_t nan_rows, uint32_t nan_rarity) {
+  HostTensor t(DType::float32, {rows, n});
+  std::mt19937 rng(seed);
+  const float pool[] = {-0.0f, 0.0f, -1.5f, -INFINITY};
+  for (int64_t i = 0; i < t.size(); ++i) {
+    const uint32_t r = rng() % nan_rarity;
+    const float v = (i / n) % nan_rows == 0 && r == 0 ? host_nan() : pool[r % 4];
+    std::memcpy(t.bytes.data() + 4 * i, &v, 4);
+  }
+  return t;
+}
+
 }  // namespace
 
 TEST_CASE("native: tiled matmul with tails matches the interpreter bit for bit") {
@@ -317,14 +332,7 @@ TEST_CASE("native: tensor_reduce's pairwise sums and reordered max / min on long
   // is a zero whose sign the fold must reproduce, half of them with a few NaNs.
   HostTensor x = test::random_tensor(DType::float32, {128, 3000}, 34, -3, 3);
   HostTensor sp = tricky({128, 3000}, 35);
-  HostTensor z(DType::float32, {128, 3000});
-  std::mt19937 rng(36);
-  const float nonpositive[] = {-0.0f, 0.0f, -1.5f, -INFINITY};
-  for (int64_t i = 0; i < z.size(); ++i) {
-    const uint32_t r = rng() % 200;
-    const float v = (i / 3000) % 2 && r == 0 ? host_nan() : nonpositive[r % 4];
-    std::memcpy(z.bytes.data() + 4 * i, &v, 4);
-  }
+  HostTensor z = nonpositive(128, 3000, 36, 2, 200);
   check_all_modes("reduce_orders",
                   [](Tensor x, Tensor sp, Tensor z) {
                     const Tensor sources[] = {to_sbuf(x), to_sbuf(sp), to_sbuf(z), to_sbuf(x, nl::bfloat16)};
@@ -361,14 +369,7 @@ TEST_CASE("native: tensor_reduce of short rows, by blocks of partitions and row 
   // the run's last zero.
   HostTensor x = test::random_tensor(DType::float32, {128, 128}, 37, -3, 3);
   HostTensor sp = tricky({128, 128}, 38);
-  HostTensor z(DType::float32, {128, 128});
-  std::mt19937 rng(39);
-  const float nonpositive[] = {-0.0f, 0.0f, -1.5f, -INFINITY};
-  for (int64_t i = 0; i < z.size(); ++i) {
-    const uint32_t r = rng() % 100;
-    const float v = (i / 128) % 3 == 0 && r == 0 ? host_nan() : nonpositive[r % 4];
-    std::memcpy(z.bytes.data() + 4 * i, &v, 4);
-  }
+  HostTensor z = nonpositive(128, 128, 39, 3, 100);
   check_all_modes("reduce_short_rows",
                   [](Tensor x, Tensor sp, Tensor z) {
                     const Tensor sources[] = {to_sbuf(x), to_sbuf(sp), to_sbuf(z), to_sbuf(x, nl::bfloat16)};
