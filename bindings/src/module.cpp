@@ -437,6 +437,7 @@ PYBIND11_MODULE(_core, m) {
         d["fallbacks"] = s.fallbacks;
         d["templates"] = s.templates;
         d["milliseconds"] = s.milliseconds;
+        d["origin"] = jit::code_origin_name(s.origin);
         return d;
       })
       .def("run", &PyProgram::run, py::arg("inputs"), py::arg("outputs"), py::arg("fill_outputs") = true);

@@ -106,8 +106,9 @@ Program compile(Kernel kernel, const CompileOptions& options) {
   if (options.native) {
     stages.run("native", [&] { program.native = compile_native(*program.device, cache.enabled() ? std::optional(key) : std::nullopt); }, [&] {
       const NativeStats& s = program.native->stats();
-      return fmt::format("native code for {}: {} instructions in {} routines, {} interpreted, {:.3f} ms\n",
-                         native_target_description(), s.instructions, s.templates, s.fallbacks, s.milliseconds);
+      return fmt::format("native code for {}: {} instructions in {} routines ({}), {} interpreted, {:.3f} ms\n",
+                         native_target_description(), s.instructions, s.templates, code_origin_name(s.origin),
+                         s.fallbacks, s.milliseconds);
     });
   }
   return program;

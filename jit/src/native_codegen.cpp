@@ -143,21 +143,20 @@ class NativeJit {
    * this process is shared, one compiled by an earlier process is loaded from the disk cache, and
    * only a new set goes through LLVM.
    */
-  std::vector<native::Routine> compile(const std::vector<NativeTemplate>& templates, std::shared_ptr<void>& keep) {
+  GeneratedRoutines compile(const std::vector<NativeTemplate>& templates) {
     if (templates.empty()) return {};
     const Hash128 key = key_of(templates);
     const std::string prefix = "nikki_" + key.hex();
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = loaded_.find(prefix); it != loaded_.end())
-      if (std::shared_ptr<Loaded> code = it->second.lock()) {
-        keep = code;
-        return code->routines;
-      }
+      if (std::shared_ptr<Loaded> code = it->second.lock()) return {code->routines, code, CodeOrigin::in_memory};
     DiskCache cache;
     std::optional<std::vector<std::vector<uint8_t>>> objects;
+    CodeOrigin origin = CodeOrigin::disk_cache;
     if (auto hit = cache.load("native", key)) objects = unpack_objects(*hit);
     if (!objects) {
       objects = emit_objects(templates, prefix);
+      origin = CodeOrigin::compiled;
       cache.store("native", key, pack_objects(*objects));
     }
     auto code = std::make_shared<Loaded>();
@@ -173,8 +172,7 @@ class NativeJit {
       code->routines.push_back(addr.toPtr<native::Routine>());
     }
     loaded_[prefix] = code;
-    keep = code;
-    return code->routines;
+    return {code->routines, code, origin};
   }
 
   std::string description() const { return fmt::format("{} ({})", cpu_, features_); }
@@ -398,9 +396,8 @@ class NativeJit {
 
 }  // namespace
 
-std::vector<native::Routine> generate_routines(const std::vector<NativeTemplate>& templates,
-                                               std::shared_ptr<void>& keep_alive) {
-  return NativeJit::instance().compile(templates, keep_alive);
+GeneratedRoutines generate_routines(const std::vector<NativeTemplate>& templates) {
+  return NativeJit::instance().compile(templates);
 }
 
 std::string native_target_description() { return NativeJit::instance().description(); }

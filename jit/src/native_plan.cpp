@@ -156,18 +156,28 @@ std::shared_ptr<const NativeCode> compile_native(const DeviceProgram& program, c
     plan = plan_native(k);
     if (cache.enabled()) cache.store("native-plan", *cache_key, serialize_plan(*plan, *cache_key));
   }
-  std::shared_ptr<void> keep_alive;
-  const std::vector<native::Routine> routines = generate_routines(plan->templates, keep_alive);
+  GeneratedRoutines code = generate_routines(plan->templates);
   NativeStats stats;
   for (NativeInstruction& inst : plan->instructions)
     if (inst.template_id != NativePlan::kInterpreted) {
-      inst.routine = routines[inst.template_id];
+      inst.routine = code.routines[inst.template_id];
       ++stats.instructions;
     }
+  stats.origin = code.origin;
   stats.fallbacks = plan->fallbacks;
   stats.templates = int64_t(plan->templates.size());
   stats.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  return std::make_shared<CompiledProgram>(std::move(plan->instructions), stats, std::move(keep_alive));
+  return std::make_shared<CompiledProgram>(std::move(plan->instructions), stats, std::move(code.keep_alive));
+}
+
+const char* code_origin_name(CodeOrigin origin) {
+  switch (origin) {
+    case CodeOrigin::none: return "none";
+    case CodeOrigin::compiled: return "compiled";
+    case CodeOrigin::disk_cache: return "disk cache";
+    case CodeOrigin::in_memory: return "in memory";
+  }
+  return "?";
 }
 
 }  // namespace nikki::jit

@@ -51,8 +51,14 @@ std::vector<uint8_t> serialize_plan(const NativePlan& plan, const Hash128& progr
 std::optional<NativePlan> deserialize_plan(const std::vector<uint8_t>& bytes, const Kernel& kernel,
                                           const Hash128& program_key);
 
-/** @brief Generates one routine per template (LLVM ORC). `keep_alive` owns the code. */
-std::vector<native::Routine> generate_routines(const std::vector<NativeTemplate>& templates,
-                                               std::shared_ptr<void>& keep_alive);
+/** @brief Routines for a template set, in template order; `keep_alive` owns their code. */
+struct GeneratedRoutines {
+  std::vector<native::Routine> routines;
+  std::shared_ptr<void> keep_alive;
+  CodeOrigin origin = CodeOrigin::none;
+};
+
+/** @brief One routine per template (LLVM ORC, or object code cached on disk or in memory). */
+GeneratedRoutines generate_routines(const std::vector<NativeTemplate>& templates);
 
 }  // namespace nikki::jit

@@ -242,20 +242,26 @@ TEST_CASE("compile cache: native code compiled on several threads is stored, rel
   {
     jit::Program first = jit::compile(k, native_options());
     templates = first.native->stats().templates;
+    CHECK(first.native->stats().origin == jit::CodeOrigin::compiled);
     check_axpb_result(first);
+    jit::Program shared = jit::compile(k, native_options());  // while the first is alive
+    CHECK(shared.native->stats().origin == jit::CodeOrigin::in_memory);
   }  // the last user of the loaded code is gone: the next compile reads the disk cache
   REQUIRE(templates >= 3);  // so that each thread has a template of its own
   std::vector<fs::path> entries;
   for (const auto& e : fs::directory_iterator(dir.path() / "native")) entries.push_back(e.path());
   REQUIRE(entries.size() == 1);
+  jit::CodeOrigin expected = jit::CodeOrigin::disk_cache;
   SUBCASE("reloaded") {}
   SUBCASE("a payload that is not object files is compiled again") {
     const std::string hex = entries[0].stem().string();
     const jit::Hash128 key{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16, 16), nullptr, 16)};
     jit::DiskCache().store("native", key, std::vector<uint8_t>(40, 0x07));
+    expected = jit::CodeOrigin::compiled;
   }
   jit::Program again = jit::compile(k, native_options());
   CHECK(again.native->stats().templates == templates);
+  CHECK(again.native->stats().origin == expected);
   check_axpb_result(again);
 }
 

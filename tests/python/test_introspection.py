@@ -2,6 +2,7 @@
 and the numpy-eager executor built on it (bench/python/numpy_eager.py), which must keep matching
 nikki's results."""
 
+import gc
 import importlib.util
 import json
 import os
@@ -320,3 +321,33 @@ def test_default_engines_follow_nki():
     assert engines == [("tensor_tensor", "vector"), ("tensor_tensor", "gpsimd"), ("tensor_tensor", "gpsimd"),
                        ("tensor_tensor", "vector"), ("tensor_tensor", "vector"), ("nc_transpose", "tensor"),
                        ("nc_transpose", "vector")]
+
+
+def test_native_stats_name_where_the_code_came_from(tmp_path, monkeypatch):
+    """LLVM for a new template set, the loaded code while a program with the same templates is
+    alive, the disk cache once none is."""
+    monkeypatch.setenv("NIKKI_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("NIKKI_EXECUTOR", "native")
+
+    def scale_rows(a):  # a shape no other test uses, so its templates are new to this process
+        out = nl.ndarray((96, 77), nl.float32, buffer=nl.shared_hbm)
+        t = nl.ndarray((96, 77), nl.float32, buffer=nl.sbuf)
+        nisa.dma_copy(dst=t, src=a)
+        nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=3.0)
+        nisa.dma_copy(dst=out, src=t)
+        return out
+
+    a = np.arange(96 * 77, dtype=np.float32).reshape(96, 77)
+
+    def compile_fresh():  # a new kernel object: nothing cached in Python
+        return nki.jit(scale_rows).specialize(a).programs[0]
+
+    first = compile_fresh()
+    assert first.native_stats["origin"] == "compiled"
+    assert first.native_stats["templates"] == 3  # two copies (their views differ) and the multiply
+    second = compile_fresh()  # while the first program holds the code
+    assert second.native_stats["origin"] == "in memory"
+    del first, second
+    gc.collect()
+    assert compile_fresh().native_stats["origin"] == "disk cache"
+    np.testing.assert_array_equal(nki.jit(scale_rows)(a), a * 3)
