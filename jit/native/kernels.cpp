@@ -265,9 +265,10 @@ NK_INLINE void transpose_stage(lanes_v (&r)[kLanes]) {
     }
 }
 
-/** A block of kLanes partitions x kLanes elements transposed: element j of every lane in cols[j]. */
-NK_INLINE void transpose_block(const float (&rows)[kLanes][kLanes], lanes_v (&cols)[kLanes]) {
-  std::memcpy(cols, rows, sizeof(cols));
+/** kLanes elements of kLanes rows (`stride` floats apart) transposed: element j of every row in
+ * cols[j]. */
+NK_INLINE void transpose_block(const float* rows, int64_t stride, lanes_v (&cols)[kLanes]) {
+  for (int l = 0; l < kLanes; ++l) std::memcpy(&cols[l], rows + l * stride, sizeof(lanes_v));
   transpose_stage<8>(cols);
   transpose_stage<4>(cols);
   transpose_stage<2>(cols);
@@ -275,16 +276,14 @@ NK_INLINE void transpose_block(const float (&rows)[kLanes][kLanes], lanes_v (&co
 }
 
 /**
- * Folds rows[l][0..len) into acc[l] for every lane l, each lane's elements in order, with
- * acc = fold(acc, element); an unseeded fold takes its first element as it is. The block is
- * transposed first, so each step of the kLanes independent sequential folds is one vector
- * operation.
+ * Folds elements 0..len of every lane's row into acc[l] (cols: a transposed block, element j of
+ * every lane in cols[j]), each lane's elements in order, with acc = fold(acc, element); an
+ * unseeded fold takes its first element as it is. Each step of the kLanes independent sequential
+ * folds is one vector operation.
  */
 template <class Fold>
-NK_INLINE void fold_block(Fold&& fold, float (&acc)[kLanes], bool& seeded, const float (&rows)[kLanes][kLanes],
+NK_INLINE void fold_block(Fold&& fold, float (&acc)[kLanes], bool& seeded, const lanes_v (&cols)[kLanes],
                           int64_t len) {
-  lanes_v cols[kLanes];
-  transpose_block(rows, cols);
   float col[kLanes][kLanes];
   std::memcpy(col, cols, sizeof(col));
   int64_t j = 0;
@@ -301,33 +300,45 @@ NK_INLINE void fold_block(Fold&& fold, float (&acc)[kLanes], bool& seeded, const
  * partition by partition, where a transposed block would be mostly empty. */
 inline constexpr int64_t kFoldRowMin = 8;
 
+/** Elements of a row values() computes per call in for_row_blocks by default: a few vectors'
+ * worth, so that the call's own work is spread over them (activation with reduce on [128, 2048]:
+ * 235 -> 205 us against chunks of kLanes). */
+inline constexpr int64_t kRowChunk = 4 * kLanes;
+
 /**
  * Walks every partition's row kLanes partitions at a time, for folds that carry state along a
  * row. For each block of partitions p0 .. p0 + lanes: begin(p0, lanes), then for chunks of up to
- * kLanes elements of each row (dims 1..3 as in iterate, dim 4 in chunks, in order)
+ * kChunkLen (a multiple of kLanes) elements of each row (dims 1..3 as in iterate, dim 4 in chunks, in order)
  * values(p, i1, i2, i3, j0, len, out) for each partition of the block, which computes elements
- * [j0, j0 + len) of p's row into out[0..len) and writes whatever the instruction writes for them,
- * then block(rows, len) with the chunk of every lane (lanes past the last partition hold zeros);
- * finally end(p0, lanes).
+ * [j0, j0 + len) of p's row into out[0..len) and writes whatever the instruction writes for them;
+ * then, kLanes elements at a time, block(cols, len) with those elements of every lane transposed
+ * (element j of every lane in cols[j], j < len; lanes past the last partition hold zeros); finally
+ * end(p0, lanes).
  */
-template <class Begin, class Values, class Block, class End>
+template <int64_t kChunkLen = kRowChunk, class Begin, class Values, class Block, class End>
 NK_INLINE void for_row_blocks(const OpDesc* d, Begin&& begin, Values&& values, Block&& block, End&& end) {
+  static_assert(kChunkLen % kLanes == 0);
   const int64_t P = d->count[0], n = d->count[4];
   const int64_t outer[3] = {d->count[1], d->count[2], d->count[3]};
   for (int64_t p0 = 0; p0 < P; p0 += kLanes) {
     const int64_t lanes = P - p0 < kLanes ? P - p0 : kLanes;
     begin(p0, lanes);
-    float rows[kLanes][kLanes] = {};
+    float rows[kLanes][kChunkLen] = {};
     for (int64_t i1 = 0; i1 < outer[0]; ++i1)
       for (int64_t i2 = 0; i2 < outer[1]; ++i2)
         for (int64_t i3 = 0; i3 < outer[2]; ++i3)
-          for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
-            const int64_t len = n - j0 < kLanes ? n - j0 : kLanes;
+          for (int64_t j0 = 0; j0 < n; j0 += kChunkLen) {
+            const int64_t len = n - j0 < kChunkLen ? n - j0 : kChunkLen;
             for (int64_t l = 0; l < lanes; ++l) {
-              if (len == kLanes) values(p0 + l, i1, i2, i3, j0, kLanes, rows[l]);  // a constant trip count
+              if (len == kChunkLen) values(p0 + l, i1, i2, i3, j0, kChunkLen, rows[l]);  // a constant trip count
               else values(p0 + l, i1, i2, i3, j0, len, rows[l]);
             }
-            block(rows, len);
+            for (int64_t s = 0; s < len; s += kLanes) {
+              lanes_v cols[kLanes];
+              transpose_block(&rows[0][s], kChunkLen, cols);
+              if (len - s >= kLanes) block(cols, kLanes);  // a constant trip count
+              else block(cols, len - s);
+            }
           }
     end(p0, lanes);
   }
@@ -350,11 +361,42 @@ NK_INLINE void fold_rows(const OpDesc* d, Fold&& fold, bool seeded0, float init,
         for (int l = 0; l < kLanes; ++l) acc[l] = init;
         seeded = seeded0;
       },
-      values, [&](const float (&rows)[kLanes][kLanes], int64_t len) { fold_block(fold, acc, seeded, rows, len); },
+      values, [&](const lanes_v (&cols)[kLanes], int64_t len) { fold_block(fold, acc, seeded, cols, len); },
       [&](int64_t p0, int64_t lanes) {
         for (int64_t l = 0; l < lanes; ++l) done(p0 + l, acc[l]);
       });
 }
+
+/** Whether alu_apply(op, r, v) is NaN for every v once r is NaN: a left fold with such an operator
+ * can leave the NaN canonicalization to its end (fold_step, fold_result). */
+NK_INLINE bool nan_persists(AluOp op) {
+  switch (op) {
+    case AluOp::bypass:
+    case AluOp::add:
+    case AluOp::subtract:
+    case AluOp::multiply:
+    case AluOp::divide:
+    case AluOp::maximum:
+    case AluOp::minimum:
+    case AluOp::abs_max:
+    case AluOp::abs_min:
+    case AluOp::mod:
+    case AluOp::fmod:
+    case AluOp::average: return true;
+    default: return false;  // power (NaN^0 = 1), comparisons, logical operators
+  }
+}
+
+/**
+ * One step r = alu_apply(op, r, v) of a left fold whose result goes through fold_result. With an
+ * operator under which a NaN persists, canonicalizing once at the end gives the bits of
+ * canonicalizing every step, and keeps the NaN test off the fold's chain of dependent operations.
+ */
+NK_INLINE float fold_step(AluOp op, float r, float v) {
+  return nan_persists(op) ? alu_apply_raw(op, r, v) : alu_apply(op, r, v);
+}
+/** The result of a fold of at least two elements made with fold_step. */
+NK_INLINE float fold_result(float r) { return r != r ? __builtin_nanf("") : r; }
 
 /** Runs f(j) for j in [0, len), the iterations declared independent when kParallel. */
 template <bool kParallel, class F>
@@ -592,7 +634,8 @@ NK_INLINE void tensor_reduce_rows(const OpDesc* d, const OpArgs* a, AluOp op, bo
   auto done = [&](int64_t p, float r) { store(d, 0, address(d, a, 0, p, 0, 0, 0, 0), negate ? -r : r); };
   if (op != AluOp::add) {
     fold_rows(
-        d, [op](float acc, float v) { return alu_apply(op, acc, v); }, false, 0.0f, [](int64_t) {}, values, done);
+        d, [op](float acc, float v) { return fold_step(op, acc, v); }, false, 0.0f, [](int64_t) {}, values,
+        [&](int64_t p, float r) { done(p, fold_result(r)); });
     return;
   }
   constexpr int64_t kAcc = reduction::kSumLanes;
@@ -605,9 +648,7 @@ NK_INLINE void tensor_reduce_rows(const OpDesc* d, const OpArgs* a, AluOp op, bo
   };
   for_row_blocks(
       d, [&](int64_t, int64_t) { c = 0; }, values,
-      [&](const float (&rows)[kLanes][kLanes], int64_t len) {
-        lanes_v cols[kLanes];
-        transpose_block(rows, cols);
+      [&](const lanes_v (&cols)[kLanes], int64_t len) {
         float col[kLanes][kLanes];
         std::memcpy(col, cols, sizeof(col));
         for (int64_t j = 0; j < len; ++j, ++c) {
@@ -703,7 +744,7 @@ NK_ENTRY void nk_tensor_scalar_reduce(const OpDesc* d, const OpArgs* args) {
   if (d->count[4] >= kFoldRowMin) {
     dispatch_parallel(independent(d, a, 0, 0b10), [&](auto par) {
       fold_rows(
-          d, [rop](float r, float v) { return alu_apply(rop, r, v); }, false, 0.0f,
+          d, [rop](float r, float v) { return fold_step(rop, r, v); }, false, 0.0f,
           [&](int64_t p) { s0[p] = operand_value(d, a, 2, p, 0, 0, 0, 0); },
           [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {
             for_chunk<decltype(par)::value>(len, [&](int64_t j) {
@@ -712,7 +753,7 @@ NK_ENTRY void nk_tensor_scalar_reduce(const OpDesc* d, const OpArgs* args) {
               out[j] = v;
             });
           },
-          finish);
+          [&](int64_t p, float r) { finish(p, fold_result(r)); });
     });
     return;
   }
@@ -824,12 +865,12 @@ NK_ENTRY void nk_select_reduce(const OpDesc* d, const OpArgs* args) {
   if (d->count[4] >= kFoldRowMin) {
     dispatch_parallel(independent(d, a, 0, 0b110), [&](auto par) {
       fold_rows(
-          d, [](float m, float v) { return alu_apply(AluOp::maximum, m, v); }, true, kNegInf,
+          d, [](float m, float v) { return fold_step(AluOp::maximum, m, v); }, true, kNegInf,
           [&](int64_t p) { on_false[p] = operand_value(d, a, 3, p, 0, 0, 0, 0); },
           [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {
             for_chunk<decltype(par)::value>(len, [&](int64_t j) { out[j] = select(p, i1, i2, i3, j0 + j); });
           },
-          finish);
+          [&](int64_t p, float m) { finish(p, fold_result(m)); });
     });
     return;
   }
@@ -893,10 +934,12 @@ NK_ENTRY void nk_bn_stats(const OpDesc* d, const OpArgs* args) {
   if (d->count[4] >= kFoldRowMin) {
     // kLanes partitions at a time: each element's update (a division on the chain through the
     // mean) is one vector operation for all of them, instead of one latency-bound chain each.
+    // Chunks of kLanes elements: the loads of the next chunk then overlap the divisions' latency
+    // (longer chunks were 20% slower on [128, 512]).
     lanes_v mean_v[2], m2_v[2];
     float count[2];
     int64_t f;  // flattened index of the next chunk's first element: its parity picks the lane
-    for_row_blocks(
+    for_row_blocks<kLanes>(
         d,
         [&](int64_t, int64_t) {
           mean_v[0] = mean_v[1] = m2_v[0] = m2_v[1] = lanes_v(0.0f);
@@ -906,9 +949,7 @@ NK_ENTRY void nk_bn_stats(const OpDesc* d, const OpArgs* args) {
         [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {
           for (int64_t j = 0; j < len; ++j) out[j] = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
         },
-        [&](const float (&rows)[kLanes][kLanes], int64_t len) {
-          lanes_v x[kLanes];
-          transpose_block(rows, x);
+        [&](const lanes_v (&x)[kLanes], int64_t len) {
           for (int64_t j = 0; j < len; ++j) {
             const int lane = int((f + j) & 1);
             count[lane] += 1.0f;

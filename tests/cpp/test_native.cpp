@@ -494,6 +494,16 @@ TEST_CASE("native: tensor_scalar_reduce, and the Vector engine accumulator it le
                                        {.reduce_res = r8, .reduce_cmd = ReduceCmd::reduce});
                     for (const Tensor& v : {d1, r1, d2, r2, d3, r3, d4, r4, d5, r5, d6, r6(nl::ds(64, 64), nl::all), d7, r7, d8, r8})
                       r.push_back(to_hbm(v));
+                    // folds over NaN, +-inf and +-0 (inf - inf makes a NaN that is not the canonical
+                    // one), with each reduce_op tensor_scalar_reduce takes
+                    for (const nl::Op& op : {nl::add, nl::maximum, nl::minimum, nl::multiply}) {
+                      Tensor dn = nl::ndarray({128, 40}, nl::float32), rn = res();
+                      isa::tensor_scalar_reduce(dn, st, nl::multiply, 2.0, op, rn);
+                      r.push_back(to_hbm(rn));
+                    }
+                    Tensor dsel = nl::ndarray({128, 30}, nl::float32), rsel = res();
+                    isa::select_reduce(dsel, sp, st(nl::all, nl::ds(0, 30)), -1e3, {.reduce_res = rsel});
+                    r.push_back(to_hbm(rsel));
                     return r;
                   },
                   x, c, t, k, pr);
