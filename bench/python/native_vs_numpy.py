@@ -72,6 +72,10 @@ def _ops(P, F):
             lambda d, a, b, c, r: nisa.activation(dst=d, op=nl.exp, data=a, bias=c, reduce_op=nl.add, reduce_res=r,
                                                   reduce_cmd=nisa.reduce_cmd.reset_reduce),
             "tile", lambda x, y, c, o, ro: np.add.reduce(np.exp(np.add(x, c, out=o), out=o), axis=1, out=ro)),
+        "tensor_scalar_reduce mul + row sum": (
+            lambda d, a, b, c, r: nisa.tensor_scalar_reduce(dst=d, data=a, op0=nl.multiply, operand0=1.5,
+                                                            reduce_op=nl.add, reduce_res=r),
+            "tile", lambda x, y, c, o, ro: np.add.reduce(np.multiply(x, np.float32(1.5), out=o), axis=1, out=ro)),
         "activation tanh": (
             lambda d, a, b, c, r: nisa.activation(dst=d, op=nl.tanh, data=a),
             "tile", lambda x, y, c, o, ro: np.tanh(x, out=o)),

@@ -254,25 +254,43 @@ NK_INLINE lanes_v interleave_hi(lanes_v x, lanes_v y, std::index_sequence<J...>)
   return __builtin_shufflevector(x, y, ((J & H) == 0 ? int(J) + H : int(J) + 16)...);
 }
 
+/**
+ * Where a block transpose keeps its 16 vectors between stages. In registers (the stages unrolled)
+ * suits routines whose per-element work is light: tensor_scalar_reduce's multiply and sum on
+ * [128, 2048] fp32 took 137 us through memory, 85-99 us in registers. Routines with heavy
+ * per-element work (activation's polynomials, bn_stats' divisions) need the registers for that:
+ * in registers made them 8-12% slower.
+ */
+enum class Transpose { in_memory, in_registers };
+
 /** One stage of a 16 x 16 transpose: swaps the H x H off-diagonal blocks of every 2H x 2H block. */
 template <int H>
+NK_INLINE void transpose_pair(lanes_v (&r)[kLanes], int i) {
+  const lanes_v x = r[i], y = r[i + H];
+  r[i] = interleave_lo<H>(x, y, std::make_index_sequence<kLanes>());
+  r[i + H] = interleave_hi<H>(x, y, std::make_index_sequence<kLanes>());
+}
+template <int H, Transpose kWhere>
 NK_INLINE void transpose_stage(lanes_v (&r)[kLanes]) {
-  for (int i = 0; i < kLanes; ++i)
-    if (!(i & H)) {
-      const lanes_v x = r[i], y = r[i + H];
-      r[i] = interleave_lo<H>(x, y, std::make_index_sequence<kLanes>());
-      r[i + H] = interleave_hi<H>(x, y, std::make_index_sequence<kLanes>());
-    }
+  if constexpr (kWhere == Transpose::in_registers) {
+#pragma clang loop unroll(full)
+    for (int i = 0; i < kLanes; ++i)
+      if (!(i & H)) transpose_pair<H>(r, i);
+  } else {
+    for (int i = 0; i < kLanes; ++i)
+      if (!(i & H)) transpose_pair<H>(r, i);
+  }
 }
 
 /** kLanes elements of kLanes rows (`stride` floats apart) transposed: element j of every row in
  * cols[j]. */
+template <Transpose kWhere>
 NK_INLINE void transpose_block(const float* rows, int64_t stride, lanes_v (&cols)[kLanes]) {
   for (int l = 0; l < kLanes; ++l) std::memcpy(&cols[l], rows + l * stride, sizeof(lanes_v));
-  transpose_stage<8>(cols);
-  transpose_stage<4>(cols);
-  transpose_stage<2>(cols);
-  transpose_stage<1>(cols);
+  transpose_stage<8, kWhere>(cols);
+  transpose_stage<4, kWhere>(cols);
+  transpose_stage<2, kWhere>(cols);
+  transpose_stage<1, kWhere>(cols);
 }
 
 /**
@@ -315,7 +333,8 @@ inline constexpr int64_t kRowChunk = 4 * kLanes;
  * (element j of every lane in cols[j], j < len; lanes past the last partition hold zeros); finally
  * end(p0, lanes).
  */
-template <int64_t kChunkLen = kRowChunk, class Begin, class Values, class Block, class End>
+template <int64_t kChunkLen = kRowChunk, Transpose kWhere = Transpose::in_memory, class Begin, class Values,
+          class Block, class End>
 NK_INLINE void for_row_blocks(const OpDesc* d, Begin&& begin, Values&& values, Block&& block, End&& end) {
   static_assert(kChunkLen % kLanes == 0);
   const int64_t P = d->count[0], n = d->count[4];
@@ -335,7 +354,7 @@ NK_INLINE void for_row_blocks(const OpDesc* d, Begin&& begin, Values&& values, B
             }
             for (int64_t s = 0; s < len; s += kLanes) {
               lanes_v cols[kLanes];
-              transpose_block(&rows[0][s], kChunkLen, cols);
+              transpose_block<kWhere>(&rows[0][s], kChunkLen, cols);
               if (len - s >= kLanes) block(cols, kLanes);  // a constant trip count
               else block(cols, len - s);
             }
@@ -349,12 +368,12 @@ NK_INLINE void for_row_blocks(const OpDesc* d, Begin&& begin, Values&& values, B
  * start(p) for each partition of a block, values as for for_row_blocks, then done(p, acc) with the
  * row's fold (acc = fold(acc, v) from `init` when `seeded`, else from the first element).
  */
-template <class Fold, class Start, class Values, class Done>
+template <Transpose kWhere = Transpose::in_memory, class Fold, class Start, class Values, class Done>
 NK_INLINE void fold_rows(const OpDesc* d, Fold&& fold, bool seeded0, float init, Start&& start, Values&& values,
                          Done&& done) {
   float acc[kLanes];
   bool seeded = seeded0;
-  for_row_blocks(
+  for_row_blocks<kRowChunk, kWhere>(
       d,
       [&](int64_t p0, int64_t lanes) {
         for (int64_t l = 0; l < lanes; ++l) start(p0 + l);
@@ -613,10 +632,11 @@ NK_INLINE void run_position(const OpDesc* d, int64_t flat, int64_t (&k)[kIterDim
 }
 
 /** Rows at most this long, in a 2-D view, are reduced kLanes partitions at a time
- * (tensor_reduce_rows); longer ones one row at a time. Measured per [128, n] fp32 instruction:
- * max 1.1 vs 3.0 us at n = 16, 2.1 vs 3.0 at 32, but 4.1 vs 3.3 at 64 (one dependent vector
- * operation per column, while reduction::fold keeps many independent lanes per row). */
-inline constexpr int64_t kReduceRowMax = 32;
+ * (tensor_reduce_rows); longer ones one row at a time. Measured per [128, n] fp32 instruction,
+ * blocks vs rows: max 0.5 vs 0.8-1.1 us at n = 16, 2.4 vs 3.3-4.2 at 64, 4.3-4.5 vs 4.1-4.7 at 128;
+ * add 1.8-2.6 vs 2.7 at 64 but 4.7 vs 3.9 at 128 (the blocks fold one dependent vector operation
+ * per column, while reduction::fold keeps many independent lanes per row). */
+inline constexpr int64_t kReduceRowMax = 64;
 
 /**
  * tensor_reduce of short rows (a 2-D view: only dim 4 reduced, kFoldRowMin..kReduceRowMax
@@ -633,7 +653,7 @@ NK_INLINE void tensor_reduce_rows(const OpDesc* d, const OpArgs* a, AluOp op, bo
   };
   auto done = [&](int64_t p, float r) { store(d, 0, address(d, a, 0, p, 0, 0, 0, 0), negate ? -r : r); };
   if (op != AluOp::add) {
-    fold_rows(
+    fold_rows<Transpose::in_registers>(
         d, [op](float acc, float v) { return fold_step(op, acc, v); }, false, 0.0f, [](int64_t) {}, values,
         [&](int64_t p, float r) { done(p, fold_result(r)); });
     return;
@@ -646,7 +666,7 @@ NK_INLINE void tensor_reduce_rows(const OpDesc* d, const OpArgs* a, AluOp op, bo
     for (int l = 0; l < kLanes; ++l)
       sum[l] = ((acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l])) + ((acc[4][l] + acc[5][l]) + (acc[6][l] + acc[7][l]));
   };
-  for_row_blocks(
+  for_row_blocks<kRowChunk, Transpose::in_registers>(
       d, [&](int64_t, int64_t) { c = 0; }, values,
       [&](const lanes_v (&cols)[kLanes], int64_t len) {
         float col[kLanes][kLanes];
@@ -743,7 +763,7 @@ NK_ENTRY void nk_tensor_scalar_reduce(const OpDesc* d, const OpArgs* args) {
   };
   if (d->count[4] >= kFoldRowMin) {
     dispatch_parallel(independent(d, a, 0, 0b10), [&](auto par) {
-      fold_rows(
+      fold_rows<Transpose::in_registers>(
           d, [rop](float r, float v) { return fold_step(rop, r, v); }, false, 0.0f,
           [&](int64_t p) { s0[p] = operand_value(d, a, 2, p, 0, 0, 0, 0); },
           [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {
@@ -864,7 +884,7 @@ NK_ENTRY void nk_select_reduce(const OpDesc* d, const OpArgs* args) {
   };
   if (d->count[4] >= kFoldRowMin) {
     dispatch_parallel(independent(d, a, 0, 0b110), [&](auto par) {
-      fold_rows(
+      fold_rows<Transpose::in_registers>(
           d, [](float m, float v) { return fold_step(AluOp::maximum, m, v); }, true, kNegInf,
           [&](int64_t p) { on_false[p] = operand_value(d, a, 3, p, 0, 0, 0, 0); },
           [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {

@@ -362,7 +362,7 @@ TEST_CASE("native: tensor_reduce's pairwise sums and reordered max / min on long
 }
 
 TEST_CASE("native: tensor_reduce of short rows, by blocks of partitions and row by row") {
-  // Rows of 8..32 elements in 2-D views go through transposed blocks of 16 partitions, longer
+  // Rows of 8..64 elements in 2-D views go through transposed blocks of 16 partitions, longer
   // ones (to 128) fold row by row: every length class of the pairwise block sum (whole steps of 8
   // only, a remainder), partition counts that leave a block partly empty, specials (NaN, +-inf,
   // +-0: tricky) and rows of only non-positive values, whose zero maximum must keep the sign of
@@ -378,7 +378,7 @@ TEST_CASE("native: tensor_reduce of short rows, by blocks of partitions and row 
                       for (const Tensor& s : sources) {
                         Tensor d = nl::ndarray({128, 12}, nl::float32);
                         isa::memset(d, 0.0);
-                        const int64_t lengths[] = {8, 9, 16, 17, 31, 32, 40, 64, 128};
+                        const int64_t lengths[] = {8, 9, 16, 17, 33, 63, 64, 65, 128};
                         for (int64_t c = 0; c < 9; ++c)
                           isa::tensor_reduce(d(nl::all, nl::ds(c, 1)), op, s(nl::all, nl::ds(0, lengths[c])), {1}, c % 2 == 1);
                         // 100 and 9 partitions: the last block partly empty; a strided row
