@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "nikki/cost_formulas.hpp"
 #include "nikki/layout.hpp"
 
 namespace nikki::runtime {
@@ -100,16 +101,12 @@ double compute_cycles(const Kernel& k, const Instruction& inst) {
   auto stream = [&](double elements) { return elements / rate; };
   const AluOp op0 = inst.attrs.op0;
   switch (inst.opcode) {
-    case Opcode::nc_matmul: {
-      const double stationary = double(free_size(k, inst.operands[1])), moving = double(free_size(k, inst.operands[2]));
-      const DType d = inst.operands[1].ap.dtype;
-      const double slowdown = d == DType::float32 ? t.matmul_fp32_slowdown : 1.0;
-      return slowdown * std::max(std::min(double(t.matmul_init_cycles), stationary), moving);
-    }
+    case Opcode::nc_matmul:
+      return cost::matmul_cycles(t, free_size(k, inst.operands[1]), free_size(k, inst.operands[2]),
+                                 inst.operands[1].ap.dtype == DType::float32);
     case Opcode::nc_transpose:
       if (inst.engine == Engine::tensor)
-        return std::max(double(partitions(k, inst.operands[1])),
-                        std::min(double(t.matmul_init_cycles), double(free_size(k, inst.operands[1]))));
+        return cost::pe_transpose_cycles(t, partitions(k, inst.operands[1]), free_size(k, inst.operands[1]));
       return std::max(min_ii, stream(n));
     case Opcode::activation: {
       const bool reads_accumulator = inst.operands[4].is_tensor();

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "cost_model.hpp"
+#include "nikki/cost_formulas.hpp"
 #include "nikki/runtime/profile.hpp"
 
 namespace nikki::runtime {
@@ -91,8 +92,7 @@ class Replay {
     it.queue = uint16_t(s);
     if (inst.engine == Engine::dma) {
       const DmaWork w = dma_work(k_, inst);
-      const double bandwidth = t_.dma_engines * t_.dma_bytes_per_ns_per_engine;
-      const double data = (double(w.bytes) + double(w.buffers) * t_.dma_buffer_overhead_bytes) / bandwidth;
+      const double data = cost::dma_data_ns(t_, w.bytes, w.buffers);
       const double data_start = std::max(start + t_.dma_fixed_latency_ns, dma_free_);
       it.start_ns = start;
       it.end_ns = data_start + data;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "nikki/cost_formulas.hpp"
 #include "nikki/kernels/library.hpp"
 
 namespace nikki::kernels {
@@ -158,11 +159,6 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
   if (n_kblocks > 1) partial = nl::ndarray({M, N}, nl::float32, nl::hbm, "partial");
 
   // Estimated TensorE cycles (the target's cost table), to pace the prefetch of loads.
-  const double slow = wide ? double(t.matmul_fp32_slowdown) : 1.0;
-  auto pe_cycles = [&](int64_t stationary_free, int64_t moving_free) {
-    return std::max<double>(std::min<double>(double(t.matmul_init_cycles), double(stationary_free)),
-                            double(moving_free));
-  };
   const double dma_bytes_per_ns = t.dma_engines * t.dma_bytes_per_ns_per_engine;
   const double chunk_ns = double(P * KC * nn_max * esize) / dma_bytes_per_ns;
   const double window = 4.0 * (t.dma_fixed_latency_ns + chunk_ns) * t.clock_ghz.tensor;
@@ -221,7 +217,7 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
         }
         Load* piece = pieces[mi];
         Step s;
-        for (int64_t i = 0; i < ng; ++i) s.cycles += pe_cycles(mm, k_rows(g + i));
+        for (int64_t i = 0; i < ng; ++i) s.cycles += cost::matmul_cycles(t, mm, k_rows(g + i), false);
         s.needs = {piece};
         s.emit = [=, &aT, &transposes] {
           // Two allocation sites, each double-buffered: four banks rotate, so a transpose
@@ -279,7 +275,7 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
           return s;
         }, kc * nn * esize});
         Step s;
-        for (int64_t mi = 0; mi < ps.tiles; ++mi) s.cycles += kc * slow * pe_cycles(m_rows(ps, mi), nn);
+        for (int64_t mi = 0; mi < ps.tiles; ++mi) s.cycles += kc * cost::matmul_cycles(t, m_rows(ps, mi), nn, wide);
         s.needs = {chunk};
         s.emit = [=, &aT] {
           if (acc->empty())

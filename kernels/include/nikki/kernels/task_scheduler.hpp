@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "nikki/cost_formulas.hpp"
 #include "nikki/kernels/library.hpp"
 
 namespace nikki::kernels::scheduling {
@@ -121,11 +122,10 @@ class Scheduler {
 
   // Estimated durations in ns of the instruction kinds the kernels use.
   double matmul(int64_t m, int64_t n, bool wide) const {
-    const double c = double(std::max<int64_t>(std::min<int64_t>(t_.matmul_init_cycles, m), n));
-    return (wide ? t_.matmul_fp32_slowdown : 1) * c / t_.clock_ghz.tensor;
+    return cost::matmul_cycles(t_, m, n, wide) / t_.clock_ghz.tensor;
   }
   double transpose(int64_t partitions, int64_t free) const {
-    return double(std::max<int64_t>(partitions, std::min<int64_t>(t_.matmul_init_cycles, free))) / t_.clock_ghz.tensor;
+    return cost::pe_transpose_cycles(t_, partitions, free) / t_.clock_ghz.tensor;
   }
   /** Cycles of a Vector-engine pass over n elements of 16-bit data in SBUF: the engine's fast
    *  mode processes two per cycle where the target has it. */
@@ -139,9 +139,7 @@ class Scheduler {
     const double ghz = u == Unit::vector ? t_.clock_ghz.vector : u == Unit::scalar ? t_.clock_ghz.scalar : t_.clock_ghz.gpsimd;
     return c / ghz;
   }
-  double dma(int64_t bytes, int64_t rows) const {
-    return double(bytes + rows * int64_t(t_.dma_buffer_overhead_bytes)) / (t_.dma_engines * t_.dma_bytes_per_ns_per_engine);
-  }
+  double dma(int64_t bytes, int64_t rows) const { return cost::dma_data_ns(t_, bytes, rows); }
 
   void run() {
     const size_t n = tasks_.size();
