@@ -9,7 +9,6 @@ import inspect
 import itertools
 import linecache
 import os
-import sys
 
 import numpy as np
 
@@ -124,7 +123,7 @@ class Kernel:
         try:
             return self._call(args, kwargs)
         except Exception as err:
-            raise _for_user(err, sys._getframe(1)) from None
+            raise _for_user(err, user_frame(2)) from None
 
     def _bind(self, args, kwargs) -> tuple:
         if not kwargs and self._positional_only and len(args) == len(self._params):
@@ -193,14 +192,14 @@ class Kernel:
         try:
             return self.trace_outputs(self._bind(args, kwargs))[0]
         except Exception as err:
-            raise _for_user(err, sys._getframe(1)) from None
+            raise _for_user(err, user_frame(2)) from None
 
     def specialize(self, *args, **kwargs) -> Compiled:
         """Traces and compiles for these arguments without running (arrays or nikki.spec placeholders)."""
         try:
             return self.compile_for(self._bind(args, kwargs), self._grid())
         except Exception as err:
-            raise _for_user(err, sys._getframe(1)) from None
+            raise _for_user(err, user_frame(2)) from None
 
     def compile_for(self, values, grid, for_running: bool = True) -> Compiled:
         specs = [self._classify(i, v) for i, v in enumerate(values)]
@@ -362,8 +361,9 @@ def _def_line(code) -> int:
 def _for_user(err: Exception, call_frame) -> Exception:
     """The exception to show the user for an error raised while tracing or running a kernel.
 
-    KernelErrors without a location (bad arguments, unknown target) get the location of the kernel
-    call. User-facing errors (KernelError, NotImplementedError for an unsupported API) and errors
+    KernelErrors without a location (bad arguments, unknown target) or located in nikki's C++ code
+    (the argument checks of a library kernel, which name their C++ call site) get the location of
+    the kernel call: the innermost frame outside nikki, `call_frame`. User-facing errors (KernelError, NotImplementedError for an unsupported API) and errors
     raised in the user's own code (the innermost frame is not nikki's, e.g. a TypeError from a bad
     keyword) lose nikki's internal frames, so the traceback shows the user's code only. Anything
     else is a nikki bug and keeps its full traceback.
@@ -373,7 +373,7 @@ def _for_user(err: Exception, call_frame) -> Exception:
     while innermost is not None and innermost.tb_next is not None:
         innermost = innermost.tb_next
     raised_in_user_code = innermost is not None and not is_internal_frame(innermost.tb_frame.f_code.co_filename)
-    if isinstance(err, KernelError) and not err.file:
+    if isinstance(err, KernelError) and (not err.file or not err.file.endswith(".py")) and call_frame is not None:
         located = kernel_error_at(call_frame, err.summary, err.limit, err.hint, err.instruction)
         return located.with_traceback(None)
     if isinstance(err, (KernelError, NotImplementedError)) or raised_in_user_code:

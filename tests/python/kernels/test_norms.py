@@ -17,6 +17,7 @@ Tolerances, per element (the kernels compute in fp32 and round each output once)
   x * rstd before the weight product, so 2 ulp.
 """
 
+import linecache
 import zlib
 
 import pytest
@@ -181,7 +182,9 @@ def test_eps_is_a_parameter():
 
 
 def test_shape_mistakes_are_kernel_errors():
-    with pytest.raises(nikki.KernelError, match=r"layernorm: 'gamma' must have shape \[8\]"):
+    with pytest.raises(nikki.KernelError, match=r"layernorm: 'gamma' must have shape \[8\]") as err:
         K.layernorm(torch.zeros(4, 8), torch.zeros(7), torch.zeros(8))
+    # the error points at the call above, not into nikki's own code
+    assert err.value.file == __file__ and "K.layernorm(" in linecache.getline(__file__, err.value.line)
     with pytest.raises(nikki.KernelError, match=r"rmsnorm_bwd: grad_out must have x's shape"):
         K.rmsnorm_bwd(torch.zeros(4, 8), torch.zeros(8), torch.zeros(4), torch.zeros(4, 9))
