@@ -247,5 +247,18 @@ TEST_CASE("flash_attention_bwd: saved tensors of the wrong shape or dtype are Ke
                  "lse [1, 2, 128] bfloat16 must be float32 [B, H, S] = [1, 2, 128]"));
 }
 
+TEST_CASE("flash_attention: argument errors point at the line that called the kernel") {
+  std::string message;
+  try {
+    trace("k", [](Tensor q, Tensor k, Tensor v) { return kernels::flash_attention(q, k, v)[0]; },
+          spec({1, 4, 128, 64}, DType::bfloat16), spec({1, 3, 128, 64}, DType::bfloat16),
+          spec({1, 3, 128, 64}, DType::bfloat16));
+  } catch (const KernelError& e) {
+    message = e.what();
+  }
+  CHECK(contains(message, "flash_attention: q has 4 heads, which is not a multiple of the 3 kv heads"));
+  CHECK(contains(message, "test_kernels_attention.cpp"));
+}
+
 }  // namespace
 }  // namespace nikki::test

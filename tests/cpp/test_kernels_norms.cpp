@@ -319,5 +319,26 @@ TEST_CASE("norms: shape and dtype mistakes are KernelErrors naming the kernel") 
             .find("x must be float32, bfloat16 or float16") != std::string::npos);
 }
 
+TEST_CASE("norms: argument errors point at the line that called the kernel") {
+  auto error = [](auto&& body, auto... specs) {
+    try {
+      trace("k", body, specs...);
+    } catch (const KernelError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  const std::string fwd = error([](Tensor x, Tensor g) { return kernels::rmsnorm(x, g)[0]; },
+                                spec({4, 8, 2}, DType::float32), spec({8}, DType::float32));
+  CHECK(fwd.find("rmsnorm: x must be 2-D") != std::string::npos);
+  CHECK(fwd.find("test_kernels_norms.cpp") != std::string::npos);
+  const std::string bwd = error([](Tensor x, Tensor g, Tensor m, Tensor r, Tensor dy) {
+    return kernels::layernorm_bwd(x, g, m, r, dy)[0];
+  }, spec({4, 8}, DType::float32), spec({8}, DType::float32), spec({4}, DType::float32), spec({4}, DType::float32),
+                                spec({4, 9}, DType::float32));
+  CHECK(bwd.find("layernorm_bwd: grad_out must have x's shape [4, 8], got [4, 9]") != std::string::npos);
+  CHECK(bwd.find("test_kernels_norms.cpp") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace nikki::test

@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "nikki/kernels/argument_check.hpp"
 #include "nikki/kernels/library.hpp"
 #include "nikki/kernels/task_scheduler.hpp"
 
@@ -59,11 +60,6 @@ inline std::vector<int> cat(std::vector<int> a, const std::vector<int>& b) {
   return a;
 }
 
-[[noreturn]] inline void fail(const std::string& kernel, const std::string& what, const std::string& limit = {},
-                              const std::string& hint = {}) {
-  throw KernelError(kernel + ": " + what, SourceLocation{}, kernel, limit, hint);
-}
-
 /** Sizes shared by the forward and the backward. */
 struct Dims {
   int64_t B = 0, H = 0, Hkv = 0, S = 0, Skv = 0, D = 0, G = 0;
@@ -72,10 +68,10 @@ struct Dims {
 
 inline std::string shape_str(const Tensor& t) { return t.shape().str(); }
 
-inline Dims check_qkv(const std::string& kernel, const Tensor& q, const Tensor& k, const Tensor& v, int64_t pmax) {
+inline Dims check_qkv(const ArgumentCheck& check, const Tensor& q, const Tensor& k, const Tensor& v, int64_t pmax) {
   for (const Tensor* t : {&q, &k, &v})
     if (t->ndim() != 4)
-      fail(kernel, "q, k and v must be 4-D [batch, heads, seq, head_dim], got " + t->name() + " " + shape_str(*t));
+      check.fail("q, k and v must be 4-D [batch, heads, seq, head_dim], got " + t->name() + " " + shape_str(*t));
   Dims d;
   d.B = q.shape()[0];
   d.H = q.shape()[1];
@@ -85,23 +81,24 @@ inline Dims check_qkv(const std::string& kernel, const Tensor& q, const Tensor& 
   d.Skv = k.shape()[2];
   d.dtype = q.dtype();
   if (k.shape()[0] != d.B || k.shape()[3] != d.D || v.shape() != k.shape())
-    fail(kernel, "k " + shape_str(k) + " and v " + shape_str(v) + " must both be [B, Hkv, Skv, D] with q's B and D (q is " +
-                     shape_str(q) + ")");
+    check.fail("k " + shape_str(k) + " and v " + shape_str(v) + " must both be [B, Hkv, Skv, D] with q's B and D (q is " +
+               shape_str(q) + ")");
   if (d.H % d.Hkv != 0)
-    fail(kernel, "q has " + std::to_string(d.H) + " heads, which is not a multiple of the " + std::to_string(d.Hkv) +
-                     " kv heads", "grouped query attention needs Hkv to divide H");
+    check.fail("q has " + std::to_string(d.H) + " heads, which is not a multiple of the " + std::to_string(d.Hkv) +
+                   " kv heads",
+               "grouped query attention needs Hkv to divide H");
   d.G = d.H / d.Hkv;
   if (d.D > pmax)
-    fail(kernel, "head dim " + std::to_string(d.D) + " is too large",
-         "head_dim <= " + std::to_string(pmax) + ": the head dim is the contraction (partition) dim of Q K^T",
-         "split the heads, or use head_dim 64 or 128");
+    check.fail("head dim " + std::to_string(d.D) + " is too large",
+               "head_dim <= " + std::to_string(pmax) + ": the head dim is the contraction (partition) dim of Q K^T",
+               "split the heads, or use head_dim 64 or 128");
   const DType t = q.dtype();
   if (t != DType::float32 && t != DType::bfloat16 && t != DType::float16)
-    fail(kernel, std::string("dtype ") + std::string(dtype_name(t)) + " is not supported",
-         "q, k and v are float32, bfloat16 or float16");
+    check.fail(std::string("dtype ") + std::string(dtype_name(t)) + " is not supported",
+               "q, k and v are float32, bfloat16 or float16");
   if (k.dtype() != t || v.dtype() != t)
-    fail(kernel, "q, k and v must have one dtype, got " + std::string(dtype_name(t)) + ", " +
-                     std::string(dtype_name(k.dtype())) + ", " + std::string(dtype_name(v.dtype())));
+    check.fail("q, k and v must have one dtype, got " + std::string(dtype_name(t)) + ", " +
+               std::string(dtype_name(k.dtype())) + ", " + std::string(dtype_name(v.dtype())));
   return d;
 }
 
@@ -181,14 +178,14 @@ Pseudocode: s = scale * q @ k.T (masked to -inf where j > i if causal)
 
 /** @brief (out, lse) = flash_attention(q, k, v); see flash_attention_doc. */
 inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
-                                           std::optional<double> scale_opt = std::nullopt) {
+                                           std::optional<double> scale_opt = std::nullopt, Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using flash_detail::Arena;
   using flash_detail::Ring;
-  const std::string kname = "flash_attention";
+  const ArgumentCheck check("flash_attention", q, loc);
   const nl::TileSize ts = nl::tile_size();
-  const flash_detail::Dims d = flash_detail::check_qkv(kname, q, k, v, ts.pmax);
+  const flash_detail::Dims d = flash_detail::check_qkv(check, q, k, v, ts.pmax);
   const int64_t P = ts.pmax, D = d.D, D1 = d.D + 1, S = d.S, Skv = d.Skv;
   const DType dt = d.dtype;
   const int64_t ds = dtype_size(dt);
@@ -212,12 +209,11 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
   int64_t C = 4096;
   while (C > 512 && resident + working(C) > sbuf) C /= 2;
   if (resident + working(C) > sbuf)
-    flash_detail::fail(kname,
-                       "K and V of one kv head (Skv = " + std::to_string(Skv) + ", D = " + std::to_string(D) + ", " +
-                           std::string(dtype_name(dt)) + ") do not fit in SBUF",
-                       "K^T and V of a kv head are kept in SBUF: about " + std::to_string(resident / 1024) +
-                           " KiB per partition needed, " + std::to_string(sbuf / 1024) + " KiB available",
-                       "split the keys across calls (e.g. ring attention) or use a shorter sequence");
+    check.fail("K and V of one kv head (Skv = " + std::to_string(Skv) + ", D = " + std::to_string(D) + ", " +
+                   std::string(dtype_name(dt)) + ") do not fit in SBUF",
+               "K^T and V of a kv head are kept in SBUF: about " + std::to_string(resident / 1024) +
+                   " KiB per partition needed, " + std::to_string(sbuf / 1024) + " KiB available",
+               "split the keys across calls (e.g. ring attention) or use a shorter sequence");
 
   // --- rings. PSUM (8 banks): scores, transposes, output accumulators.
   // Q and K transposes have their own bank, so that preparing the next tile never waits for the
@@ -619,23 +615,22 @@ Pseudocode: p = exp(scale * q @ k.T - lse) (0 where masked); di = sum(grad_out *
 /** @brief (grad_q, grad_k, grad_v) of flash_attention; see flash_attention_bwd_doc. */
 inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                                const Tensor& lse, const Tensor& dout, bool causal = false,
-                                               std::optional<double> scale_opt = std::nullopt) {
+                                               std::optional<double> scale_opt = std::nullopt, Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using flash_detail::Arena;
   using flash_detail::Ring;
   using U = flash_detail::Unit;
-  const std::string kname = "flash_attention_bwd";
+  const ArgumentCheck check("flash_attention_bwd", q, loc);
   const nl::TileSize ts = nl::tile_size();
-  const flash_detail::Dims d = flash_detail::check_qkv(kname, q, k, v, ts.pmax);
+  const flash_detail::Dims d = flash_detail::check_qkv(check, q, k, v, ts.pmax);
   for (const Tensor* t : {&o, &dout})
     if (t->shape() != q.shape() || t->dtype() != q.dtype())
-      flash_detail::fail(kname, t->name() + " " + t->shape().str() + " " + std::string(dtype_name(t->dtype())) +
-                                    " must have q's shape and dtype " + q.shape().str() + " " +
-                                    std::string(dtype_name(q.dtype())));
+      check.fail(t->name() + " " + t->shape().str() + " " + std::string(dtype_name(t->dtype())) +
+                 " must have q's shape and dtype " + q.shape().str() + " " + std::string(dtype_name(q.dtype())));
   if (lse.shape() != Shape{d.B, d.H, d.S} || lse.dtype() != DType::float32)
-    flash_detail::fail(kname, "lse " + lse.shape().str() + " " + std::string(dtype_name(lse.dtype())) +
-                                  " must be float32 [B, H, S] = " + Shape{d.B, d.H, d.S}.str());
+    check.fail("lse " + lse.shape().str() + " " + std::string(dtype_name(lse.dtype())) +
+               " must be float32 [B, H, S] = " + Shape{d.B, d.H, d.S}.str());
   const int64_t P = ts.pmax, D = d.D, S = d.S, Skv = d.Skv;
   const DType dt = d.dtype;
   const int64_t ds = dtype_size(dt);
@@ -677,12 +672,11 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   int64_t per_pass = (sbuf - working) / (2 * per_tile);
   if (per_pass < total_tiles) per_pass = (sbuf - working - kv_acc) / (2 * per_tile);
   if (per_pass < 1)
-    flash_detail::fail(kname,
-                       "the key sums of one kv head (Skv = " + std::to_string(Skv) + ", D = " + std::to_string(D) +
-                           ") do not fit in SBUF",
-                       "grad_k and grad_v of a kv head accumulate in SBUF across passes: " +
-                           std::to_string(kv_acc / 1024) + " KiB per partition",
-                       "use a shorter key sequence per call");
+    check.fail("the key sums of one kv head (Skv = " + std::to_string(Skv) + ", D = " + std::to_string(D) +
+                   ") do not fit in SBUF",
+               "grad_k and grad_v of a kv head accumulate in SBUF across passes: " + std::to_string(kv_acc / 1024) +
+                   " KiB per partition",
+               "use a shorter key sequence per call");
   const int64_t n_passes = ceil_div(total_tiles, per_pass);
 
   Ring kv_ring(nl::ndarray({P, kKv, nkg, D}, dt, nl::sbuf, "k_rows"), kKv);  // one slot index for the three

@@ -23,8 +23,9 @@ Pseudocode: mean = sum(x, axis=1) / H; var = sum((x - mean)^2, axis=1) / H
             rstd = 1 / sqrt(var + eps); out = (x - mean) * rstd * gamma + beta)";
 
 /** @brief {out, mean, rstd} = layernorm(x, gamma, beta); see layernorm_doc. */
-inline std::vector<Tensor> layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps = 1e-5) {
-  return norm_detail::forward(norm_detail::Kind::layer, x, gamma, beta, eps);
+inline std::vector<Tensor> layernorm(const Tensor& x, const Tensor& gamma, const Tensor& beta, double eps = 1e-5,
+                                     Loc loc = Loc::current()) {
+  return norm_detail::forward(norm_detail::Kind::layer, x, gamma, beta, eps, loc);
 }
 
 inline KernelInfo layernorm_info() {
@@ -72,8 +73,8 @@ Pseudocode: xhat = (x - mean) * rstd; g = grad_out * gamma
 
 /** @brief {grad_x, grad_gamma, grad_beta}; see layernorm_bwd_doc. */
 inline std::vector<Tensor> layernorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& mean, const Tensor& rstd,
-                                         const Tensor& grad_out) {
-  return norm_detail::backward(norm_detail::Kind::layer, x, gamma, mean, rstd, grad_out);
+                                         const Tensor& grad_out, Loc loc = Loc::current()) {
+  return norm_detail::backward(norm_detail::Kind::layer, x, gamma, mean, rstd, grad_out, loc);
 }
 
 inline KernelInfo layernorm_bwd_info() {

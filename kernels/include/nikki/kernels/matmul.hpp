@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nikki/cost_formulas.hpp"
+#include "nikki/kernels/argument_check.hpp"
 #include "nikki/kernels/library.hpp"
 
 namespace nikki::kernels {
@@ -104,18 +105,16 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
   using matmul_detail::Load;
   using matmul_detail::Step;
   KernelBuilder& builder = a.builder();
-  auto fail = [&](const std::string& what, const std::string& hint) {
-    throw KernelError("matmul: " + what, builder.source(builder.location(loc)), "matmul", {}, hint);
-  };
-  if (a.ndim() != 2 || b.ndim() != 2)
-    fail("a and b must be 2-D, got " + a.shape().str() + " and " + b.shape().str(), "reshape to [M, K] and [K, N]");
+  const ArgumentCheck check("matmul", a, loc);
+  check.require(a.ndim() == 2 && b.ndim() == 2,
+                "a and b must be 2-D, got " + a.shape().str() + " and " + b.shape().str(), "reshape to [M, K] and [K, N]");
   const int64_t M = a.shape()[0], K = a.shape()[1], N = b.shape()[1];
-  if (b.shape()[0] != K)
-    fail("contraction sizes differ: a is " + a.shape().str() + ", b is " + b.shape().str(),
-         "a [M, K] @ b [K, N] needs a.shape[1] == b.shape[0]");
-  if (a.dtype() != b.dtype())
-    fail(std::string("a is ") + std::string(dtype_name(a.dtype())) + " but b is " + std::string(dtype_name(b.dtype())),
-         "cast both operands to one dtype");
+  check.require(b.shape()[0] == K, "contraction sizes differ: a is " + a.shape().str() + ", b is " + b.shape().str(),
+                "a [M, K] @ b [K, N] needs a.shape[1] == b.shape[0]");
+  check.require(a.dtype() == b.dtype(),
+                std::string("a is ") + std::string(dtype_name(a.dtype())) + " but b is " +
+                    std::string(dtype_name(b.dtype())),
+                "cast both operands to one dtype");
 
   const TargetConfig& t = builder.config();
   const nl::TileSize ts = nl::tile_size();

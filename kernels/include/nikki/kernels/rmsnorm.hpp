@@ -21,8 +21,8 @@ Notes:      the mean square is var + mean^2 of bn_stats/bn_aggr (two non-negativ
 Pseudocode: rstd = 1 / sqrt(sum(x^2, axis=1) / H + eps); out = x * rstd * gamma)";
 
 /** @brief {out, rstd} = rmsnorm(x, gamma); see rmsnorm_doc. */
-inline std::vector<Tensor> rmsnorm(const Tensor& x, const Tensor& gamma, double eps = 1e-6) {
-  return norm_detail::forward(norm_detail::Kind::rms, x, gamma, std::nullopt, eps);
+inline std::vector<Tensor> rmsnorm(const Tensor& x, const Tensor& gamma, double eps = 1e-6, Loc loc = Loc::current()) {
+  return norm_detail::forward(norm_detail::Kind::rms, x, gamma, std::nullopt, eps, loc);
 }
 
 inline KernelInfo rmsnorm_info() {
@@ -60,8 +60,9 @@ Pseudocode: xhat = x * rstd; g = grad_out * gamma
             grad_gamma = sum(grad_out * xhat, axis=0))";
 
 /** @brief {grad_x, grad_gamma}; see rmsnorm_bwd_doc. */
-inline std::vector<Tensor> rmsnorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& grad_out) {
-  return norm_detail::backward(norm_detail::Kind::rms, x, gamma, std::nullopt, rstd, grad_out);
+inline std::vector<Tensor> rmsnorm_bwd(const Tensor& x, const Tensor& gamma, const Tensor& rstd, const Tensor& grad_out,
+                                       Loc loc = Loc::current()) {
+  return norm_detail::backward(norm_detail::Kind::rms, x, gamma, std::nullopt, rstd, grad_out, loc);
 }
 
 inline KernelInfo rmsnorm_bwd_info() {

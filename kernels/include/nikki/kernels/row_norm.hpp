@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "nikki/kernels/argument_check.hpp"
 #include "nikki/kernels/library.hpp"
 
 namespace nikki::kernels::norm_detail {
@@ -104,24 +105,19 @@ inline Tensor column_blocks(const Tensor& v, const std::string& name) {
   return cols;
 }
 
-/** @brief Throws a KernelError naming the kernel when a check fails. */
-inline void require(bool ok, const std::string& kernel, const std::string& what, const std::string& hint = {}) {
-  if (!ok) throw KernelError(kernel + ": " + what, SourceLocation{}, kernel, {}, hint);
-}
-
 inline bool is_norm_float(DType d) { return d == DType::float32 || d == DType::bfloat16 || d == DType::float16; }
 
 /** @brief Checks x [R, H] and the per-column vectors [H]. */
-inline void check_inputs(const std::string& kernel, const Tensor& x, std::initializer_list<const Tensor*> vectors) {
-  require(x.ndim() == 2, kernel, "x must be 2-D [R, H], got shape " + x.shape().str(),
-          "flatten the leading dims into rows: x.reshape(-1, H)");
-  require(is_norm_float(x.dtype()), kernel, "x must be float32, bfloat16 or float16, got " + std::string(dtype_name(x.dtype())));
+inline void check_inputs(const ArgumentCheck& check, const Tensor& x, std::initializer_list<const Tensor*> vectors) {
+  check.require(x.ndim() == 2, "x must be 2-D [R, H], got shape " + x.shape().str(),
+                "flatten the leading dims into rows: x.reshape(-1, H)");
+  check.require(is_norm_float(x.dtype()), "x must be float32, bfloat16 or float16, got " + std::string(dtype_name(x.dtype())));
   const int64_t H = x.shape()[1];
   for (const Tensor* v : vectors) {
-    require(v->ndim() == 1 && v->shape()[0] == H, kernel,
-            "'" + v->name() + "' must have shape [" + std::to_string(H) + "], got " + v->shape().str());
-    require(is_norm_float(v->dtype()), kernel,
-            "'" + v->name() + "' must be float32, bfloat16 or float16, got " + std::string(dtype_name(v->dtype())));
+    check.require(v->ndim() == 1 && v->shape()[0] == H,
+                  "'" + v->name() + "' must have shape [" + std::to_string(H) + "], got " + v->shape().str());
+    check.require(is_norm_float(v->dtype()),
+                  "'" + v->name() + "' must be float32, bfloat16 or float16, got " + std::string(dtype_name(v->dtype())));
   }
 }
 
@@ -313,11 +309,12 @@ struct ChunkNormalizer {
  * {out, rstd} (rmsnorm). See the file comment for the engine plan.
  */
 inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gamma, const std::optional<Tensor>& beta,
-                                   double eps) {
+                                   double eps, Loc loc) {
   const std::string kname = kind_name(kind);
-  if (beta) check_inputs(kname, x, {&gamma, &*beta});
-  else check_inputs(kname, x, {&gamma});
-  require(eps >= 0 && std::isfinite(eps), kname, "eps must be a finite non-negative number");
+  const ArgumentCheck check(kname, x, loc);
+  if (beta) check_inputs(check, x, {&gamma, &*beta});
+  else check_inputs(check, x, {&gamma});
+  check.require(eps >= 0 && std::isfinite(eps), "eps must be a finite non-negative number");
   const nl::TileSize ts = nl::tile_size();
   const int64_t P = ts.pmax, R = x.shape()[0], H = x.shape()[1], F = ts.bn_stats_fmax;
   const int64_t CW = chunk_width();
@@ -689,18 +686,19 @@ class ColumnSums {
  * fit, else pass 2 recomputes them.
  */
 inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& gamma, const std::optional<Tensor>& mean,
-                                    const Tensor& rstd, const Tensor& dy) {
+                                    const Tensor& rstd, const Tensor& dy, Loc loc) {
   const std::string kname = std::string(kind_name(kind)) + "_bwd";
-  check_inputs(kname, x, {&gamma});
-  require(dy.ndim() == 2 && dy.shape() == x.shape(), kname,
-          "grad_out must have x's shape " + x.shape().str() + ", got " + dy.shape().str());
-  require(is_norm_float(dy.dtype()), kname, "grad_out must be float32, bfloat16 or float16");
+  const ArgumentCheck check(kname, x, loc);
+  check_inputs(check, x, {&gamma});
+  check.require(dy.ndim() == 2 && dy.shape() == x.shape(),
+                "grad_out must have x's shape " + x.shape().str() + ", got " + dy.shape().str());
+  check.require(is_norm_float(dy.dtype()), "grad_out must be float32, bfloat16 or float16");
   const int64_t R = x.shape()[0], H = x.shape()[1];
   for (const Tensor* t : {mean ? &*mean : nullptr, &rstd}) {
     if (!t) continue;
-    require(t->ndim() == 1 && t->shape()[0] == R, kname,
-            "'" + t->name() + "' must have shape [" + std::to_string(R) + "], got " + t->shape().str());
-    require(is_norm_float(t->dtype()), kname, "'" + t->name() + "' must be a float tensor");
+    check.require(t->ndim() == 1 && t->shape()[0] == R,
+                  "'" + t->name() + "' must have shape [" + std::to_string(R) + "], got " + t->shape().str());
+    check.require(is_norm_float(t->dtype()), "'" + t->name() + "' must be a float tensor");
   }
   const nl::TileSize ts = nl::tile_size();
   const int64_t P = ts.pmax, CW = chunk_width();

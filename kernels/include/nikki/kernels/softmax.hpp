@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "nikki/kernels/argument_check.hpp"
 #include "nikki/kernels/library.hpp"
 
 namespace nikki::kernels {
@@ -85,13 +86,10 @@ inline int64_t chunk_width(int64_t C, int64_t max_cols) {
   return std::min(C, (w + 63) / 64 * 64);  // even widths keep VectorE's 16-bit fast paths
 }
 
-inline void check_2d(const Tensor& t, const char* what, const Loc& loc) {
-  if (t.ndim() != 2 || !is_float(t.dtype())) {
-    KernelBuilder& b = t.builder();
-    throw KernelError(std::string(what) + ": expected a 2-D float tensor, got " + std::string(dtype_name(t.dtype())) +
-                          t.shape().str(),
-                      b.source(b.location(loc)), what, {}, "reshape to [rows, columns]");
-  }
+inline void check_2d(const ArgumentCheck& check, const Tensor& t) {
+  check.require(t.ndim() == 2 && is_float(t.dtype()),
+                "expected a 2-D float tensor, got " + std::string(dtype_name(t.dtype())) + t.shape().str(),
+                "reshape to [rows, columns]");
 }
 
 }  // namespace softmax_detail
@@ -119,7 +117,7 @@ inline Tensor softmax(const Tensor& x, Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using namespace softmax_detail;
-  check_2d(x, "softmax", loc);
+  check_2d(ArgumentCheck("softmax", x, loc), x);
   const int64_t R = x.shape()[0], C = x.shape()[1];
   const nl::TileSize ts = nl::tile_size();
   const int64_t P = ts.pmax;
@@ -261,13 +259,12 @@ inline Tensor softmax_bwd(const Tensor& out, const Tensor& grad_out, Loc loc = L
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using namespace softmax_detail;
-  check_2d(out, "softmax_bwd", loc);
-  check_2d(grad_out, "softmax_bwd", loc);
-  if (out.shape() != grad_out.shape()) {
-    KernelBuilder& b = out.builder();
-    throw KernelError("softmax_bwd: out is " + out.shape().str() + " but grad_out is " + grad_out.shape().str(),
-                      b.source(b.location(loc)), "softmax_bwd", {}, "pass the forward's output and its gradient");
-  }
+  const ArgumentCheck check("softmax_bwd", out, loc);
+  check_2d(check, out);
+  check_2d(check, grad_out);
+  check.require(out.shape() == grad_out.shape(),
+                "out is " + out.shape().str() + " but grad_out is " + grad_out.shape().str(),
+                "pass the forward's output and its gradient");
   const int64_t R = out.shape()[0], C = out.shape()[1];
   const nl::TileSize ts = nl::tile_size();
   const int64_t P = ts.pmax;
