@@ -21,8 +21,9 @@
 // kLanes sequential folds; activation and tensor_scalar_reduce with reduce, select_reduce,
 // bn_stats, and tensor_reduce of short rows), or walk chunks of rows too short for a block with
 // every partition's fold in turn (iterate_chunks: the element-wise part vectorizes along the
-// chunk, the independent folds overlap). Partitions never interact, and engine operands of one instruction cover the same or
-// disjoint partitions, so reordering partitions never changes a result.
+// chunk, the independent folds overlap). Partitions never interact, and engine operands of one
+// instruction cover the same or disjoint partitions, so reordering partitions never changes a
+// result.
 #include <cstring>
 #include <type_traits>
 #include <utility>

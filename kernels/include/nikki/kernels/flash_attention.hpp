@@ -81,8 +81,8 @@ inline Dims check_qkv(const ArgumentCheck& check, const Tensor& q, const Tensor&
   d.Skv = k.shape()[2];
   d.dtype = q.dtype();
   if (k.shape()[0] != d.B || k.shape()[3] != d.D || v.shape() != k.shape())
-    check.fail("k " + shape_str(k) + " and v " + shape_str(v) + " must both be [B, Hkv, Skv, D] with q's B and D (q is " +
-               shape_str(q) + ")");
+    check.fail("k " + shape_str(k) + " and v " + shape_str(v) +
+               " must both be [B, Hkv, Skv, D] with q's B and D (q is " + shape_str(q) + ")");
   if (d.H % d.Hkv != 0)
     check.fail("q has " + std::to_string(d.H) + " heads, which is not a multiple of the " + std::to_string(d.Hkv) +
                    " kv heads",
@@ -615,7 +615,8 @@ Pseudocode: p = exp(scale * q @ k.T - lse) (0 where masked); di = sum(grad_out *
 /** @brief (grad_q, grad_k, grad_v) of flash_attention; see flash_attention_bwd_doc. */
 inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                                const Tensor& lse, const Tensor& dout, bool causal = false,
-                                               std::optional<double> scale_opt = std::nullopt, Loc loc = Loc::current()) {
+                                               std::optional<double> scale_opt = std::nullopt,
+                                               Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using flash_detail::Arena;

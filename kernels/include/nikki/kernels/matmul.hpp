@@ -106,8 +106,8 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
   using matmul_detail::Step;
   KernelBuilder& builder = a.builder();
   const ArgumentCheck check("matmul", a, loc);
-  check.require(a.ndim() == 2 && b.ndim() == 2,
-                "a and b must be 2-D, got " + a.shape().str() + " and " + b.shape().str(), "reshape to [M, K] and [K, N]");
+  check.require(a.ndim() == 2 && b.ndim() == 2, "a and b must be 2-D, got " + a.shape().str() + " and " + b.shape().str(),
+                "reshape to [M, K] and [K, N]");
   const int64_t M = a.shape()[0], K = a.shape()[1], N = b.shape()[1];
   check.require(b.shape()[0] == K, "contraction sizes differ: a is " + a.shape().str() + ", b is " + b.shape().str(),
                 "a [M, K] @ b [K, N] needs a.shape[1] == b.shape[0]");

@@ -111,13 +111,14 @@ inline bool is_norm_float(DType d) { return d == DType::float32 || d == DType::b
 inline void check_inputs(const ArgumentCheck& check, const Tensor& x, std::initializer_list<const Tensor*> vectors) {
   check.require(x.ndim() == 2, "x must be 2-D [R, H], got shape " + x.shape().str(),
                 "flatten the leading dims into rows: x.reshape(-1, H)");
-  check.require(is_norm_float(x.dtype()), "x must be float32, bfloat16 or float16, got " + std::string(dtype_name(x.dtype())));
+  check.require(is_norm_float(x.dtype()),
+                "x must be float32, bfloat16 or float16, got " + std::string(dtype_name(x.dtype())));
   const int64_t H = x.shape()[1];
   for (const Tensor* v : vectors) {
     check.require(v->ndim() == 1 && v->shape()[0] == H,
                   "'" + v->name() + "' must have shape [" + std::to_string(H) + "], got " + v->shape().str());
-    check.require(is_norm_float(v->dtype()),
-                  "'" + v->name() + "' must be float32, bfloat16 or float16, got " + std::string(dtype_name(v->dtype())));
+    check.require(is_norm_float(v->dtype()), "'" + v->name() + "' must be float32, bfloat16 or float16, got " +
+                                                 std::string(dtype_name(v->dtype())));
   }
 }
 
