@@ -38,19 +38,9 @@ class LibraryKernel(Kernel):
         params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in self.inputs]
         params += [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default)
                    for name, _kind, default, _doc in info["params"]]
-        self._signature = inspect.Signature(params)
-        self._params = params
-        self._positional_only = not info["params"]
-        self._mutable = set()
-        self._cache = {}
-        self.target = target
-        self.grid = ()
-        self.options = {}
-        self.fn = _named_stub(self.name, self._doc())
-        self.__name__ = self.name
-        self.__qualname__ = self.name
-        self.__doc__ = self.fn.__doc__
-        self.__signature__ = self._signature
+        # A Kernel of a stub function with the library kernel's name, docstring and signature: the
+        # same binding, caching and launching as an @nki.jit kernel.
+        super().__init__(_named_stub(self.name, self._doc(), inspect.Signature(params)), target)
 
     def _doc(self) -> str:
         lines = [self.info["doc"]]
@@ -122,12 +112,13 @@ class LibraryKernel(Kernel):
         return tensors[0] if len(tensors) == 1 else tensors
 
 
-def _named_stub(name: str, doc: str):
+def _named_stub(name: str, doc: str, signature: inspect.Signature):
     def stub(*args, **kwargs):
         raise RuntimeError("library kernels run through their LibraryKernel object")
 
     stub.__name__ = stub.__qualname__ = name
     stub.__doc__ = doc
+    stub.__signature__ = signature
     return stub
 
 
