@@ -21,6 +21,7 @@
 
 namespace py = pybind11;
 using namespace nikki;
+using bindings::shape_tuple;
 
 namespace {
 
@@ -37,12 +38,6 @@ Shape to_shape(const std::vector<int64_t>& dims) {
   if (dims.size() > size_t(kMaxRank))
     throw ViewError{fmt::format("rank {} exceeds the maximum of {}", dims.size(), kMaxRank), {}, {}};
   return Shape(std::span<const int64_t>(dims));
-}
-
-py::tuple shape_tuple(const Shape& s) {
-  py::tuple t(s.rank());
-  for (int i = 0; i < s.rank(); ++i) t[i] = s[i];
-  return t;
 }
 
 Operand to_operand(const py::handle& h) {

@@ -25,6 +25,13 @@
 namespace py = pybind11;
 
 namespace nikki::bindings {
+
+py::tuple shape_tuple(const Shape& s) {
+  py::tuple t(s.rank());
+  for (int i = 0; i < s.rank(); ++i) t[i] = s[i];
+  return t;
+}
+
 namespace {
 
 /** The namedtuple types of operands. Created once; deliberately never released, because a
@@ -72,12 +79,6 @@ const char* accumulate_enum_name(Accumulate a) {
 py::tuple pattern_tuple(std::span<const Dim> dims) {
   py::tuple t(dims.size());
   for (size_t i = 0; i < dims.size(); ++i) t[i] = py::make_tuple(dims[i].stride, dims[i].count);
-  return t;
-}
-
-py::tuple shape_tuple(const Shape& s) {
-  py::tuple t(s.rank());
-  for (int i = 0; i < s.rank(); ++i) t[i] = s[i];
   return t;
 }
 

@@ -3,7 +3,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include "nikki/ir.hpp"
+
 namespace nikki::bindings {
+
+/** @brief A shape as a Python tuple of ints. */
+pybind11::tuple shape_tuple(const Shape& s);
 
 /**
  * @brief Adds storages(), instructions(), instruction(i), inputs, outputs and target to the
