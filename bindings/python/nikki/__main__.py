@@ -58,7 +58,7 @@ def _run_script(path: str, args) -> None:
 
 def _profile_script(path: str, args, out_dir: str, top: int) -> int:
     from . import kernel as kernel_module
-    from .profiling import Profile, _core
+    from .profiling import Profile
 
     launched = {}  # id(compiled) -> (kernel, compiled, launches)
 
@@ -78,9 +78,7 @@ def _profile_script(path: str, args, out_dir: str, top: int) -> int:
     print(f"\nnikki profile: {len(launched)} kernel specialization(s) launched by {path}. All times are ESTIMATES "
           "of nikki's timing model, not measurements.")
     for n, (k, compiled, launches) in enumerate(launched.values()):
-        profiles = [_core.estimate(p) for p in compiled.programs]
-        target = compiled.programs[0].kernel.target
-        prof = Profile(k.fn.__name__, target, compiled.programs, profiles)
+        prof = Profile.of(k.fn.__name__, compiled)
         trace = prof.save_trace(os.path.join(out_dir, f"{n:02d}_{k.fn.__name__}.json"))
         print(f"\n== {k.fn.__name__} (launched {launches}x) ==")
         print(prof.summary(top))

@@ -39,6 +39,14 @@ class Profile:
         self._peak_flops_per_ns = profiles[0].tensor_peak_flops_per_ns if profiles else 0.0
         self._peak_dma_per_ns = profiles[0].dma_peak_bytes_per_ns if profiles else 0.0
 
+    @classmethod
+    def of(cls, kernel_name: str, compiled) -> "Profile":
+        """The estimated profile of a compiled launch: every SPMD instance's program, on the
+        target the kernel was compiled for."""
+        profiles = [_core.estimate(p) for p in compiled.programs]
+        info = _core.target_info(compiled.programs[0].kernel.target)
+        return cls(kernel_name, f"{info['name']} ({info['core']})", compiled.programs, profiles)
+
     @property
     def total_us(self) -> float:
         return self.total_ns / 1000.0
@@ -163,15 +171,12 @@ def estimate(kernel, *args, target=None, **kwargs) -> Profile:
 
 def _estimate(k: Kernel, args, kwargs):
     from .errors import without_internal_frames
-    from .kernel import _resolve_target
 
     try:
         compiled = k.compile_for(k._bind(args, kwargs), k._grid(), for_running=False)
-        profiles = [_core.estimate(p) for p in compiled.programs]
-        info = _core.target_info(_resolve_target(k.target or k.options.get("platform_target")))
+        return compiled, Profile.of(k.fn.__name__, compiled)
     except KernelError as err:
         raise err.with_traceback(without_internal_frames(err.__traceback__)) from None
-    return compiled, Profile(k.fn.__name__, f"{info['name']} ({info['core']})", compiled.programs, profiles)
 
 
 def profile(func=None, working_directory=None, save_neff_name="file.neff", save_trace_name="profile.ntff",
