@@ -340,10 +340,12 @@ NK_INLINE void for_row_blocks(const OpDesc* d, Begin&& begin, Values&& values, B
   static_assert(kChunkLen % kLanes == 0);
   const int64_t P = d->count[0], n = d->count[4];
   const int64_t outer[3] = {d->count[1], d->count[2], d->count[3]};
+  // Zeroed once per call, not per block: the rows of a partial last block that values() does not
+  // fill keep zeros or an earlier block's values, which block() folds in lanes nobody reads.
+  float rows[kLanes][kChunkLen] = {};
   for (int64_t p0 = 0; p0 < P; p0 += kLanes) {
     const int64_t lanes = P - p0 < kLanes ? P - p0 : kLanes;
     begin(p0, lanes);
-    float rows[kLanes][kChunkLen] = {};
     for (int64_t i1 = 0; i1 < outer[0]; ++i1)
       for (int64_t i2 = 0; i2 < outer[1]; ++i2)
         for (int64_t i3 = 0; i3 < outer[2]; ++i3)
