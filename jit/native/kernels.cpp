@@ -663,31 +663,25 @@ NK_INLINE void tensor_reduce_rows(const OpDesc* d, const OpArgs* a, AluOp op, bo
   }
   constexpr int64_t kAcc = reduction::kSumLanes;
   const int64_t whole = d->count[4] - d->count[4] % kAcc;  // columns the accumulators take
-  float acc[kAcc][kLanes], sum[kLanes];
+  lanes_v acc[kAcc], sum;
   int64_t c = 0;  // the next column of the block's rows
-  auto combine = [&] {
-    for (int l = 0; l < kLanes; ++l)
-      sum[l] = ((acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l])) + ((acc[4][l] + acc[5][l]) + (acc[6][l] + acc[7][l]));
-  };
   for_row_blocks<kRowChunk, Transpose::in_registers>(
       d, [&](int64_t, int64_t) { c = 0; }, values,
       [&](const lanes_v (&cols)[kLanes], int64_t len) {
-        float col[kLanes][kLanes];
-        std::memcpy(col, cols, sizeof(col));
         for (int64_t j = 0; j < len; ++j, ++c) {
           if (c < kAcc) {
-            for (int l = 0; l < kLanes; ++l) acc[c][l] = col[j][l];
+            acc[c] = cols[j];
           } else if (c < whole) {
-            for (int l = 0; l < kLanes; ++l) acc[c % kAcc][l] += col[j][l];
+            acc[c % kAcc] += cols[j];
           } else {
-            if (c == whole) combine();
-            for (int l = 0; l < kLanes; ++l) sum[l] += col[j][l];
+            if (c == whole) sum = reduction::combine_accumulators(acc);
+            sum += cols[j];
           }
         }
       },
       [&](int64_t p0, int64_t lanes) {
-        if (c == whole) combine();  // no columns past the last whole step
-        for (int64_t l = 0; l < lanes; ++l) done(p0 + l, sum[l] != sum[l] ? __builtin_nanf("") : sum[l]);
+        if (c == whole) sum = reduction::combine_accumulators(acc);  // no columns past the last whole step
+        for (int64_t l = 0; l < lanes; ++l) done(p0 + l, fold_result(sum[l]));
       });
 }
 
@@ -948,70 +942,41 @@ NK_ENTRY void nk_affine_select(const OpDesc* d, const OpArgs* args) {
  */
 NK_ENTRY void nk_bn_stats(const OpDesc* d, const OpArgs* args) {
   NK_LOCAL_ARGS;
-  const int64_t P = d->count[0];
-  auto write = [&](int64_t p, const float (&out)[6]) {
-    iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
-      if (k < 6) store(d, 0, address(d, a, 0, p, o1, o2, o3, o4), out[k]);
-    });
-  };
-  if (d->count[4] >= kFoldRowMin) {
-    // kLanes partitions at a time: each element's update (a division on the chain through the
-    // mean) is one vector operation for all of them, instead of one latency-bound chain each.
-    // Chunks of kLanes elements: the loads of the next chunk then overlap the divisions' latency
-    // (longer chunks were 20% slower on [128, 512]).
-    lanes_v mean_v[2], m2_v[2];
-    float count[2];
-    int64_t f;  // flattened index of the next chunk's first element: its parity picks the lane
-    for_row_blocks<kLanes>(
-        d,
-        [&](int64_t, int64_t) {
-          mean_v[0] = mean_v[1] = m2_v[0] = m2_v[1] = lanes_v(0.0f);
-          count[0] = count[1] = 0.0f;
-          f = 0;
-        },
-        [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {
-          for (int64_t j = 0; j < len; ++j) out[j] = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
-        },
-        [&](const lanes_v (&x)[kLanes], int64_t len) {
-          for (int64_t j = 0; j < len; ++j) {
-            const int lane = int((f + j) & 1);
-            count[lane] += 1.0f;
-            const lanes_v delta = x[j] - mean_v[lane];
-            mean_v[lane] += delta / count[lane];
-            m2_v[lane] += delta * (x[j] - mean_v[lane]);
-          }
-          f += len;
-        },
-        [&](int64_t p0, int64_t lanes) {
-          for (int64_t l = 0; l < lanes; ++l)
-            write(p0 + l, {count[0], mean_v[0][l], m2_v[0][l], count[1], mean_v[1][l], m2_v[1][l]});
-        });
-    return;
-  }
-  float mean[2][kMaxPartitions], m2[2][kMaxPartitions];
-  for (int64_t p = 0; p < P; ++p) mean[0][p] = mean[1][p] = m2[0][p] = m2[1][p] = 0.0f;
-  // The flattened index of the chunk's first element (its lane parity) and the lanes' counts
-  // before the chunk are the same for every partition.
-  int64_t f0 = 0;
-  float count0[2] = {0.0f, 0.0f};
-  iterate_chunks(d, [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, bool) {
-    float count[2] = {count0[0], count0[1]};
-    float mn[2] = {mean[0][p], mean[1][p]}, q[2] = {m2[0][p], m2[1][p]};
-    for (int64_t j = 0; j < len; ++j) {
-      const int lane = int((f0 + j) & 1);
-      const float x = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
-      count[lane] += 1.0f;
-      const float delta = x - mn[lane];
-      mn[lane] += delta / count[lane];
-      q[lane] += delta * (x - mn[lane]);
-    }
-    mean[0][p] = mn[0], mean[1][p] = mn[1], m2[0][p] = q[0], m2[1][p] = q[1];
-    if (p == P - 1) {
-      count0[0] = count[0], count0[1] = count[1];
-      f0 += len;
-    }
-  });
-  for (int64_t p = 0; p < P; ++p) write(p, {count0[0], mean[0][p], m2[0][p], count0[1], mean[1][p], m2[1][p]});
+  // kLanes partitions at a time, rows of any length: each element's update (a division on the
+  // chain through the mean) is one vector operation for all of them, instead of one latency-bound
+  // chain each. Chunks of kLanes elements: the loads of the next chunk then overlap the divisions'
+  // latency (longer chunks were 20% slower on [128, 512]).
+  lanes_v mean[2], m2[2];
+  float count[2];
+  int64_t f;  // flattened index of the next chunk's first element: its parity picks the lane
+  for_row_blocks<kLanes>(
+      d,
+      [&](int64_t, int64_t) {
+        mean[0] = mean[1] = m2[0] = m2[1] = lanes_v(0.0f);
+        count[0] = count[1] = 0.0f;
+        f = 0;
+      },
+      [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t j0, int64_t len, float* out) {
+        for (int64_t j = 0; j < len; ++j) out[j] = load(d, 1, address(d, a, 1, p, i1, i2, i3, j0 + j));
+      },
+      [&](const lanes_v (&x)[kLanes], int64_t len) {
+        for (int64_t j = 0; j < len; ++j) {
+          const int lane = int((f + j) & 1);
+          count[lane] += 1.0f;
+          const lanes_v delta = x[j] - mean[lane];
+          mean[lane] += delta / count[lane];
+          m2[lane] += delta * (x[j] - mean[lane]);
+        }
+        f += len;
+      },
+      [&](int64_t p0, int64_t lanes) {
+        for (int64_t l = 0; l < lanes; ++l) {
+          const float out[6] = {count[0], mean[0][l], m2[0][l], count[1], mean[1][l], m2[1][l]};
+          iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
+            if (k < 6) store(d, 0, address(d, a, 0, p0 + l, o1, o2, o3, o4), out[k]);
+          });
+        }
+      });
 }
 
 /** bn_aggr: Chan et al.'s merge of the (count, mean, M2) triples of each partition in order, then

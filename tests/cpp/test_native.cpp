@@ -131,15 +131,15 @@ HostTensor tricky(Shape shape, uint32_t seed, bool specials = true) {
 }
 
 /** [rows, n] fp32 of only non-positive values (-0, +0, -1.5, -inf), so that a row's maximum is
- * often a zero whose sign a fold must reproduce; on every `nan_rows`-th row about one element in
- * `nan_rarity` is a NaN. */
-HostTensor nonpositive(int64_t rows, int64_t n, uint32_t seed, int64_t nan_rows, uint32_t nan_rarity) {
+ * often a zero whose sign a fold must reproduce; every other row also holds a few NaNs (about one
+ * element in 200). */
+HostTensor nonpositive(int64_t rows, int64_t n, uint32_t seed) {
   HostTensor t(DType::float32, {rows, n});
   std::mt19937 rng(seed);
   const float pool[] = {-0.0f, 0.0f, -1.5f, -INFINITY};
   for (int64_t i = 0; i < t.size(); ++i) {
-    const uint32_t r = rng() % nan_rarity;
-    const float v = (i / n) % nan_rows == 0 && r == 0 ? host_nan() : pool[r % 4];
+    const uint32_t r = rng() % 200;
+    const float v = (i / n) % 2 == 0 && r == 0 ? host_nan() : pool[r % 4];
     std::memcpy(t.bytes.data() + 4 * i, &v, 4);
   }
   return t;
@@ -325,20 +325,34 @@ TEST_CASE("native: tensor_reduce with negate into integer and float destinations
                   k, j, x);
 }
 
-TEST_CASE("native: tensor_reduce's pairwise sums and reordered max / min on long runs and every source layout") {
+TEST_CASE("native: tensor_reduce's pairwise sums, reordered max / min and ordered folds on every run length and layout") {
   // Runs up to 3000 elements (the recursive halving of the pairwise sum), fp32 sources read in
   // place and strided, permuted or bf16 sources fetched into blocks, one and two reduced axes.
+  // Rows of 8..64 elements in 2-D views go through transposed blocks of 16 partitions, longer ones
+  // fold row by row: every length class of the pairwise block sum (whole steps of 8 only, a
+  // remainder) on both sides of that limit, partition counts that leave a block partly empty.
   // Specials: NaN, +-inf and +-0 (tricky); and rows with no positive values, so that the maximum
   // is a zero whose sign the fold must reproduce, half of them with a few NaNs.
   HostTensor x = test::random_tensor(DType::float32, {128, 3000}, 34, -3, 3);
   HostTensor sp = tricky({128, 3000}, 35);
-  HostTensor z = nonpositive(128, 3000, 36, 2, 200);
+  HostTensor z = nonpositive(128, 3000, 36);
   check_all_modes("reduce_orders",
                   [](Tensor x, Tensor sp, Tensor z) {
                     const Tensor sources[] = {to_sbuf(x), to_sbuf(sp), to_sbuf(z), to_sbuf(x, nl::bfloat16)};
                     std::vector<Tensor> r;
-                    for (const nl::Op& op : {nl::add, nl::maximum, nl::minimum})
+                    for (const nl::Op& op : {nl::add, nl::maximum, nl::minimum, nl::subtract})
                       for (const Tensor& s : sources) {
+                        Tensor rows = nl::ndarray({128, 12}, nl::float32);
+                        isa::memset(rows, 0.0);
+                        const int64_t short_lengths[] = {8, 9, 16, 17, 33, 63, 64, 65, 128};
+                        for (int64_t c = 0; c < 9; ++c)
+                          isa::tensor_reduce(rows(nl::all, nl::ds(c, 1)), op, s(nl::all, nl::ds(0, short_lengths[c])),
+                                             {1}, c % 2 == 1);
+                        // 100 and 9 partitions: the last block partly empty; a strided row
+                        isa::tensor_reduce(rows(nl::ds(0, 100), nl::ds(9, 1)), op, s(nl::ds(0, 100), nl::ds(3, 29)), {1});
+                        isa::tensor_reduce(rows(nl::ds(32, 9), nl::ds(10, 1)), op, s(nl::ds(32, 9), nl::ds(0, 25)), {1});
+                        isa::tensor_reduce(rows(nl::all, nl::ds(11, 1)), op, s(nl::all, Slice{1, 64, 3}), {1});
+                        r.push_back(to_hbm(rows));
                         Tensor d = nl::ndarray({128, 16}, nl::float32);
                         auto col = [&](int64_t c, int64_t n = 1) { return d(nl::all, nl::ds(c, n)); };
                         const int64_t lengths[] = {1, 9, 129, 300, 3000};
@@ -355,37 +369,6 @@ TEST_CASE("native: tensor_reduce's pairwise sums and reordered max / min on long
                         Tensor h = nl::ndarray({128, 1}, nl::bfloat16);  // rounding the fold to bf16
                         isa::tensor_reduce(h, op, s(nl::all, nl::ds(0, 2000)), {1}, true);
                         r.push_back(to_hbm(h));
-                      }
-                    return r;
-                  },
-                  x, sp, z);
-}
-
-TEST_CASE("native: tensor_reduce of short rows, by blocks of partitions and row by row") {
-  // Rows of 8..64 elements in 2-D views go through transposed blocks of 16 partitions, longer
-  // ones (to 128) fold row by row: every length class of the pairwise block sum (whole steps of 8
-  // only, a remainder), partition counts that leave a block partly empty, specials (NaN, +-inf,
-  // +-0: tricky) and rows of only non-positive values, whose zero maximum must keep the sign of
-  // the run's last zero.
-  HostTensor x = test::random_tensor(DType::float32, {128, 128}, 37, -3, 3);
-  HostTensor sp = tricky({128, 128}, 38);
-  HostTensor z = nonpositive(128, 128, 39, 3, 100);
-  check_all_modes("reduce_short_rows",
-                  [](Tensor x, Tensor sp, Tensor z) {
-                    const Tensor sources[] = {to_sbuf(x), to_sbuf(sp), to_sbuf(z), to_sbuf(x, nl::bfloat16)};
-                    std::vector<Tensor> r;
-                    for (const nl::Op& op : {nl::add, nl::maximum, nl::minimum, nl::subtract})
-                      for (const Tensor& s : sources) {
-                        Tensor d = nl::ndarray({128, 12}, nl::float32);
-                        isa::memset(d, 0.0);
-                        const int64_t lengths[] = {8, 9, 16, 17, 33, 63, 64, 65, 128};
-                        for (int64_t c = 0; c < 9; ++c)
-                          isa::tensor_reduce(d(nl::all, nl::ds(c, 1)), op, s(nl::all, nl::ds(0, lengths[c])), {1}, c % 2 == 1);
-                        // 100 and 9 partitions: the last block partly empty; a strided row
-                        isa::tensor_reduce(d(nl::ds(0, 100), nl::ds(9, 1)), op, s(nl::ds(0, 100), nl::ds(3, 29)), {1});
-                        isa::tensor_reduce(d(nl::ds(32, 9), nl::ds(10, 1)), op, s(nl::ds(32, 9), nl::ds(0, 25)), {1});
-                        isa::tensor_reduce(d(nl::all, nl::ds(11, 1)), op, s(nl::all, Slice{1, 64, 3}), {1});
-                        r.push_back(to_hbm(d));
                       }
                     return r;
                   },

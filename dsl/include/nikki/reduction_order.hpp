@@ -37,6 +37,14 @@ inline constexpr int64_t kSumLanes = 8;
  * instructions of the lanes overlap. Any count gives the same result. */
 inline constexpr int64_t kExtremumLanes = 32;
 
+/** The combination of block_sum's accumulators, ((r0 + r1) + (r2 + r3)) + ((r4 + r5) + (r6 + r7)).
+ * T is float, or a vector of floats (one block sum per lane, as the native routines fold several
+ * partitions at once). */
+template <class T>
+inline T combine_accumulators(const T (&r)[kSumLanes]) {
+  return ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+}
+
 /**
  * fp32 sum of x[0..n), 1 <= n <= kBlock, with raw IEEE adds (NaNs are not canonicalized here).
  * n < 8: left to right from x[0]. Otherwise accumulator r[j] starts at x[j] and adds
@@ -56,7 +64,7 @@ inline float block_sum(const float* x, int64_t n) {
   int64_t i = kSumLanes;
   for (; i + kSumLanes <= n; i += kSumLanes)
     for (int64_t j = 0; j < kSumLanes; ++j) r[j] += x[i + j];
-  float s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+  float s = combine_accumulators(r);
   for (; i < n; ++i) s += x[i];
   return s;
 }
