@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 
 PYTHON ?= python3
 
-.PHONY: all setup configure build test test-cpp test-python demo clean
+.PHONY: all setup configure build develop test test-cpp test-python demo clean
 
 all: build
 
@@ -22,6 +22,10 @@ configure: setup $(BUILD)/build.ninja
 
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
+
+# Explicit opt-in: makes `import nikki` resolve to this tree for the current user (a .pth file in
+# the user's site-packages). Building, testing and the demo never touch anything outside the tree.
+develop: build
 	@scripts/develop.sh
 
 test-cpp: build
