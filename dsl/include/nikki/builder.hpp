@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <optional>
 #include <source_location>
 #include <string>
@@ -153,6 +154,25 @@ class KernelBuilder {
     }
     if (inst.opcode == Opcode::nc_transpose) return in_psum(0) ? Engine::tensor : Engine::vector;
     return inst.spec().default_engine;
+  }
+
+  /** @brief Instructions appended so far: a mark for take_instructions_since. */
+  size_t num_instructions() const { return kernel_.instructions.size(); }
+
+  /**
+   * @brief Removes and returns the instructions appended after `mark`. Trace-time schedulers
+   * record a piece of work this way, then append() its instructions in the order they choose.
+   * Loop markers (which point at each other by index) cannot be taken.
+   */
+  std::vector<Instruction> take_instructions_since(size_t mark) {
+    internal_check(mark <= kernel_.instructions.size(), "take_instructions_since: mark past the end");
+    std::vector<Instruction> taken(std::make_move_iterator(kernel_.instructions.begin() + std::ptrdiff_t(mark)),
+                                   std::make_move_iterator(kernel_.instructions.end()));
+    kernel_.instructions.resize(mark);
+    for (const Instruction& inst : taken)
+      internal_check(inst.opcode != Opcode::loop_begin && inst.opcode != Opcode::loop_end,
+                     "take_instructions_since: a runtime loop cannot be moved");
+    return taken;
   }
 
   /** @brief Points a loop marker at its partner (loop_begin -> loop_end and back). */
