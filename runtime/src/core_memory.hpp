@@ -2,10 +2,13 @@
 //
 // SBUF, PSUM and the native routines' scratch of one core take tens of megabytes. When every
 // compiled program kept its own, a process that met many kernels (a test suite, a training loop
-// with changing shapes) held gigabytes of memories that were idle between runs. Their contents
-// never carry over from one run to the next (each tensor is filled with sentinels or overwritten
-// where its live range begins), so executors take one from a small process-wide pool when a run
-// starts and give it back when it ends.
+// with changing shapes) held gigabytes of memories that were idle between runs. A correct kernel
+// never sees what an earlier run left (each tensor is filled with sentinels or overwritten where
+// its live range begins), so executors take one from a small process-wide pool when a run starts
+// and give it back when it ends. A kernel with a missing dependency (which can read a tile before
+// it is written) never sees another kernel's values: Machine::Run clears the extent a kernel's
+// tensors occupy when the memory's last user was another machine, so such a kernel sees zeros
+// there, or its own previous run's values, as when each executor owned its memories.
 #pragma once
 
 #include <cstddef>
@@ -19,6 +22,7 @@ namespace nikki::runtime {
 /** @brief One core's SBUF, PSUM, PSUM "written" flags and native scratch. */
 struct CoreMemory {
   size_t sbuf_bytes = 0, psum_bytes = 0;
+  uint64_t last_user = 0;  // the Machine::id of its last run (0: none yet)
   std::unique_ptr<uint8_t[]> sbuf;          // contents undefined until a run writes them
   std::unique_ptr<uint8_t[]> psum;          // likewise
   std::unique_ptr<uint8_t[]> psum_written;  // one flag per 4-byte PSUM word, zero when new

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -88,6 +89,9 @@ class Machine {
   std::vector<float> vector_acc;  // VectorE per-partition accumulators (select_reduce)
   std::vector<std::vector<StorageId>> fills;  // storages whose live range begins at instruction i
   std::vector<StorageId> output_fills;        // outputs whose initial fill a run could observe
+  uint64_t id;                                // unique in the process: who used a CoreMemory last
+  // The rectangle of rows x bytes per row that the kernel's SBUF and PSUM tensors occupy.
+  int64_t sbuf_rows_used = 0, sbuf_row_bytes_used = 0, psum_rows_used = 0, psum_row_bytes_used = 0;
 
   explicit Machine(const Kernel& kernel)
       : k(kernel),
@@ -98,14 +102,31 @@ class Machine {
         scalar_acc(t.num_partitions, 0.0f),
         vector_acc(t.num_partitions, 0.0f),
         fills(jit::sentinel_fills(kernel, jit::live_ranges(kernel))),
-        output_fills(jit::output_fills(kernel)) {
+        output_fills(jit::output_fills(kernel)),
+        id(next_id()) {
     constexpr int64_t kScratchAlign = 64;
-    for (StorageId id = 0; id < kernel.storages.size(); ++id) {
-      const Storage& s = kernel.storages[id];
+    for (StorageId storage = 0; storage < kernel.storages.size(); ++storage) {
+      const Storage& s = kernel.storages[storage];
+      if (s.on_chip() && s.address) {
+        const bool in_sbuf = s.buffer == Buffer::sbuf;
+        int64_t& rows = in_sbuf ? sbuf_rows_used : psum_rows_used;
+        int64_t& row_bytes = in_sbuf ? sbuf_row_bytes_used : psum_row_bytes_used;
+        rows = std::max(rows, s.address->partition + s.partitions());
+        row_bytes = std::max(row_bytes, s.address->byte_offset + s.partition_bytes());
+      }
       if (s.role != StorageRole::scratch || !is_hbm(s.buffer)) continue;
-      scratch_hbm.emplace_back(id, scratch_hbm_bytes);
+      scratch_hbm.emplace_back(storage, scratch_hbm_bytes);
       scratch_hbm_bytes += (s.total_bytes() + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
     }
+    sbuf_rows_used = std::min<int64_t>(sbuf_rows_used, t.num_partitions);
+    psum_rows_used = std::min<int64_t>(psum_rows_used, t.num_partitions);
+    sbuf_row_bytes_used = std::min(sbuf_row_bytes_used, sbuf_row);
+    psum_row_bytes_used = std::min(psum_row_bytes_used, psum_row);
+  }
+
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> counter{1};
+    return counter++;
   }
 
   /** Bytes this machine keeps between runs (its memories are borrowed per run, not counted). */
@@ -696,20 +717,29 @@ class Machine {
     std::fflush(stdout);
   }
 
-  /** The memories of one run: a borrowed CoreMemory and the HBM scratch tensors. The machine
-   * points into them while the run lasts; they are given back when it ends. */
+  /** The memories of one run: a borrowed CoreMemory and the HBM scratch tensors (zeros). The
+   * machine points into them while the run lasts; they are given back when it ends. */
   class Run {
    public:
     explicit Run(Machine& m)
         : machine_(m),
           memory_(size_t(m.t.num_partitions) * m.sbuf_row, size_t(m.t.num_partitions) * m.psum_row),
-          scratch_(m.scratch_hbm_bytes ? std::make_unique_for_overwrite<uint8_t[]>(size_t(m.scratch_hbm_bytes))
-                                       : nullptr) {
+          scratch_(m.scratch_hbm_bytes ? std::make_unique<uint8_t[]>(size_t(m.scratch_hbm_bytes)) : nullptr) {
       m.sbuf = memory_->sbuf.get();
       m.psum = memory_->psum.get();
       m.psum_written = memory_->psum_written.get();
       m.native_scratch = memory_->native_scratch.get();
       for (auto [id, offset] : m.scratch_hbm) m.hbm[id] = scratch_.get() + offset;
+      if (memory_->last_user != m.id) {
+        // As if this machine owned the memory: zeros where its tensors live, whatever the
+        // previous user (another kernel) left there.
+        for (int64_t p = 0; p < m.sbuf_rows_used; ++p) std::memset(m.sbuf + p * m.sbuf_row, 0, m.sbuf_row_bytes_used);
+        for (int64_t p = 0; p < m.psum_rows_used; ++p) {
+          std::memset(m.psum + p * m.psum_row, 0, m.psum_row_bytes_used);
+          std::memset(m.psum_written + p * m.psum_row / 4, 0, (m.psum_row_bytes_used + 3) / 4);
+        }
+        memory_->last_user = m.id;
+      }
     }
     ~Run() {
       machine_.sbuf = machine_.psum = machine_.psum_written = nullptr;
