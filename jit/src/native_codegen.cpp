@@ -29,6 +29,7 @@
 #include <llvm/Transforms/IPO/GlobalDCE.h>
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -151,6 +152,8 @@ class NativeJit {
     if (auto it = loaded_.find(prefix); it != loaded_.end())
       if (std::shared_ptr<Loaded> code = it->second.lock()) return {code->routines, code, CodeOrigin::in_memory, code->bytes};
     std::erase_if(loaded_, [](const auto& entry) { return entry.second.expired(); });
+    // The names of unloaded routines stay interned until dropped explicitly.
+    jit_->getExecutionSession().getSymbolStringPool()->clearDeadEntries();
     DiskCache cache;
     std::shared_ptr<Loaded> code;
     CodeOrigin origin = CodeOrigin::disk_cache;
@@ -310,7 +313,7 @@ class NativeJit {
   struct Loaded {
     llvm::orc::ResourceTrackerSP tracker;
     std::vector<native::Routine> routines;
-    int64_t bytes = 0;  // of the object files
+    int64_t bytes = 0;  // of the loaded code: each object's sections occupy whole pages
     ~Loaded() {
       if (tracker)
         if (llvm::Error err = tracker->remove()) llvm::consumeError(std::move(err));
@@ -327,7 +330,9 @@ class NativeJit {
           llvm::StringRef(reinterpret_cast<const char*>(object.data()), object.size()), prefix);
       if (llvm::Error err = jit_->addObjectFile(code->tracker, std::move(buffer)))
         llvm_failure("loading native code", std::move(err));
-      code->bytes += int64_t(object.size());
+      // Code, read-only data and data each start a page: an estimate of what loading costs.
+      constexpr int64_t kSegmentsPerObject = 3;
+      code->bytes += int64_t(object.size()) + kSegmentsPerObject * int64_t(::sysconf(_SC_PAGESIZE));
     }
     for (size_t i = 0; i < count; ++i) {
       llvm::orc::ExecutorAddr addr = check(jit_->lookup(fmt::format("{}_t{}", prefix, i)), "looking up a routine");
