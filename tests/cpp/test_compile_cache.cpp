@@ -420,6 +420,47 @@ TEST_CASE("JitKernel: one compile per specialization, then memory hits") {
   CHECK(traces == 5);
 }
 
+TEST_CASE("JitKernel: past its memory limit the least recently used specialization is compiled again") {
+  TempCacheDir dir;
+  int traces = 0;
+  runtime::JitKernel k("triple", [&](const std::vector<Tensor>& in) {
+    ++traces;
+    Tensor out = nl::ndarray(in[0].shape(), in[0].dtype(), nl::shared_hbm, "out");
+    Tensor t = nl::ndarray(in[0].shape(), nl::float32, nl::sbuf, "t");
+    isa::dma_copy(t, in[0]);
+    isa::tensor_scalar(t, t, nl::multiply, 3.0);
+    isa::dma_copy(out, t);
+    return std::vector<Tensor>{out};
+  });
+  CHECK(k.memory_limit() == runtime::JitKernel::kDefaultMemoryLimit);
+  auto run = [&](int64_t cols) {
+    HostTensor x = random_tensor(DType::float32, {64, cols}, uint32_t(cols));
+    HostTensor out(DType::float32, {64, cols});
+    void* ins[] = {x.data()};
+    void* outs[] = {out.data()};
+    k.run({{spec({64, cols}, DType::float32)}, {}, 0}, ins, outs);
+    for (int64_t i = 0; i < x.size(); ++i) REQUIRE(out.get(i) == x.get(i) * 3.0f);  // exact in fp32
+  };
+  run(16);
+  run(24);
+  CHECK(k.size() == 2);
+  const size_t both = k.memory_bytes();
+  // Room for one of these two programs of about equal size, not for both: the least recently used
+  // (16) goes. (A program loaded from the disk cache is a little smaller: fewer stage timings.)
+  k.set_memory_limit(both * 3 / 4);
+  CHECK(k.size() == 1);
+  CHECK(k.memory_bytes() < both);
+  run(24);
+  CHECK(traces == 2);
+  run(16);  // compiled again (from the disk cache), and 24 goes
+  CHECK(traces == 3);
+  CHECK(k.size() == 1);
+  k.set_memory_limit(0);  // the most recently used stays
+  CHECK(k.size() == 1);
+  run(16);
+  CHECK(traces == 3);
+}
+
 TEST_CASE("JitKernel: concurrent runs of one specialization from two threads") {
   runtime::JitKernel k("negate", [](const std::vector<Tensor>& in) {
     Tensor out = nl::ndarray(in[0].shape(), in[0].dtype(), nl::shared_hbm, "out");
