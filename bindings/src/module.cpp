@@ -421,6 +421,9 @@ PYBIND11_MODULE(_core, m) {
         std::vector<uint8_t> bytes = jit::serialize(*p.program.device);
         return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
       })
+      .def_property_readonly("memory_bytes", [](const PyProgram& p) {
+        return sizeof(PyProgram) + jit::memory_bytes(p.program) + (p.executor ? p.executor->resident_bytes() : 0);
+      }, "Approximate bytes the program holds between runs: IR, streams, native code, executor state.")
       .def_property_readonly("executor", [](const PyProgram& p) {
         return p.kind == runtime::ExecutorKind::native ? "native" : "interp";
       })
@@ -491,6 +494,9 @@ PYBIND11_MODULE(_core, m) {
         }
         return l;
       });
+
+  m.def("live_core_memories", &runtime::live_core_memories,
+        "SBUF/PSUM memories of simulated cores currently allocated (borrowed per run from a small pool).");
 
   m.def("estimate", [](const PyProgram& p) { return runtime::estimate(*p.program.device); });
   m.def("profile_summary", [](const runtime::Profile& prof, const PyProgram& p, int top) {

@@ -15,6 +15,7 @@ import numpy as np
 from . import _core
 from .dtypes import from_numpy, from_torch, numpy_dtype, to_dtype, torch_dtype
 from .spec import TensorSpec
+from .specialization_cache import SpecializationCache
 from .errors import KernelError, is_internal_frame, kernel_error_at, user_frame, without_internal_frames
 from .tensor import NkiTensor, shared_hbm
 from .tracing import TraceContext
@@ -54,6 +55,17 @@ class Compiled:
     def text(self, locations: bool = True) -> str:
         return "\n".join(p.text(locations) for p in self.programs)
 
+    def memory_bytes(self) -> int:
+        """Approximate bytes held by the compiled programs (what the in-memory cache counts)."""
+        return _COMPILED_OVERHEAD_BYTES + sum(p.memory_bytes for p in self.programs)
+
+
+# What a cache entry costs beyond its programs' own estimate: the key, the Compiled object and its
+# lists, the Python wrappers of the programs. Measured with tracemalloc, rounded up.
+_COMPILED_OVERHEAD_BYTES = 4096
+# An entry of the traced-outputs cache: the key and a few tuples of shapes and dtypes.
+_OUTPUTS_ENTRY_BYTES = 1024
+
 
 def _resolve_target(target) -> str:
     name = target or os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or _core.default_target()
@@ -84,7 +96,10 @@ class Kernel:
             p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self._params)
         self._mutable = {i for i, p in enumerate(self._params)
                          if _is_mutable_annotation(p.annotation, getattr(fn, "__globals__", {}))}
-        self._cache: dict = {}
+        # Compiled specializations and traced output specs by specialization key, both counted
+        # against the process-wide budget of nikki.set_cache_limit.
+        self._cache = SpecializationCache()
+        self._outputs_cache = SpecializationCache()
         for p in self._params:
             if p.kind is p.KEYWORD_ONLY:
                 raise kernel_error_at(user_frame(2), f"kernel '{fn.__name__}': keyword-only parameter '{p.name}' is "
@@ -98,15 +113,15 @@ class Kernel:
         launched = Kernel.__new__(Kernel)
         launched.__dict__.update(self.__dict__)
         launched.grid = tuple(grid)
-        launched._cache = self._cache
-        return launched
+        return launched  # shares the caches: the grid is part of the key
 
     def with_target(self, target: str) -> "Kernel":
         """The same kernel compiled for another target ("trn1" or "trn2"); shares no cache entries."""
         k = Kernel.__new__(Kernel)
         k.__dict__.update(self.__dict__)
         k.target = target
-        k._cache = {}
+        k._cache = SpecializationCache()
+        k._outputs_cache = SpecializationCache()
         return k
 
     def __repr__(self) -> str:
@@ -148,7 +163,7 @@ class Kernel:
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self.compile_for(values, grid)
-            self._cache[key] = compiled
+            self._cache.put(key, compiled, compiled.memory_bytes())
         return self._launch(compiled, values)
 
     def _key(self, values) -> tuple:
@@ -172,7 +187,7 @@ class Kernel:
         """(output_specs, results) of a bound call, as :class:`Compiled` has them, from tracing
         alone (no compiling); cached per specialization. Frameworks use it for shape inference."""
         key = self._key(values)
-        cache = self.__dict__.setdefault("_outputs_cache", {})
+        cache = self._outputs_cache
         found = cache.get(key)
         if found is None:
             compiled = self._cache.get(key)
@@ -183,7 +198,7 @@ class Kernel:
                 target = _resolve_target(self.target or self.options.get("platform_target"))
                 grid = self._grid()
                 _kernel, found = self._trace(specs, target, grid, tuple(0 for _ in grid))
-            cache[key] = found
+            cache.put(key, found, _OUTPUTS_ENTRY_BYTES)
         return found
 
     def output_specs(self, *args, **kwargs) -> list:
