@@ -6,6 +6,7 @@
 #include <pybind11/stl.h>
 
 #include "nikki/kernels/registry.hpp"
+#include "program_introspection.hpp"
 
 namespace py = pybind11;
 
@@ -167,12 +168,20 @@ void bind_library(py::module_& m) {
 
   m.def(
       "trace_library",
-      [](const std::string& name, const std::vector<std::pair<std::vector<int64_t>, DType>>& inputs,
-         const py::dict& params, const std::string& target) {
+      [](const std::string& name, const std::vector<std::pair<py::object, DType>>& inputs, const py::dict& params,
+         const std::string& target) {
         const kernels::KernelInfo& info = kernels::find_kernel(name);
         std::vector<TensorSpec> specs;
-        for (const auto& [dims, dtype] : inputs)
-          specs.push_back(TensorSpec{Shape(std::span<const int64_t>(dims)), dtype, {}, false});
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          const auto& [dims, dtype] = inputs[i];
+          try {
+            specs.push_back(TensorSpec{shape_from_python(dims), dtype, {}, false});
+          } catch (const ViewError& e) {
+            const std::string input = i < info.inputs.size() ? info.inputs[i] : fmt::format("#{}", i);
+            throw KernelError(fmt::format("kernel '{}': input '{}': {}", name, input, e.what), {}, name, e.limit,
+                              e.hint);
+          }
+        }
         return kernels::trace_library_kernel(info, std::move(specs), to_params(params),
                                              TraceOptions{.target = require_target(target)});
       },
@@ -187,7 +196,9 @@ void bind_library(py::module_& m) {
          const py::dict& params) {
         const kernels::KernelInfo& info = kernels::find_kernel(name);
         kernels::Params values = to_params(params);
-        kernels::check_library_call(info, inputs.size(), values);
+        std::vector<Shape> shapes;
+        for (const AccessPattern& ap : inputs) shapes.push_back(ap.shape());
+        kernels::check_library_call(info, shapes, values);
         BuilderScope scope(builder);
         std::vector<Tensor> tensors;
         for (const AccessPattern& ap : inputs) tensors.emplace_back(&builder, ap);

@@ -10,7 +10,10 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include <fmt/format.h>
 
@@ -60,6 +63,46 @@ inline void copy_element(DType dst_t, uint8_t* dst, DType src_t, const uint8_t* 
   else numerics::store_float(dst_t, dst, numerics::load_float(src_t, src));
 }
 
+/**
+ * Zero-filled memory whose pages the OS commits only when they are first written: a simulated
+ * memory then costs the host what a kernel touches of it, not its capacity (an SPMD launch holds
+ * one simulated core per program instance, and HBM scratch tensors can be gigabytes).
+ */
+class ZeroedMemory {
+ public:
+  ZeroedMemory() = default;
+  explicit ZeroedMemory(size_t bytes) : size_(bytes) {
+    if (bytes == 0) return;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      throw KernelError(fmt::format("the host cannot reserve {} of address space for the simulated memory",
+                                    bytes_text(int64_t(bytes))),
+                        {}, {}, "nikki reserves each simulated memory (SBUF, PSUM, HBM scratch) in host memory",
+                        "use smaller scratch tensors");
+    data_ = static_cast<uint8_t*>(p);
+  }
+  ZeroedMemory(ZeroedMemory&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  ZeroedMemory& operator=(ZeroedMemory&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  ZeroedMemory(const ZeroedMemory&) = delete;
+  ZeroedMemory& operator=(const ZeroedMemory&) = delete;
+  ~ZeroedMemory() {
+    if (data_) munmap(data_, size_);
+  }
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  uint8_t& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 }  // namespace machine_detail
 
 using namespace machine_detail;
@@ -84,6 +127,7 @@ class Machine {
   std::vector<uint8_t*> hbm;        // base address of every HBM storage
   std::vector<std::pair<StorageId, int64_t>> scratch_hbm;  // HBM scratch tensors' offsets in one block
   int64_t scratch_hbm_bytes = 0;
+  std::vector<ByteRange> scratch_hbm_used;  // bytes of each HBM scratch tensor that accesses can reach
   std::vector<int64_t> regs;
   std::vector<float> scalar_acc;  // ScalarE per-partition accumulators (activation reduce)
   std::vector<float> vector_acc;  // VectorE per-partition accumulators (select_reduce)
@@ -122,6 +166,8 @@ class Machine {
     psum_rows_used = std::min<int64_t>(psum_rows_used, t.num_partitions);
     sbuf_row_bytes_used = std::min(sbuf_row_bytes_used, sbuf_row);
     psum_row_bytes_used = std::min(psum_row_bytes_used, psum_row);
+    scratch_hbm_used.assign(kernel.storages.size(), ByteRange{0, 0});
+    mark_scratch_hbm_used();
   }
 
   static uint64_t next_id() {
@@ -137,6 +183,7 @@ class Machine {
     for (const std::vector<StorageId>& f : fills) bytes += sizeof(f) + f.capacity() * sizeof(StorageId);
     return bytes;
   }
+
 
   // --- addressing ---------------------------------------------------------------------------
   /** Address of a storage's first byte (on-chip: its first partition at its byte offset). */
@@ -182,7 +229,16 @@ class Machine {
         } else {
           v = regs[ind->scalar_register];
         }
-        base += v * ind->scalar_multiplier;
+        // Register values are arbitrary: an overflowing offset is out of bounds, not wrapped.
+        const std::optional<int64_t> shift = checked_mul(v, ind->scalar_multiplier);
+        const std::optional<int64_t> shifted = shift ? checked_add(base, *shift) : std::nullopt;
+        if (!shifted)
+          runtime_fault(inst,
+                        fmt::format("runtime offset out of bounds: offset {} x {} elements of tensor '{}' overflows "
+                                    "a 64-bit integer",
+                                    v, ind->scalar_multiplier, s.name),
+                        "check the values of the offset register or index tensor");
+        base = *shifted;
       }
       if (ind->vector_offset) {
         Elements idx = resolve(inst, *ind->vector_offset);
@@ -193,17 +249,19 @@ class Machine {
     std::array<int64_t, kMaxRank> index{};
     const int64_t n = ap.num_elements();
     for (int64_t i = 0; i < n; ++i) {
-      int64_t e = base;
-      for (int d = 0; d < ap.rank; ++d) {
-        if (d == 0 && !gather.empty()) e += gather[index[0]] * ap.indirection->vector_multiplier;
-        else e += ap.dims[d].stride * index[d];
+      std::optional<int64_t> e = base;
+      for (int d = 0; d < ap.rank && e; ++d) {
+        const std::optional<int64_t> step =
+            d == 0 && !gather.empty() ? checked_mul(gather[index[0]], ap.indirection->vector_multiplier)
+                                      : checked_mul(ap.dims[d].stride, index[d]);
+        e = step ? checked_add(*e, *step) : std::nullopt;
       }
-      if (e < 0 || e >= n_storage)
+      if (!e || *e < 0 || *e >= n_storage)
         runtime_fault(inst,
                       fmt::format("runtime offset out of bounds: element {} of tensor '{}' which has {} elements",
-                                  e, s.name, n_storage),
+                                  e ? fmt::to_string(*e) : "beyond 2^63", s.name, n_storage),
                       "check the values of the offset register or index tensor");
-      out.ptr.push_back(element(ap.storage, ap.dtype, e));
+      out.ptr.push_back(element(ap.storage, ap.dtype, *e));
       for (int d = ap.rank - 1; d >= 0; --d) {
         if (++index[d] < ap.dims[d].count) break;
         index[d] = 0;
@@ -224,8 +282,11 @@ class Machine {
 
   void fill_sentinel(StorageId id) {
     const Storage& s = k.storages[id];
-    const int64_t n = s.shape.num_elements();
     const int64_t size = dtype_size(s.dtype);
+    // HBM scratch: only the bytes accesses can reach, so untouched gigabytes stay uncommitted.
+    const bool scratch = is_scratch_hbm(id);
+    const int64_t skip = scratch ? scratch_hbm_used[id].begin : 0;
+    const int64_t n = scratch ? (scratch_hbm_used[id].end - skip) / size : s.shape.num_elements();
     uint8_t pattern[4];
     if (is_float(s.dtype)) numerics::store_float(s.dtype, pattern, std::numeric_limits<float>::quiet_NaN());
     else numerics::store_int(s.dtype, pattern, 4);
@@ -233,7 +294,7 @@ class Machine {
     const int64_t rows = s.on_chip() ? s.partitions() : 1;
     const int64_t row_bytes = s.on_chip() ? s.partition_bytes() : n * size;
     const int64_t pitch = s.buffer == Buffer::sbuf ? sbuf_row : psum_row;
-    uint8_t* base = storage_base(id);
+    uint8_t* base = storage_base(id) + skip;
     // The first row by doubling copies of the pattern, then whole-row copies: memcpy speed.
     if (row_bytes > 0) std::memcpy(base, pattern, size);
     for (int64_t done = size; done < row_bytes; done *= 2)
@@ -245,6 +306,38 @@ class Machine {
         std::fill_n(psum_written + word0, (s.partition_bytes() + 3) / 4, 0);
       }
     }
+  }
+
+  /** The byte range of each HBM scratch tensor that the kernel's accesses reach, in whole
+   * elements of the tensor's dtype: all of it when an access has runtime offsets. */
+  bool is_scratch_hbm(StorageId id) const {
+    const Storage& s = k.storages[id];
+    return s.role == StorageRole::scratch && is_hbm(s.buffer);
+  }
+  void mark_scratch_hbm_used() {
+    auto mark = [&](const AccessPattern& ap) {
+      if (!is_scratch_hbm(ap.storage)) return;
+      const Storage& s = k.storages[ap.storage];
+      const int64_t element = dtype_size(s.dtype), view_element = dtype_size(ap.dtype);
+      ByteRange r{0, s.total_bytes()};
+      if (!ap.is_dynamic()) {
+        const LinearExtent e = linear_extent(ap);  // verified to lie inside the tensor
+        r = {e.first * view_element / element * element,
+             ((e.last + 1) * view_element + element - 1) / element * element};
+      }
+      ByteRange& used = scratch_hbm_used[ap.storage];
+      used = used.end == used.begin ? r : ByteRange{std::min(used.begin, r.begin), std::max(used.end, r.end)};
+    };
+    for (const Instruction& inst : k.instructions)
+      for (int slot = 0; slot < inst.spec().num_slots; ++slot) {
+        const Operand& o = inst.operands[slot];
+        if (!o.is_tensor()) continue;
+        mark(o.ap);
+        if (const Indirection* ind = o.ap.indirection.get()) {
+          if (ind->scalar_tensor) mark(*ind->scalar_tensor);
+          if (ind->vector_offset) mark(*ind->vector_offset);
+        }
+      }
   }
 
   // --- instructions -------------------------------------------------------------------------
@@ -724,12 +817,12 @@ class Machine {
     explicit Run(Machine& m)
         : machine_(m),
           memory_(size_t(m.t.num_partitions) * m.sbuf_row, size_t(m.t.num_partitions) * m.psum_row),
-          scratch_(m.scratch_hbm_bytes ? std::make_unique<uint8_t[]>(size_t(m.scratch_hbm_bytes)) : nullptr) {
+          scratch_(size_t(m.scratch_hbm_bytes)) {
       m.sbuf = memory_->sbuf.get();
       m.psum = memory_->psum.get();
       m.psum_written = memory_->psum_written.get();
       m.native_scratch = memory_->native_scratch.get();
-      for (auto [id, offset] : m.scratch_hbm) m.hbm[id] = scratch_.get() + offset;
+      for (auto [id, offset] : m.scratch_hbm) m.hbm[id] = scratch_.data() + offset;
       if (memory_->last_user != m.id) {
         // As if this machine owned the memory: zeros where its tensors live, whatever the
         // previous user (another kernel) left there.
@@ -752,7 +845,7 @@ class Machine {
    private:
     Machine& machine_;
     CoreMemoryLease memory_;
-    std::unique_ptr<uint8_t[]> scratch_;
+    ZeroedMemory scratch_;  // pages committed only where the kernel touches them
   };
 
   /** Binds the caller's HBM buffers and the memories of one run, and resets the run state; the

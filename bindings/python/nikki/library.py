@@ -13,8 +13,8 @@ import math
 
 from . import _core
 from .dtypes import to_dtype
-from .errors import KernelError
-from .kernel import Kernel, _TensorArg
+from .errors import KernelError, user_frame
+from .kernel import Kernel, _TensorArg, _for_user
 from .tensor import NkiTensor
 
 __all__ = ["LibraryKernel", "library_kernels", "doc_section", "kernels_table"]
@@ -107,7 +107,10 @@ class LibraryKernel(Kernel):
             if not isinstance(v, NkiTensor):
                 raise KernelError(f"kernel '{self.name}': input '{name}' must be a tensor, got {type(v).__name__}")
             views.append(v._view)
-        results = _core.inline_library(ctx.builder, self.name, views, self.param_values(values))
+        try:
+            results = _core.inline_library(ctx.builder, self.name, views, self.param_values(values))
+        except KernelError as err:
+            raise _for_user(err, user_frame(2)) from None  # at the kernel's line that calls the library
         tensors = tuple(NkiTensor(ctx, view) for view in results)
         return tensors[0] if len(tensors) == 1 else tensors
 

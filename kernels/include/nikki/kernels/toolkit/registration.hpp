@@ -14,6 +14,7 @@
 #include <initializer_list>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -277,14 +278,23 @@ inline std::vector<std::string> missing_registration(const KernelInfo& k, const 
 }
 
 /**
- * @brief Checks a call of a library kernel: the number of inputs and the parameter names. Throws
- * KernelError naming the expected inputs or the unknown parameter.
+ * @brief Checks a call of a library kernel: the number of inputs, that none is empty (the
+ * kernels tile their inputs: an empty dim has no tiles) and the parameter names. Throws
+ * KernelError naming the expected inputs, the empty input and its shape, or the unknown parameter.
  */
-inline void check_library_call(const KernelInfo& info, size_t num_inputs, const Params& params) {
+inline void check_library_call(const KernelInfo& info, std::span<const Shape> input_shapes, const Params& params) {
+  const size_t num_inputs = input_shapes.size();
   if (num_inputs != info.inputs.size())
     throw KernelError("kernel '" + info.name + "' takes " + std::to_string(info.inputs.size()) + " inputs (" +
                           fmt::format("{}", fmt::join(info.inputs, ", ")) + "), got " + std::to_string(num_inputs),
                       SourceLocation{}, info.name);
+  for (size_t i = 0; i < num_inputs; ++i)
+    for (int64_t extent : input_shapes[i])
+      if (extent < 1)
+        throw KernelError(fmt::format("kernel '{}': input '{}' has shape {} with no elements", info.name,
+                                      info.inputs[i], input_shapes[i].str()),
+                          SourceLocation{}, info.name, "library kernels take inputs with every extent >= 1",
+                          "skip the call when an input is empty; its result is known without running a kernel");
   for (const auto& [name, value] : params.values()) {
     bool known = false;
     for (const ParamSpec& p : info.params) known = known || p.name == name;
@@ -298,7 +308,9 @@ inline void check_library_call(const KernelInfo& info, size_t num_inputs, const 
  */
 inline Kernel trace_library_kernel(const KernelInfo& info, std::vector<TensorSpec> specs, const Params& params,
                                    const TraceOptions& options = {}) {
-  check_library_call(info, specs.size(), params);
+  std::vector<Shape> shapes;
+  for (const TensorSpec& s : specs) shapes.push_back(s.shape);
+  check_library_call(info, shapes, params);
   for (size_t i = 0; i < specs.size(); ++i)
     if (specs[i].name.empty()) specs[i].name = info.inputs[i];
   return trace_specs(options, info.name, specs, [&](const std::vector<Tensor>& inputs) {
