@@ -9,13 +9,15 @@ import inspect
 import itertools
 import linecache
 import os
+import warnings
 
 import numpy as np
 
 from . import _core
 from .dtypes import from_numpy, from_torch, numpy_dtype, to_dtype, torch_dtype
 from .spec import TensorSpec
-from .errors import KernelError, is_internal_frame, kernel_error_at, user_frame, without_internal_frames
+from .errors import (KernelError, SpillWarning, is_internal_frame, kernel_error_at, user_frame,
+                     without_internal_frames)
 from .tensor import NkiTensor, shared_hbm
 from .tracing import TraceContext
 
@@ -53,6 +55,17 @@ class Compiled:
 
     def text(self, locations: bool = True) -> str:
         return "\n".join(p.text(locations) for p in self.programs)
+
+
+def _warn(programs) -> None:
+    """Shows the compiler's warnings (spills) once per compile, at the user line they are about;
+    SPMD instances that spill alike warn once."""
+    shown = set()
+    for program in programs:
+        for message, file, line in program.warnings:
+            if message not in shown:
+                shown.add(message)
+                warnings.warn_explicit(message, SpillWarning, file or "<kernel>", line or 0)
 
 
 def _resolve_target(target) -> str:
@@ -215,6 +228,7 @@ class Kernel:
                                             f"{program_ids} return different outputs",
                                             hint="all instances must return the same shared_hbm tensors")
             programs.append(_core.compile(kernel, for_running))
+        _warn(programs)
         output_specs, results = outputs
         return Compiled(programs, output_specs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
                                                  and i in self._mutable], results)
