@@ -110,12 +110,12 @@ class Planner {
     for (size_t c = 0; c < by_begin.size(); ++c) by_begin[c] = c;
     std::stable_sort(by_begin.begin(), by_begin.end(),
                      [&](size_t a, size_t b) { return candidates_[a].uses[0].at < candidates_[b].uses[0].at; });
-    std::vector<size_t> active;  // candidates whose first use is behind the sweep
+    std::vector<size_t> active;  // candidates whose first use is behind the sweep (dead ones go lazily)
     size_t next = 0;
     for (uint32_t p = 0; p < n; ++p) {
       while (next < by_begin.size() && candidates_[by_begin[next]].uses[0].at <= p) active.push_back(by_begin[next++]);
-      std::erase_if(active, [&](size_t c) { return candidates_[c].uses.back().at < p; });
       if (usage[p] <= target_) continue;
+      std::erase_if(active, [&](size_t c) { return candidates_[c].uses.back().at < p; });
       for (size_t c : active) {
         Candidate& cand = candidates_[c];
         while (cand.uses[cand.cursor].at < p) ++cand.cursor;
