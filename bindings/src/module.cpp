@@ -449,6 +449,28 @@ PYBIND11_MODULE(_core, m) {
                                for (const auto& t : p.program.timings) l.append(py::make_tuple(t.stage, t.milliseconds));
                                return l;
                              })
+      .def_property_readonly("warnings",
+                             [](const PyProgram& p) {
+                               py::list l;
+                               for (const jit::Diagnostic& d : p.program.diagnostics)
+                                 l.append(py::make_tuple(d.message, d.where.file, d.where.line));
+                               return l;
+                             })
+      .def_property_readonly("spills",
+                             [](const PyProgram& p) {
+                               const Kernel& k = p.program.kernel();
+                               py::list l;
+                               for (const jit::Spill& s : p.program.spills) {
+                                 py::dict d;
+                                 d["tensor"] = k.storage(s.tensor).name;
+                                 d["home"] = k.storage(s.home).name;
+                                 d["saves"] = s.saves;
+                                 d["reloads"] = s.reloads;
+                                 d["bytes"] = jit::spilled_bytes(k, {s});
+                                 l.append(d);
+                               }
+                               return l;
+                             })
       .def("disassemble", [](const PyProgram& p) { return jit::disassemble(*p.program.device); })
       .def("serialize", [](const PyProgram& p) {
         std::vector<uint8_t> bytes = jit::serialize(*p.program.device);
@@ -489,15 +511,18 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "compile",
-      [](const Kernel& kernel, bool for_running) {
+      [](const Kernel& kernel, bool for_running, int64_t sbuf_budget) {
         auto p = std::make_unique<PyProgram>();
         p->kind = runtime::executor_from_env();
         // A program only estimated (nikki.estimate) needs no native code.
         const bool native = for_running && p->kind == runtime::ExecutorKind::native;
-        p->program = jit::compile(kernel, jit::CompileOptions{.native = native});
+        p->program = jit::compile(
+            kernel, jit::CompileOptions{.native = native, .allocate_options = {.sbuf_budget = sbuf_budget}});
         return p;
       },
-      py::arg("kernel"), py::arg("for_running") = true);
+      py::arg("kernel"), py::arg("for_running") = true, py::arg("sbuf_budget") = 0,
+      "Compiles a kernel; sbuf_budget (bytes per partition, 0: the target's) is a testing hook that "
+      "makes kernels spill.");
 
   py::class_<runtime::Profile>(m, "Profile")
       .def_readonly("kernel", &runtime::Profile::kernel)

@@ -4,6 +4,7 @@
 #include <deque>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -11,19 +12,25 @@
 
 #include "nikki/ir_printer.hpp"
 #include "nikki/jit/liveness.hpp"
+#include "spill.hpp"
 
 namespace nikki::jit {
 
 namespace {
 
-constexpr int64_t kSbufAlignment = 4;
-
 // Buffers per allocation site: double buffering, the default factor of NKI's multi_buffer
 // allocation control (nki.compiler.multi_buffer(factor=2), Beta-1 API).
 constexpr size_t kMultiBuffer = 2;
 
-int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
+// Attempts at spilling: each plans for a smaller share of the SBUF (in sixteenths) than the one
+// before, leaving room for the placement to work around fragmentation.
+constexpr int kSpillAttempts = 16;
 
+std::string bytes_str(int64_t b) {
+  if (b >= 1024 * 1024 && b % (1024 * 1024) == 0) return fmt::format("{} MiB", b / (1024 * 1024));
+  if (b >= 1024 && b % 1024 == 0) return fmt::format("{} KiB", b / 1024);
+  return fmt::format("{} B", b);
+}
 
 /** A placed tensor: partitions [p0, p1) x bytes [b0, b1) during a live range. */
 struct Box {
@@ -35,14 +42,26 @@ struct Box {
   }
 };
 
+/** Where automatic tensors go. */
+enum class Policy : uint8_t {
+  // In order of first use: rotate per allocation site, else next fit, else first fit, so that
+  // consecutive tiles take different addresses and work overlaps in time.
+  spread,
+  // Largest first, each at the lowest offset free during its live range (greedy by size): far
+  // fewer holes than placing in order of first use, for a memory that is nearly full.
+  packed,
+};
+
+/** Places the storages of one buffer; run() reports whether everything fit. */
 class Allocator {
  public:
-  Allocator(Kernel& k, Buffer buffer)
-      : k_(k), t_(k.config()), buffer_(buffer), ranges_(live_ranges(k)),
-        capacity_(buffer == Buffer::sbuf ? t_.sbuf_bytes_per_partition : t_.psum_bytes_per_partition()),
+  Allocator(Kernel& k, Buffer buffer, int64_t capacity, Policy policy = Policy::spread)
+      : k_(k), t_(k.config()), buffer_(buffer), policy_(policy), ranges_(live_ranges(k)), capacity_(capacity),
         granule_(buffer == Buffer::sbuf ? kSbufAlignment : t_.psum_bank_bytes) {}
 
-  void run() {
+  /** Places every storage; false when an automatic one did not fit (throw_overflow says why).
+   * Throws KernelError when manually placed tensors overlap. */
+  bool run() {
     std::vector<StorageId> automatic;
     for (StorageId id = 0; id < k_.storages.size(); ++id) {
       Storage& s = k_.storages[id];
@@ -52,11 +71,23 @@ class Allocator {
       else s.address = Address{0, 0};  // never touched: any address will do
     }
     std::stable_sort(automatic.begin(), automatic.end(), [&](StorageId a, StorageId b) {
+      const int64_t size_a = k_.storages[a].partition_bytes(), size_b = k_.storages[b].partition_bytes();
+      if (policy_ == Policy::packed && size_a != size_b) return size_a > size_b;
       if (ranges_[a].begin != ranges_[b].begin) return ranges_[a].begin < ranges_[b].begin;
-      return k_.storages[a].partition_bytes() > k_.storages[b].partition_bytes();
+      return size_a > size_b;
     });
-    for (StorageId id : automatic) place_automatic(id);
+    for (StorageId id : automatic)
+      if (!place_automatic(id)) return false;
+    return true;
   }
+
+  /**
+   * Reports that the storage run() failed on does not fit: either the tensors live at some point
+   * of its live range need more than the capacity (reported where usage first exceeds it, with
+   * the peak when usage grows further), or the free space is split into gaps that are each too
+   * small (fragmentation).
+   */
+  [[noreturn]] void throw_overflow() const { report_overflow(failing_, failing_blockers_); }
 
  private:
   int64_t footprint(const Storage& s) const { return align_up(s.partition_bytes(), granule_); }
@@ -78,13 +109,13 @@ class Allocator {
     manual_.push_back(box);
   }
 
-  void place_automatic(StorageId id) {
+  bool place_automatic(StorageId id) {
     Storage& s = k_.storages[id];
     const int64_t size = footprint(s);
     Box box{id, 0, s.partitions(), 0, size, ranges_[id]};
-    // Storages arrive in order of their first use, so boxes that died before this one's first
-    // use never block again.
-    std::erase_if(active_, [&](const Box& b) { return b.live.end < box.live.begin; });
+    // Spread placement takes storages in order of their first use, so boxes that died before
+    // this one's first use never block again.
+    if (policy_ == Policy::spread) std::erase_if(active_, [&](const Box& b) { return b.live.end < box.live.begin; });
     std::vector<const Box*> blockers;
     for (const std::vector<Box>* boxes : {&active_, &manual_})
       for (const Box& b : *boxes)
@@ -95,13 +126,19 @@ class Allocator {
     // iteration i's buffer, so at most that many iterations are in flight.
     std::deque<int64_t>& ring = sites_[{s.loc, size}];
     int64_t offset = capacity_;
-    if (ring.size() >= kMultiBuffer && fit(blockers, ring.front(), size) == ring.front()) offset = ring.front();
-    // Otherwise next fit: continue after the previous placement and wrap around, so consecutive
-    // tiles take different addresses (their engines and DMAs overlap instead of waiting on each
-    // other), while a full memory still packs first-fit.
-    if (offset + size > capacity_) offset = fit(blockers, align_up(cursor_, granule_), size);
+    if (policy_ == Policy::spread) {
+      if (ring.size() >= kMultiBuffer && fit(blockers, ring.front(), size) == ring.front()) offset = ring.front();
+      // Otherwise next fit: continue after the previous placement and wrap around, so consecutive
+      // tiles take different addresses (their engines and DMAs overlap instead of waiting on each
+      // other), while a full memory still packs first-fit.
+      if (offset + size > capacity_) offset = fit(blockers, align_up(cursor_, granule_), size);
+    }
     if (offset + size > capacity_) offset = fit(blockers, 0, size);
-    if (offset + size > capacity_) report_overflow(id, blockers);
+    if (offset + size > capacity_) {
+      failing_ = id;
+      failing_blockers_ = std::move(blockers);
+      return false;
+    }
     if (ring.size() >= kMultiBuffer) ring.pop_front();
     ring.push_back(offset);
     box.b0 = offset;
@@ -109,6 +146,7 @@ class Allocator {
     cursor_ = box.b1 >= capacity_ ? 0 : box.b1;
     s.address = Address{0, static_cast<uint32_t>(offset)};
     active_.push_back(box);
+    return true;
   }
 
   /** The lowest offset >= start where `size` bytes fit between the blockers (sorted by offset). */
@@ -137,11 +175,6 @@ class Allocator {
     return total;
   }
 
-  /**
-   * Reports that `failing` does not fit: either the tensors live at some point of its live range
-   * need more than the capacity (reported where usage first exceeds it, with the peak when usage
-   * grows further), or the free space is split into gaps that are each too small (fragmentation).
-   */
   [[noreturn]] void report_overflow(StorageId failing, const std::vector<const Box*>& blockers) const {
     const LiveRange& range = ranges_[failing];
     // Usage per partition at each instruction of the failing tensor's live range (difference array).
@@ -215,21 +248,88 @@ class Allocator {
   Kernel& k_;
   const TargetConfig& t_;
   Buffer buffer_;
+  Policy policy_;
   std::vector<LiveRange> ranges_;
   int64_t capacity_;
   int64_t granule_;
   std::vector<Box> manual_;  // user-placed tensors (address=)
-  std::vector<Box> active_;  // automatically placed tensors that may still be live
+  std::vector<Box> active_;  // automatically placed tensors (spread drops those already dead)
   int64_t cursor_ = 0;       // next-fit position
   std::map<std::pair<LocId, int64_t>, std::deque<int64_t>> sites_;  // recent offsets per allocation site
+  StorageId failing_ = 0;                   // what run() could not place
+  std::vector<const Box*> failing_blockers_;  // and the tensors live beside it, by offset
 };
+
+/**
+ * Places the SBUF storages of a kernel that the spread placement could not place as written:
+ * plans spills for a budget that shrinks on each attempt, and places each plan spread, then
+ * packed, until one fits. nullopt when planning fails (no choice of spills fits the budget) or no
+ * attempt places.
+ */
+std::optional<SpilledKernel> place_with_spills(const Kernel& kernel, int64_t capacity) {
+  for (int attempt = 0; attempt < kSpillAttempts; ++attempt) {
+    const int64_t target = capacity * (kSpillAttempts - attempt) / kSpillAttempts;
+    std::optional<SpilledKernel> spilled = spill_to_fit(kernel, target);
+    if (!spilled) return std::nullopt;  // a smaller budget cannot do better
+    // Without splits the kernel is the one that failed spread: only packing is new.
+    if (spilled->splits > 0 && Allocator(spilled->kernel, Buffer::sbuf, capacity).run()) return spilled;
+    if (Allocator(spilled->kernel, Buffer::sbuf, capacity, Policy::packed).run()) return spilled;
+  }
+  return std::nullopt;
+}
 
 }  // namespace
 
-void allocate(Kernel& kernel) {
-  Allocator(kernel, Buffer::sbuf).run();
-  Allocator(kernel, Buffer::psum).run();
+std::vector<Spill> allocate(Kernel& kernel, const AllocateOptions& options) {
+  const TargetConfig& t = kernel.config();
+  const int64_t sbuf_capacity = options.sbuf_budget > 0
+                                    ? std::min<int64_t>(options.sbuf_budget, t.sbuf_bytes_per_partition)
+                                    : t.sbuf_bytes_per_partition;
+  std::vector<Spill> spills;
+  Allocator sbuf(kernel, Buffer::sbuf, sbuf_capacity);
+  if (!sbuf.run()) {
+    std::optional<SpilledKernel> spilled = place_with_spills(kernel, sbuf_capacity);
+    if (!spilled) sbuf.throw_overflow();  // the error of the kernel as written
+    kernel = std::move(spilled->kernel);
+    spills = std::move(spilled->spills);
+  }
+  Allocator psum(kernel, Buffer::psum, t.psum_bytes_per_partition());
+  if (!psum.run()) psum.throw_overflow();
   kernel.allocated = true;
+  return spills;
+}
+
+int64_t spilled_bytes(const Kernel& kernel, const std::vector<Spill>& spills) {
+  int64_t bytes = 0;
+  for (const Spill& s : spills)
+    bytes += int64_t(s.saves.size() + s.reloads.size()) * kernel.storage(s.tensor).total_bytes();
+  return bytes;
+}
+
+std::string spill_warning(const Kernel& kernel, const std::vector<Spill>& spills) {
+  if (spills.empty()) return {};
+  const TargetConfig& t = kernel.config();
+  size_t saves = 0, reloads = 0;
+  for (const Spill& s : spills) {
+    saves += s.saves.size();
+    reloads += s.reloads.size();
+  }
+  std::string text = fmt::format(
+      "kernel '{}': the SBUF tensors live at once need more than the {} per partition of {}, so nikki spilled {} "
+      "tensor{} to HBM: {} spill and {} reload DMAs move {} per run (costed in the profile like any DMA)",
+      kernel.name, bytes_str(t.sbuf_bytes_per_partition), t.name, spills.size(), spills.size() == 1 ? "" : "s", saves,
+      reloads, bytes_str(spilled_bytes(kernel, spills)));
+  for (const Spill& s : spills) {
+    const Storage& st = kernel.storage(s.tensor);
+    text += fmt::format("\n    '{}' {}{} {} per partition (allocated at {}): {} spill{}, {} reload{}, {}", st.name,
+                        info(st.dtype).short_name, st.shape.str(), bytes_str(sbuf_footprint(st)),
+                        kernel.location(st.loc).str(), s.saves.size(), s.saves.size() == 1 ? "" : "s",
+                        s.reloads.size(), s.reloads.size() == 1 ? "" : "s",
+                        bytes_str(int64_t(s.saves.size() + s.reloads.size()) * st.total_bytes()));
+  }
+  text += "\n  to avoid spills, keep fewer large tiles live at once: tile the free dim (process it in chunks, "
+          "e.g. a loop over 512-element slices) or end live ranges sooner by reusing buffers";
+  return text;
 }
 
 }  // namespace nikki::jit

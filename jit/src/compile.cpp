@@ -58,6 +58,7 @@ CacheKey program_cache_key(const Kernel& kernel, const CompileOptions& options, 
   std::vector<uint8_t> ir = serialize_kernel(kernel);
   CacheKey key;
   key.str("device-program").bytes(&build, sizeof(Hash128)).u64(uint64_t(options.schedule_options.drop_dependency));
+  key.u64(uint64_t(options.allocate_options.sbuf_budget));
   key.bytes(ir.data(), ir.size());
   return key;
 }
@@ -119,14 +120,27 @@ Program compile(Kernel kernel, const CompileOptions& options) {
   }
   if (!program.device) {
     stages.run("verify", [&] { verify(kernel); }, [&] { return to_string(kernel); });
-    stages.run("allocate", [&] { allocate(kernel); }, [&] { return to_string(kernel); });
+    stages.run("allocate", [&] { program.spills = allocate(kernel, options.allocate_options); },
+               [&] { return to_string(kernel); });
     if (scheduled) {
-      stages.run("schedule", [&] { program.device = std::make_shared<DeviceProgram>(schedule(std::move(kernel), options.schedule_options)); },
-                 [&] { return disassemble(*program.device); });
+      stages.run("schedule", [&] {
+        auto device = std::make_shared<DeviceProgram>(schedule(std::move(kernel), options.schedule_options));
+        device->spills = program.spills;
+        program.device = std::move(device);
+      }, [&] { return disassemble(*program.device); });
       if (cache.enabled()) cache.store("program", key, serialize(*program.device));
     } else {
       program.unscheduled = std::move(kernel);
     }
+  } else {
+    program.spills = program.device->spills;
+  }
+  if (!program.spills.empty()) {
+    const Kernel& k = program.kernel();
+    std::string message = spill_warning(k, program.spills);
+    if (log_enabled("spills")) std::fprintf(stderr, "nikki: warning: %s\n", message.c_str());
+    program.diagnostics.push_back(
+        Diagnostic{Diagnostic::Kind::spill, std::move(message), k.location(k.storage(program.spills[0].tensor).loc)});
   }
   if (options.native) {
     stages.run("native", [&] { program.native = compile_native(*program.device, cache.enabled() ? &key : nullptr); }, [&] {

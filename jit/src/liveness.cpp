@@ -5,26 +5,15 @@
 
 namespace nikki::jit {
 
-namespace {
-
-void touch(std::vector<LiveRange>& ranges, const AccessPattern& ap, uint32_t at) {
-  LiveRange& r = ranges[ap.storage];
-  r.begin = std::min(r.begin, at);
-  r.end = std::max(r.end, at);
-  if (const Indirection* ind = ap.indirection.get()) {
-    if (ind->scalar_tensor) touch(ranges, *ind->scalar_tensor, at);
-    if (ind->vector_offset) touch(ranges, *ind->vector_offset, at);
-  }
-}
-
-}  // namespace
-
 std::vector<LiveRange> live_ranges(const Kernel& kernel) {
   std::vector<LiveRange> ranges(kernel.storages.size());
   const auto& insts = kernel.instructions;
   for (uint32_t i = 0; i < insts.size(); ++i)
-    for (const Operand& o : insts[i].operands)
-      if (o.is_tensor()) touch(ranges, o.ap, i);
+    for_each_view(insts[i], [&](const AccessPattern& ap, Access) {
+      LiveRange& r = ranges[ap.storage];
+      r.begin = std::min(r.begin, i);
+      r.end = std::max(r.end, i);
+    });
 
   // Extend ranges over runtime loops; repeat until stable so nested loops compose.
   bool changed = true;
@@ -55,25 +44,17 @@ bool covers_storage(const Storage& s, const AccessPattern& ap) {
          ap.num_elements() == s.shape.num_elements() && is_contiguous(ap);
 }
 
-/** Whether instruction `inst` overwrites all of storage `id` without reading any of it. */
-bool overwrites_unread(const Kernel& kernel, const Instruction& inst, StorageId id) {
-  bool covered = false;
-  for (int slot = 0; slot < inst.spec().num_slots; ++slot) {
-    const Operand& o = inst.operands[slot];
-    if (!o.is_tensor()) continue;
-    if (const Indirection* ind = o.ap.indirection.get()) {
-      if ((ind->scalar_tensor && ind->scalar_tensor->storage == id) ||
-          (ind->vector_offset && ind->vector_offset->storage == id))
-        return false;
-    }
-    if (o.ap.storage != id) continue;
-    if (inst.access(slot) != Access::write) return false;
-    covered = covered || covers_storage(kernel.storage(id), o.ap);
-  }
-  return covered;
-}
-
 }  // namespace
+
+bool overwrites_unread(const Kernel& kernel, const Instruction& inst, StorageId id) {
+  bool covered = false, read = false;
+  for_each_view(inst, [&](const AccessPattern& ap, Access access) {
+    if (ap.storage != id) return;
+    if (access == Access::write) covered = covered || covers_storage(kernel.storage(id), ap);
+    else read = true;  // also as the index tensor of a runtime offset
+  });
+  return covered && !read;
+}
 
 std::vector<std::vector<StorageId>> sentinel_fills(const Kernel& kernel, const std::vector<LiveRange>& ranges) {
   std::vector<std::vector<StorageId>> fills(kernel.instructions.size());

@@ -260,6 +260,15 @@ std::vector<uint8_t> serialize(const DeviceProgram& p) {
       }
     }
   }
+  payload.u32(p.spills.size());
+  for (const Spill& s : p.spills) {
+    payload.u32(s.tensor);
+    payload.u32(s.home);
+    for (const std::vector<uint32_t>* transfers : {&s.saves, &s.reloads}) {
+      payload.u32(transfers->size());
+      for (uint32_t i : *transfers) payload.u32(i);
+    }
+  }
   Writer file;
   file.bytes(kMagic, 8);
   file.u32(kDeviceProgramVersion);
@@ -308,6 +317,22 @@ DeviceProgram deserialize(const std::vector<uint8_t>& bytes, PayloadCheck check)
       stream.ops.push_back(std::move(op));
     }
     p.streams.push_back(std::move(stream));
+  }
+  n = r.count(16);
+  for (uint32_t i = 0; i < n; ++i) {
+    Spill s;
+    s.tensor = r.u32();
+    s.home = r.u32();
+    if (s.tensor >= p.kernel.storages.size() || s.home >= p.kernel.storages.size())
+      Reader::corrupt("a spill names a missing tensor");
+    for (std::vector<uint32_t>* transfers : {&s.saves, &s.reloads}) {
+      const uint32_t m = r.count(4);
+      for (uint32_t j = 0; j < m; ++j) {
+        transfers->push_back(r.u32());
+        if (transfers->back() >= p.kernel.instructions.size()) Reader::corrupt("a spill names a missing instruction");
+      }
+    }
+    p.spills.push_back(std::move(s));
   }
   if (!r.done()) Reader::corrupt("it has trailing bytes");
   p.placement.assign(p.kernel.instructions.size(), {0, 0});

@@ -9,6 +9,7 @@
 
 #include "error_check.hpp"
 #include "harness.hpp"
+#include "raw_ir.hpp"
 #include "nikki/jit/allocate.hpp"
 #include "nikki/jit/liveness.hpp"
 
@@ -56,29 +57,8 @@ StorageId id_of(const Kernel& k, std::string_view name) {
   return 0;
 }
 
-/** Appends a raw control instruction (the C++ API has no runtime loops yet). */
-void append(Opcode op, std::vector<Operand> operands, Attributes attrs = {}, Loc loc = Loc::current()) {
-  KernelBuilder& b = KernelBuilder::current(loc);
-  Instruction inst;
-  inst.opcode = op;
-  inst.loc = b.location(loc);
-  inst.attrs = std::move(attrs);
-  for (size_t i = 0; i < operands.size(); ++i) inst.operands[i] = std::move(operands[i]);
-  b.append(std::move(inst));
-}
-
-/** Links each loop_end with its loop_begin (innermost first), as a front end does. */
-void link_loops(Kernel& k) {
-  std::vector<int32_t> open;
-  for (int32_t n = 0; n < static_cast<int32_t>(k.instructions.size()); ++n) {
-    if (k.instructions[n].opcode == Opcode::loop_begin) open.push_back(n);
-    if (k.instructions[n].opcode == Opcode::loop_end) {
-      k.instructions[n].attrs.jump = open.back();
-      k.instructions[open.back()].attrs.jump = n;
-      open.pop_back();
-    }
-  }
-}
+using test::append;
+using test::link_loops;
 
 }  // namespace
 
@@ -240,13 +220,17 @@ TEST_CASE("alloc: manually placed tensors may not overlap while both are live") 
 }
 
 TEST_CASE("alloc: exceeding SBUF names the peak usage, the capacity and the largest live tensors") {
+  // Automatic tensors that do not fit are spilled (test_spill.cpp); tensors placed with address=
+  // are not, so here the first four tiles are placed by hand and the fifth cannot fit.
   int line_alloc = 0, line_first_use = 0;
   auto k = [&](int tiles) {
     return [&, tiles](Tensor x) {
       std::vector<Tensor> ts;
       for (int i = 0; i < tiles; ++i) {
         // 48 KiB per partition each; trn2 has 212984 bytes (about 208 KiB) per partition.
-        line_alloc = __LINE__; ts.push_back(nl::ndarray({128, 12288}, nl::float32, nl::sbuf, fmt::format("t{}", i)));
+        const std::optional<Address> at =
+            i < 4 ? std::optional(Address{0, uint32_t(i * 49152)}) : std::nullopt;
+        line_alloc = __LINE__; ts.push_back(nl::ndarray({128, 12288}, nl::float32, nl::sbuf, fmt::format("t{}", i), at));
         line_first_use = __LINE__; isa::memset(ts.back(), double(i));
       }
       Tensor small = nl::ndarray({128, 16}, nl::float32, nl::sbuf, "small");
@@ -296,10 +280,11 @@ TEST_CASE("alloc: more than 8 PSUM tiles live at once overflow PSUM") {
 }
 
 TEST_CASE("alloc: a fragmented SBUF is reported as fragmentation, not as capacity") {
+  // b is placed by hand, so spilling cannot move it out of c's way.
   int line = 0;
   auto k = [&](Tensor x) {
     Tensor a = nl::ndarray({128, 25600}, nl::float32, nl::sbuf, "a");  // 100 KiB, dies early
-    Tensor b = nl::ndarray({128, 20480}, nl::float32, nl::sbuf, "b");  // 80 KiB, placed after a
+    Tensor b = nl::ndarray({128, 20480}, nl::float32, nl::sbuf, "b", Address{0, 102400});  // 80 KiB after a
     isa::memset(a, 1.0);
     isa::memset(b, 2.0);
     Tensor out = nl::ndarray({128, 512}, nl::float32, nl::shared_hbm, "out");

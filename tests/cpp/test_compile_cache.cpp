@@ -130,10 +130,13 @@ TEST_CASE("compile cache: the program key covers IR, shapes, dtypes, target, opt
   jit::CompileOptions dropped;
   dropped.schedule_options.drop_dependency = 0;
   keys.insert(key(axpb(s, DType::float32), dropped).hex());
+  jit::CompileOptions squeezed;
+  squeezed.allocate_options.sbuf_budget = 1024;
+  keys.insert(key(axpb(s, DType::float32), squeezed).hex());
   jit::Hash128 other_build = build;
   other_build.lo ^= 1;
   keys.insert(key(axpb(s, DType::float32), {}, other_build).hex());
-  CHECK(keys.size() == 8);
+  CHECK(keys.size() == 9);
 }
 
 TEST_CASE("compile cache: a second compile is a disk hit that skips verify, allocate and schedule") {
@@ -146,6 +149,40 @@ TEST_CASE("compile cache: a second compile is a disk hit that skips verify, allo
   CHECK_FALSE(has_stage(second, "schedule"));
   check_axpb_result(second);
   CHECK(jit::disassemble(*first.device) == jit::disassemble(*second.device));
+}
+
+TEST_CASE("compile cache: a disk hit keeps the spills and their warning") {
+  TempCacheDir dir;
+  // Three 16 KiB tiles summed into the first, in 40 KiB of SBUF: one must wait in HBM.
+  auto kernel = [] {
+    return trace("three", [](const Tensor& x) {
+      Tensor out = nl::ndarray({128, 4096}, nl::float32, nl::shared_hbm, "out");
+      std::vector<Tensor> ts;
+      for (int i = 0; i < 3; ++i) {
+        ts.push_back(nl::ndarray({128, 4096}, nl::float32, nl::sbuf, fmt::format("t{}", i)));
+        isa::dma_copy(ts.back(), x);
+        isa::tensor_scalar(ts.back(), ts.back(), nl::multiply, double(i + 1));
+      }
+      for (int i = 1; i < 3; ++i) isa::tensor_tensor(ts[0], ts[0], ts[i], nl::add);
+      isa::dma_copy(out, ts[0]);
+      return out;
+    }, spec({128, 4096}, nl::float32, "x"));
+  };
+  jit::CompileOptions squeezed;
+  squeezed.allocate_options.sbuf_budget = 40 * 1024;
+  jit::Program first = jit::compile(kernel(), squeezed);
+  REQUIRE_FALSE(first.spills.empty());
+  REQUIRE(first.diagnostics.size() == 1);
+  jit::Program second = jit::compile(kernel(), squeezed);
+  CHECK(has_stage(second, "cache"));
+  CHECK_FALSE(has_stage(second, "allocate"));
+  CHECK(second.spills == first.spills);
+  CHECK(second.device->spills == first.spills);
+  REQUIRE(second.diagnostics.size() == 1);
+  CHECK(second.diagnostics[0].message == first.diagnostics[0].message);
+  CHECK(second.diagnostics[0].where == first.diagnostics[0].where);
+  // The device-program file keeps them too.
+  CHECK(jit::deserialize(jit::serialize(*first.device)).spills == first.spills);
 }
 
 TEST_CASE("compile cache: NIKKI_ALWAYS_COMPILE=1 neither reads nor writes the cache") {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "error_check.hpp"
+#include "raw_ir.hpp"
 
 namespace {
 
@@ -49,16 +50,7 @@ Tensor store(const Tensor& t, Loc loc = Loc::current()) {
   return out;
 }
 
-/** Appends a raw instruction (for IR the C++ API cannot express: registers, runtime loops). */
-void append(Opcode op, std::vector<Operand> operands, Attributes attrs = {}, Loc loc = Loc::current()) {
-  KernelBuilder& b = KernelBuilder::current(loc);
-  Instruction inst;
-  inst.opcode = op;
-  inst.loc = b.location(loc);
-  inst.attrs = std::move(attrs);
-  for (size_t i = 0; i < operands.size(); ++i) inst.operands[i] = std::move(operands[i]);
-  b.append(std::move(inst));
-}
+using test::append;
 
 }  // namespace
 

@@ -7,7 +7,7 @@ kernels on numpy arrays or torch CPU tensors, on a simulated NeuronCore with NKI
 from __future__ import annotations
 
 from . import _core
-from .errors import KernelError, ViewError
+from .errors import KernelError, SpillWarning, ViewError
 
 _core._set_error_classes(KernelError, ViewError)
 
@@ -26,7 +26,7 @@ tensor = NkiTensor  # Beta 1's nki.tensor class (isinstance checks); the module 
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "simulate", "simulate_kernel", "baremetal", "benchmark", "profile", "estimate", "Profile", "Kernel", "KernelError", "spec",
-    "TensorSpec", "dtype", "language", "isa", "typing", "__version__", "set_cache_limit", "clear_cache",
-    "cache_info",
+    "jit", "simulate", "simulate_kernel", "baremetal", "benchmark", "profile", "estimate", "Profile", "Kernel", "KernelError",
+    "SpillWarning", "spec", "TensorSpec", "dtype", "language", "isa", "typing", "__version__", "set_cache_limit",
+    "clear_cache", "cache_info",
 ]

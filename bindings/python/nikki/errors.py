@@ -7,7 +7,7 @@ import os
 import sys
 import types
 
-__all__ = ["KernelError", "NikkiInternalError"]
+__all__ = ["KernelError", "NikkiInternalError", "SpillWarning"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -57,6 +57,15 @@ class KernelError(ValueError):
 
 
 KernelError.__module__ = "nikki"
+
+
+class SpillWarning(UserWarning):
+    """The kernel's SBUF tensors did not fit, so nikki moved idle ones to HBM and back (as NKI's
+    compiler does). Results are unchanged; the spill DMAs cost time in the estimated profile. The
+    message names each spilled tensor, where it was allocated and the bytes moved."""
+
+
+SpillWarning.__module__ = "nikki"
 
 
 class NikkiInternalError(RuntimeError):

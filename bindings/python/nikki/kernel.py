@@ -9,6 +9,7 @@ import inspect
 import itertools
 import linecache
 import os
+import warnings
 
 import numpy as np
 
@@ -16,7 +17,8 @@ from . import _core
 from .dtypes import from_numpy, from_torch, numpy_dtype, to_dtype, torch_dtype
 from .spec import TensorSpec
 from .specialization_cache import SpecializationCache
-from .errors import KernelError, is_internal_frame, kernel_error_at, user_frame, without_internal_frames
+from .errors import (KernelError, SpillWarning, is_internal_frame, kernel_error_at, user_frame,
+                     without_internal_frames)
 from .tensor import NkiTensor, shared_hbm
 from .tracing import TraceContext
 
@@ -91,6 +93,17 @@ class Compiled:
 _COMPILED_OVERHEAD_BYTES = 4096
 # An entry of the traced-outputs cache: the key and a few tuples of shapes and dtypes.
 _OUTPUTS_ENTRY_BYTES = 1024
+
+
+def _warn(programs) -> None:
+    """Shows the compiler's warnings (spills) once per compile, at the user line they are about;
+    SPMD instances that spill alike warn once."""
+    shown = set()
+    for program in programs:
+        for message, file, line in program.warnings:
+            if message not in shown:
+                shown.add(message)
+                warnings.warn_explicit(message, SpillWarning, file or "<kernel>", line or 0)
 
 
 def _resolve_target(target) -> str:
@@ -267,6 +280,7 @@ class Kernel:
                                             f"{program_ids} return different outputs",
                                             hint="all instances must return the same shared_hbm tensors")
             programs.append(_core.compile(kernel, for_running))
+        _warn(programs)
         output_specs, results = outputs
         return Compiled(programs, output_specs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
                                                  and i in self._mutable], results)

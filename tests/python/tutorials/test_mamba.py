@@ -69,6 +69,35 @@ def mamba_legacy(delta, u, A, B, C, sbuf_broadcast=False, int_index_A=False):
     return out
 
 
+@nki.jit
+def mamba_whole_sequence(delta, u, A, B, C):
+    """The tutorial's second version (its loop order, before it tiles the sequence): per channel
+    tile, delta and u are loaded once and shared by every state, and every step of a state works on
+    whole-sequence tiles. At seq_len 8192 one state's tiles no longer fit in SBUF beside delta, u
+    and the accumulator; NKI's compiler then spills, and so does nikki."""
+    batch, channels, L = delta.shape
+    _, n_state = A.shape
+    out = nl.ndarray((batch, channels, L), dtype=delta.dtype, buffer=nl.shared_hbm)
+    for b in nl.affine_range(batch):
+        for ct in nl.affine_range(channels // P):
+            c0 = ct * P
+            acc = nl.zeros((P, L), dtype=nl.float32, buffer=nl.sbuf)
+            delta_i = nl.load(delta[b, c0:c0 + P, 0:L])
+            u_i = nl.load(u[b, c0:c0 + P, 0:L])
+            for s in nl.affine_range(n_state):
+                A_i = nl.load(A[c0:c0 + P, s:s + 1])
+                deltaA = nisa.activation(op=nl.exp, data=delta_i, scale=A_i)
+                B_bc = nl.load(B[b, s:s + 1, 0:L].broadcast_to((P, L)))
+                deltaU = nisa.tensor_tensor(delta_i, u_i, op=nl.multiply)
+                deltaBu = nisa.tensor_tensor(deltaU, B_bc, op=nl.multiply)
+                h = nisa.tensor_tensor_scan(deltaA, deltaBu, initial=0, op0=np.multiply, op1=np.add)
+                C_bc = nl.load(C[b, s:s + 1, 0:L].broadcast_to((P, L)))
+                scanC = nisa.tensor_tensor(h, C_bc, op=nl.multiply)
+                acc[0:P, 0:L] += scanC
+            nl.store(out[b, c0:c0 + P, 0:L], value=acc)
+    return out
+
+
 # --- current style ----------------------------------------------------------------------------------
 
 @nki.jit
@@ -200,3 +229,20 @@ def test_mamba_legacy_tutorial_sbuf_broadcast(rng):
 def test_mamba_legacy_tutorial_int_index(rng):
     args = _inputs(rng, 1, 128, 512, 2)
     _check(mamba_legacy(*args, False, True), *args)
+
+
+def test_mamba_whole_sequence_spills_at_8192_and_matches(rng, recwarn):
+    """seq_len 8192 is where the tutorial's profile shows spill and reload DMAs; nikki spills too,
+    and the result is the chunked kernel's, bit for bit (same fp32 operations per element; the
+    chunked kernel fits in SBUF), and within the reference's error bound."""
+    small = _inputs(rng, 1, 128, 4096, 2)
+    mamba_whole_sequence.specialize(*small)  # half the length fits: no spill
+    assert not [w for w in recwarn if issubclass(w.category, nki.SpillWarning)]
+
+    args = _inputs(rng, 1, 128, 8192, 2)
+    with pytest.warns(nki.SpillWarning, match="kernel 'mamba_whole_sequence': the SBUF tensors live at once"):
+        out = mamba_whole_sequence(*args)
+    chunked = mamba_current(*args)
+    assert not [w for w in recwarn if issubclass(w.category, nki.SpillWarning) and "mamba_current" in str(w.message)]
+    np.testing.assert_array_equal(out, chunked)
+    _check(out, *args)

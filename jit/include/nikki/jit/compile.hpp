@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "nikki/ir.hpp"
+#include "nikki/jit/allocate.hpp"
 #include "nikki/jit/cache.hpp"
 #include "nikki/jit/native.hpp"
 #include "nikki/jit/streams.hpp"
@@ -24,7 +25,16 @@ struct CompileOptions {
   bool schedule = true;  // build the per-engine streams
   bool native = false;   // generate native routines through LLVM (needs schedule)
   bool disk_cache = true;  // reuse device programs and native code from NIKKI_CACHE_DIR
+  AllocateOptions allocate_options;
   ScheduleOptions schedule_options;
+};
+
+/** @brief Something the compiler wants the kernel's author to know that is not an error. */
+struct Diagnostic {
+  enum class Kind : uint8_t { spill };
+  Kind kind = Kind::spill;
+  std::string message;   // the whole text, several lines
+  SourceLocation where;  // the user line it is about (for a spill, the first spilled tensor's)
 };
 
 /** @brief A compiled kernel: the verified, allocated IR, its device program and native code, and
@@ -37,6 +47,10 @@ struct Program {
   std::shared_ptr<const DeviceProgram> device;  // null unless CompileOptions::schedule
   std::shared_ptr<const NativeCode> native;     // null unless CompileOptions::native
   std::vector<StageTiming> timings;
+  /** Spills the allocator had to insert (also on a disk-cache hit, from the device program). */
+  std::vector<Spill> spills;
+  /** Warnings for the kernel's author; NIKKI_LOG=spills (or all) also prints them to stderr. */
+  std::vector<Diagnostic> diagnostics;
 };
 
 /**
@@ -47,7 +61,7 @@ struct Program {
  * build) skips verify, allocate and schedule, and its native code is loaded instead of generated.
  * NIKKI_DUMP=<dir> writes each stage's artifact as <dir>/<kernel>.<n>.<stage>.txt;
  * NIKKI_LOG=stages prints each stage's time to stderr; NIKKI_LOG=cache says which cache entries were
- * rejected (damaged, of another key or format) and rebuilt.
+ * rejected (damaged, of another key or format) and rebuilt; NIKKI_LOG=spills prints the spill warning.
  */
 Program compile(Kernel kernel, const CompileOptions& options = {});
 

@@ -19,6 +19,23 @@ struct LiveRange {
 };
 
 /**
+ * @brief Calls `f(view, access)` for every view instruction `inst` names: each tensor operand with
+ * its slot's access, and the index tensors of runtime offsets (read), however deeply nested.
+ */
+template <class F>
+void for_each_view(const Instruction& inst, F&& f) {
+  auto visit = [&f](auto&& self, const AccessPattern& ap, Access access) -> void {
+    f(ap, access);
+    if (const Indirection* ind = ap.indirection.get()) {
+      if (ind->scalar_tensor) self(self, *ind->scalar_tensor, Access::read);
+      if (ind->vector_offset) self(self, *ind->vector_offset, Access::read);
+    }
+  };
+  for (int slot = 0; slot < kMaxSlots; ++slot)
+    if (inst.operands[slot].is_tensor()) visit(visit, inst.operands[slot].ap, inst.access(slot));
+}
+
+/**
  * @brief Live range of every storage (indexed by StorageId).
  *
  * A storage is live from the first to the last instruction that touches it (as an operand or as
@@ -26,6 +43,10 @@ struct LiveRange {
  * it stays live for the whole loop, since later iterations see earlier iterations' values.
  */
 std::vector<LiveRange> live_ranges(const Kernel& kernel);
+
+/** @brief Whether `inst` overwrites every byte of storage `id` (one write-only operand covering
+ * it, contiguously, in the storage's own dtype size) without reading any of it. */
+bool overwrites_unread(const Kernel& kernel, const Instruction& inst, StorageId id);
 
 /**
  * @brief The scratch storages to fill with sentinels (NaN / 4) when each instruction begins:

@@ -16,11 +16,12 @@
 #include <vector>
 
 #include "nikki/ir.hpp"
+#include "nikki/jit/allocate.hpp"
 
 namespace nikki::jit {
 
 /** @brief Version of the device-program file format (docs/device-program.md). */
-inline constexpr uint32_t kDeviceProgramVersion = 1;
+inline constexpr uint32_t kDeviceProgramVersion = 2;
 
 /** @brief The in-order queues of one NeuronCore. */
 enum class QueueKind : uint8_t { tensor, vector, scalar, gpsimd, sync, dma };
@@ -65,6 +66,8 @@ struct DeviceProgram {
   std::vector<Stream> streams;
   /** For each kernel instruction, the stream (index) and position it was scheduled at. */
   std::vector<std::pair<uint32_t, uint32_t>> placement;
+  /** The tensors the allocator spilled to HBM, and the DMAs that move them. */
+  std::vector<Spill> spills;
 };
 
 /** @brief Options of the scheduling pass. */
