@@ -1,13 +1,16 @@
-// Tests of the sanitizer from C++: nl::affine_range's record of iterations in the kernel.
+// Tests of the sanitizer from C++: nl::affine_range's record of iterations in the kernel, and the
+// reference interpreter's shadow memory (values computed from never-written memory).
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "error_check.hpp"
+#include "harness.hpp"
 
 namespace {
 
 using namespace nikki;
+using test::HostTensor;
 
 constexpr std::string_view kFile = "test_sanitizer.cpp";
 
@@ -19,6 +22,16 @@ TraceOptions sanitized() {
   TraceOptions o;
   o.sanitize = true;
   return o;
+}
+
+/** Runs a traced kernel on the sanitizing interpreter; the KernelError it throws, if any. */
+std::optional<KernelError> run_error(Kernel kernel, std::vector<HostTensor*> inputs) {
+  try {
+    test::run_kernel(std::move(kernel), std::move(inputs), /*sanitize=*/true);
+  } catch (const KernelError& e) {
+    return e;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -93,4 +106,73 @@ TEST_CASE("sanitize: affine_range with step 0 is a KernelError") {
   };
   CHECK_ERROR(test::kernel_error_on(sanitized(), body, X), line, "affine_range step is 0", "a loop step is non-zero",
               "give a positive step");
+}
+
+// ============================================================================================
+// Shadow memory: values computed from never-written memory
+// ============================================================================================
+
+TEST_CASE("sanitize: an output computed from a never-written tile names the read, the allocation and the store") {
+  int alloc_line = 0, read_line = 0, store_line = 0;
+  auto body = [&](Tensor x) {
+    Tensor out = nl::ndarray({128, 64}, nl::float32, nl::shared_hbm, "out");
+    alloc_line = __LINE__; Tensor t = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "t");
+    Tensor u = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "u");
+    isa::dma_copy(t(nl::all, nl::ds(0, 60)), x(nl::ds(0, 128), nl::ds(0, 60)));
+    read_line = __LINE__; isa::tensor_scalar(u, t, nl::multiply, 2.0);
+    store_line = __LINE__; isa::dma_copy(out, u);
+    return out;
+  };
+  HostTensor x = test::random_tensor(nl::float32, {256, 64}, 1);
+  const std::optional<KernelError> error = run_error(trace(sanitized(), "k", body, X), {&x});
+  CHECK_ERROR(error, read_line,
+              "tensor_scalar reads uninitialized memory: t[0, 60] was never written (512 of the 8192 elements "
+              "read here",
+              "'t' was allocated at ", fmt::format("{}:{})", kFile, alloc_line),
+              "values computed from it reach output 'out' (out[0, 60]) through dma_copy at ",
+              fmt::format("{}:{}", kFile, store_line), "nl.zeros or nisa.memset");
+}
+
+TEST_CASE("sanitize: computing on garbage that no output keeps is not an error") {
+  // A tail tile: 72 partitions loaded, all 128 computed, 72 stored.
+  auto body = [](Tensor x) {
+    Tensor out = nl::ndarray({72, 64}, nl::float32, nl::shared_hbm, "out");
+    Tensor t = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "t");
+    Tensor m = nl::ndarray({128, 1}, nl::float32, nl::sbuf, "m");
+    Tensor e = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "e");
+    isa::dma_copy(t(nl::ds(0, 72), nl::all), x(nl::ds(0, 72), nl::all));
+    isa::tensor_reduce(m, nl::maximum, t, {1});
+    isa::tensor_scalar(e, t, nl::subtract, m);
+    isa::dma_copy(out, e(nl::ds(0, 72), nl::all));
+    return out;
+  };
+  HostTensor x = test::random_tensor(nl::float32, {256, 64}, 2);
+  test::check_compiles(run_error(trace(sanitized(), "k", body, X), {&x}));
+}
+
+TEST_CASE("sanitize: the shadow follows values through matmul columns") {
+  // Column 3 of the moving tile is never written, so only column 3 of the product is invalid:
+  // a result that leaves it out is clean; one that keeps it names the matmul's read.
+  int matmul_line = 0;
+  auto kernel = [&](bool keep_column_3) {
+    return [&, keep_column_3](Tensor x) {
+      Tensor out = nl::ndarray({8, 4}, nl::float32, nl::shared_hbm, "out");
+      Tensor a = nl::ndarray({128, 8}, nl::float32, nl::sbuf, "a");
+      Tensor b = nl::ndarray({128, 4}, nl::float32, nl::sbuf, "b");
+      Tensor acc = nl::zeros({8, 4}, nl::float32, nl::psum, "acc");
+      Tensor res = nl::zeros({8, 4}, nl::float32, nl::sbuf, "res");
+      isa::dma_copy(a, x(nl::ds(0, 128), nl::ds(0, 8)));
+      isa::dma_copy(b(nl::all, nl::ds(0, 3)), x(nl::ds(128, 128), nl::ds(0, 3)));
+      matmul_line = __LINE__; isa::nc_matmul(acc, a, b);
+      const int64_t n = keep_column_3 ? 4 : 3;
+      isa::tensor_copy(res(nl::all, nl::ds(0, n)), acc(nl::all, nl::ds(0, n)));
+      isa::dma_copy(out, res);
+      return out;
+    };
+  };
+  HostTensor x = test::random_tensor(nl::float32, {256, 64}, 3);
+  test::check_compiles(run_error(trace(sanitized(), "k", kernel(false), X), {&x}));
+  CHECK_ERROR(run_error(trace(sanitized(), "k", kernel(true), X), {&x}), matmul_line,
+              "nc_matmul reads uninitialized memory: b[0, 3] was never written (128 of the 512",
+              "reach output 'out' (out[0, 3])");
 }
