@@ -27,26 +27,28 @@
 
 namespace nikki::runtime {
 
-/** One bit per byte. */
+/** One bit per byte, zero at first, in memory the host commits only where bits are set or
+ * cleared (the shadow of a gigabyte scratch tensor the kernel barely touches stays small). */
 class ByteBits {
  public:
-  void resize(size_t bytes) { words_.assign((bytes + 63) / 64, 0); }
-  bool empty() const { return words_.empty(); }
-  bool test(size_t i) const { return (words_[i / 64] >> (i % 64)) & 1; }
+  void resize(size_t bytes) { memory_ = ZeroedMemory((bytes + 63) / 64 * sizeof(uint64_t)); }
+  bool empty() const { return memory_.empty(); }
+  bool test(size_t i) const { return (words()[i / 64] >> (i % 64)) & 1; }
   void put(size_t i, bool value) {
     const uint64_t bit = uint64_t(1) << (i % 64);
-    words_[i / 64] = value ? words_[i / 64] | bit : words_[i / 64] & ~bit;
+    words()[i / 64] = value ? words()[i / 64] | bit : words()[i / 64] & ~bit;
   }
   void assign(size_t first, size_t count, bool value) {
     size_t i = first;
     const size_t end = first + count;
     for (; i < end && i % 64; ++i) put(i, value);
-    for (; i + 64 <= end; i += 64) words_[i / 64] = value ? ~uint64_t(0) : 0;
+    for (; i + 64 <= end; i += 64) words()[i / 64] = value ? ~uint64_t(0) : 0;
     for (; i < end; ++i) put(i, value);
   }
 
  private:
-  std::vector<uint64_t> words_;
+  uint64_t* words() const { return reinterpret_cast<uint64_t*>(memory_.data()); }  // page-aligned
+  ZeroedMemory memory_;
 };
 
 /** The written and valid bits of one memory. */
@@ -91,7 +93,7 @@ class ShadowMemory {
   /** The scratch tensors whose live range begins at instruction `index` hold garbage. */
   void begin_instruction(const Machine& m, size_t index) {
     for (StorageId id : fresh_[index]) {
-      assign_storage(m, id, false);
+      forget(m, id);
       origin_of_[id] = -1;
     }
   }
@@ -193,16 +195,19 @@ class ShadowMemory {
     return &hbm_[id];
   }
 
-  void assign_storage(const Machine& m, StorageId id, bool value) {
+  /** A scratch tensor's bytes hold garbage again: never written. */
+  void forget(const Machine& m, StorageId id) {
     const Storage& s = k_.storages[id];
     if (!s.on_chip()) {
-      hbm_[id].assign(0, s.total_bytes(), value);
+      // Scratch: the bytes accesses can reach, as the sentinel fill does.
+      const ByteRange used = m.scratch_hbm_used[id];
+      hbm_[id].assign(used.begin, used.end - used.begin, false);
       return;
     }
     ShadowBits& b = s.buffer == Buffer::sbuf ? sbuf_ : psum_;
     const int64_t pitch = s.buffer == Buffer::sbuf ? m.sbuf_row : m.psum_row;
     for (int64_t p = 0; p < s.partitions(); ++p)
-      b.assign((s.address->partition + p) * pitch + s.address->byte_offset, s.partition_bytes(), value);
+      b.assign((s.address->partition + p) * pitch + s.address->byte_offset, s.partition_bytes(), false);
   }
 
   /** Validity of the elements of `ap`; a first read of never-written bytes becomes an origin. */

@@ -1,11 +1,18 @@
-// Tests of the sanitizer from C++: nl::affine_range's record of iterations in the kernel, and the
-// reference interpreter's shadow memory (values computed from never-written memory).
+// Tests of the sanitizer from C++: nl::affine_range's record of iterations in the kernel, the
+// reference interpreter's shadow memory (values computed from never-written memory), the static
+// check of dependencies between affine_range iterations (jit/sanitize.hpp), and the switches
+// (CompileOptions::sanitize, JitKernel, NIKKI_SANITIZE).
+#include <cmath>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "error_check.hpp"
 #include "harness.hpp"
+#include "scoped_env.hpp"
+
+#include "nikki/jit/sanitize.hpp"
+#include "nikki/runtime/jit_kernel.hpp"
 
 namespace {
 
@@ -175,4 +182,198 @@ TEST_CASE("sanitize: the shadow follows values through matmul columns") {
   CHECK_ERROR(run_error(trace(sanitized(), "k", kernel(true), X), {&x}), matmul_line,
               "nc_matmul reads uninitialized memory: b[0, 3] was never written (128 of the 512",
               "reach output 'out' (out[0, 3])");
+}
+
+// ============================================================================================
+// Dependencies between affine_range iterations
+// ============================================================================================
+
+namespace {
+
+/** The KernelError of compiling `fn` traced for the sanitizer, with the loop check on. */
+template <class Fn>
+std::optional<KernelError> loop_error(Fn&& fn) {
+  try {
+    jit::compile(trace(sanitized(), "k", std::forward<Fn>(fn), X),
+                 jit::CompileOptions{.schedule = false, .disk_cache = false, .sanitize = true});
+  } catch (const KernelError& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+TEST_CASE("sanitize: an iteration reading another iteration's write names the loop, both lines and the tensor") {
+  int loop_line = 0, write_line = 0, read_line = 0;
+  auto body = [&](Tensor x) {
+    Tensor out = nl::ndarray({128, 64}, nl::float32, nl::shared_hbm, "out");
+    Tensor acc = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "acc");
+    isa::dma_copy(acc, x(nl::ds(0, 128), nl::all));
+    loop_line = __LINE__; for (int64_t i : nl::affine_range(1, 4)) {
+      Tensor prev = nl::ndarray({128, 16}, nl::float32, nl::sbuf, "prev");
+      read_line = __LINE__; isa::tensor_copy(prev, acc(nl::all, nl::ds((i - 1) * 16, 16)));
+      write_line = __LINE__; isa::tensor_scalar(acc(nl::all, nl::ds(i * 16, 16)), prev, nl::multiply, 2.0);
+    }
+    isa::dma_copy(out, acc);
+    return out;
+  };
+  const std::optional<KernelError> error = loop_error(body);  // sets the lines the message names
+  CHECK_ERROR(error, read_line, "loop-carried dependency in the nl.affine_range loop at",
+              fmt::format("{}:{}: iteration 2 reads 'acc', which iteration 1 wrote at ", kFile, loop_line),
+              fmt::format("{}:{}", kFile, write_line), "nl.sequential_range");
+  // The same kernel compiles without the check, and traced without the record.
+  CHECK_NOTHROW(jit::compile(trace(sanitized(), "k", body, X), jit::CompileOptions{.schedule = false}));
+  CHECK_NOTHROW(jit::compile(trace("k", body, X),
+                             jit::CompileOptions{.schedule = false, .disk_cache = false, .sanitize = true}));
+}
+
+TEST_CASE("sanitize: two iterations writing one tile, and one overwriting what another read") {
+  int write_line = 0;
+  auto waw = [&](Tensor x) {
+    Tensor out = nl::ndarray({256, 64}, nl::float32, nl::shared_hbm, "out");
+    Tensor buf = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "buf");
+    for (int64_t i : nl::affine_range(2)) {
+      write_line = __LINE__; isa::dma_copy(buf, x(nl::ds(i * 128, 128), nl::all));
+      isa::dma_copy(out(nl::ds(i * 128, 128), nl::all), buf);
+    }
+    return out;
+  };
+  CHECK_ERROR(loop_error(waw), write_line, "iteration 1 overwrites 'buf', which iteration 0 wrote",
+              "allocate the tile inside the loop");
+
+  int read_line = 0, overwrite_line = 0;
+  auto war = [&](Tensor x) {
+    Tensor out = nl::ndarray({128, 64}, nl::float32, nl::shared_hbm, "out");
+    Tensor t = nl::ndarray({128, 48}, nl::float32, nl::sbuf, "t");
+    isa::dma_copy(t, x(nl::ds(0, 128), nl::ds(0, 48)));
+    for (int64_t i : nl::affine_range(2)) {
+      // Iteration i reads block i + 1 and then overwrites block i: iteration 1 overwrites the
+      // block iteration 0 read, and reads nothing another iteration wrote.
+      Tensor u = nl::ndarray({128, 16}, nl::float32, nl::sbuf, "u");
+      read_line = __LINE__; isa::tensor_copy(u, t(nl::all, nl::ds((i + 1) * 16, 16)));
+      overwrite_line = __LINE__; isa::memset(t(nl::all, nl::ds(i * 16, 16)), 0.0);
+      isa::dma_copy(out(nl::all, nl::ds(i * 16, 16)), u);
+    }
+    return out;
+  };
+  const std::optional<KernelError> error = loop_error(war);
+  CHECK_ERROR(error, overwrite_line, "iteration 1 overwrites 't', which iteration 0 read at",
+              fmt::format("{}:{}", kFile, read_line));
+}
+
+TEST_CASE("sanitize: accumulations NKI allows pass; disjoint and interleaved parts pass; a prefix sum does not") {
+  auto allowed = [](Tensor x) {
+    Tensor out = nl::ndarray({128, 64}, nl::float32, nl::shared_hbm, "out");
+    Tensor psum = nl::zeros({64, 64}, nl::float32, nl::psum, "psum");
+    Tensor total = nl::zeros({128, 64}, nl::float32, nl::sbuf, "total");
+    Tensor wide = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "wide");
+    for (int64_t i : nl::affine_range(2)) {
+      Tensor t = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "t");
+      isa::dma_copy(t, x(nl::ds(i * 128, 128), nl::all));
+      isa::nc_matmul(psum, t, t, {.accumulate = true});  // PSUM accumulation
+      isa::tensor_tensor(total, total, t, nl::add);          // total += t
+      isa::tensor_copy(wide(nl::all, Slice{i, 64, 2}), t(nl::all, nl::ds(0, 32)));  // interleaved columns
+    }
+    Tensor r = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "r");
+    isa::tensor_tensor(r, total, wide, nl::add);
+    isa::tensor_copy(r(nl::ds(0, 64), nl::all), psum);
+    isa::dma_copy(out, r);
+    return out;
+  };
+  test::check_compiles(loop_error(allowed));
+
+  int line = 0;
+  auto prefix = [&](Tensor x) {
+    Tensor out = nl::ndarray({128, 64}, nl::float32, nl::shared_hbm, "out");
+    Tensor s = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "s");
+    isa::dma_copy(s, x(nl::ds(0, 128), nl::all));
+    for (int64_t i : nl::affine_range(1, 64)) {
+      Tensor column = s(nl::all, nl::ds(i, 1));
+      line = __LINE__; isa::tensor_tensor(column, s(nl::all, nl::ds(i - 1, 1)), column, nl::add);
+    }
+    isa::dma_copy(out, s);
+    return out;
+  };
+  CHECK_ERROR(loop_error(prefix), line, "iteration 2 reads 's', which iteration 1 wrote");
+}
+
+TEST_CASE("sanitize: a program served from the disk cache has its loops checked all the same") {
+  test::TempCacheDir cache;
+  int line = 0;
+  auto waw = [&](Tensor x) {
+    Tensor out = nl::ndarray({128, 64}, nl::float32, nl::shared_hbm, "out");
+    for (int64_t i : nl::affine_range(2)) line = __LINE__, isa::dma_copy(out, x(nl::ds(i * 128, 128), nl::all));
+    return out;
+  };
+  // Compiled unsanitized, the device program lands in the cache; compiled again, it is a hit
+  // (no verify stage). The sanitized compile has the same key: it hits too, and still fails.
+  auto stages = [](const jit::Program& p) {
+    std::vector<std::string> names;
+    for (const jit::StageTiming& t : p.timings) names.push_back(t.stage);
+    return names;
+  };
+  (void)jit::compile(trace(sanitized(), "k", waw, X));
+  REQUIRE(stages(jit::compile(trace(sanitized(), "k", waw, X))) == std::vector<std::string>{"cache"});
+  std::optional<KernelError> error;
+  try {
+    (void)jit::compile(trace(sanitized(), "k", waw, X), jit::CompileOptions{.sanitize = true});
+  } catch (const KernelError& e) {
+    error = e;
+  }
+  CHECK_ERROR(error, line, "iteration 1 overwrites 'out', which iteration 0 wrote", "its own part of 'out'");
+}
+
+// ============================================================================================
+// Switches: JitKernel and NIKKI_SANITIZE
+// ============================================================================================
+
+TEST_CASE("sanitize: JitKernel follows NIKKI_SANITIZE and runs sanitized kernels on the checking interpreter") {
+  int read_line = 0;
+  auto body = [&](const std::vector<Tensor>& in) {
+    Tensor out = nl::ndarray({128, 64}, nl::float32, nl::shared_hbm, "out");
+    Tensor t = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "t");
+    isa::dma_copy(t(nl::ds(0, 100), nl::all), in[0](nl::ds(0, 100), nl::all));
+    Tensor u = nl::ndarray({128, 64}, nl::float32, nl::sbuf, "u");
+    read_line = __LINE__; isa::activation(u, nl::exp, t);
+    isa::dma_copy(out, u);
+    return std::vector<Tensor>{out};
+  };
+  HostTensor x = test::random_tensor(nl::float32, {256, 64}, 4);
+  HostTensor y(nl::float32, {128, 64});
+  std::vector<void*> in{x.data()}, out{y.data()};
+  const runtime::Specialization s{{X}, {}, 0};
+  {
+    test::ScopedEnv on("NIKKI_SANITIZE", "1");
+    runtime::JitKernel k("k", body);
+    std::optional<KernelError> error;
+    try {
+      k.run(s, in, out);
+    } catch (const KernelError& e) {
+      error = e;
+    }
+    CHECK_ERROR(error, read_line, "activation reads uninitialized memory: t[100, 0] was never written",
+                "reach output 'out' (out[100, 0])");
+    CHECK(k.compiled(s).sanitizer != nullptr);
+    CHECK(k.compiled(s).executor == nullptr);
+  }
+  {
+    test::ScopedEnv off("NIKKI_SANITIZE", "0");
+    runtime::JitKernel k("k", body);
+    CHECK_NOTHROW(k.run(s, in, out));
+    CHECK(std::isnan(y.get(100 * 64)));  // the sentinel the sanitizer reports
+    CHECK(k.compiled(s).executor != nullptr);
+  }
+  {
+    test::ScopedEnv bad("NIKKI_SANITIZE", "on");
+    std::optional<KernelError> error;
+    try {
+      (void)jit::sanitize_from_env();
+    } catch (const KernelError& e) {
+      error = e;
+    }
+    REQUIRE(error.has_value());
+    CHECK(std::string(error->what()).find("NIKKI_SANITIZE=on is not 0 or 1") != std::string::npos);
+    CHECK(error->hint().find("set NIKKI_SANITIZE=1") != std::string::npos);
+  }
 }
