@@ -11,7 +11,7 @@
    garbage that is then discarded (a masked tail tile) is not an error.
 
 Correct kernels (the tutorials, the library kernels) pass clean, with the same results as
-unsanitized runs. Lines an error must name are tagged ``# S:<name>``.
+unsanitized runs. Lines an error must name are tagged ``# E:<name>``.
 """
 
 import os
@@ -29,18 +29,16 @@ from nikki.library import library_kernels
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def line_of(tag: str) -> int:
-    """Line number of the source line tagged ``# S:<tag>`` in this file."""
-    with open(__file__) as f:
-        for number, text in enumerate(f, 1):
-            if text.rstrip().endswith(f"# S:{tag}"):
-                return number
-    raise AssertionError(f"no line tagged {tag}")
+@pytest.fixture
+def at(line_of):
+    """``at(tag)``: how a report names the line tagged ``# E:<tag>``: file:line."""
+    return lambda tag: f"{__file__}:{line_of(tag)}"
 
 
-def at(tag: str) -> str:
-    """How a report names the tagged line: file:line."""
-    return f"{__file__}:{line_of(tag)}"
+def assert_mentions(err: nki.KernelError, *fragments: str):
+    text = str(err)
+    for fragment in fragments:
+        assert fragment in text, f"{fragment!r} not in:\n{text}"
 
 
 def caught(kernel, *args) -> nki.KernelError:
@@ -61,23 +59,21 @@ def running_columns(x):
     out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
     acc = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=acc, src=x)
-    for i in nl.affine_range(1, 4):  # S:raw_loop
+    for i in nl.affine_range(1, 4):  # E:raw_loop
         prev = nl.ndarray((128, 64), x.dtype, buffer=nl.sbuf)
-        nisa.tensor_copy(dst=prev, src=acc[:, (i - 1) * 64:i * 64])  # S:raw_read
-        nisa.tensor_tensor(dst=acc[:, i * 64:(i + 1) * 64], data1=acc[:, i * 64:(i + 1) * 64], data2=prev,  # S:raw_write
+        nisa.tensor_copy(dst=prev, src=acc[:, (i - 1) * 64:i * 64])  # E:raw_read
+        nisa.tensor_tensor(dst=acc[:, i * 64:(i + 1) * 64], data1=acc[:, i * 64:(i + 1) * 64], data2=prev,  # E:raw_write
                            op=nl.add)
     nisa.dma_copy(dst=out, src=acc)
     return out
 
 
-def test_read_of_another_iterations_write_is_caught(rng):
+def test_read_of_another_iterations_write_is_caught(rng, line_of, at):
     x = f32(rng, 128, 256)
     err = caught(nki.jit(running_columns, sanitize=True), x)
-    text = str(err)
     assert err.line == line_of("raw_read")
-    for fragment in ("loop-carried dependency", "nl.affine_range loop at " + at("raw_loop"), "'acc'",
-                     "iteration 2 reads", "iteration 1 wrote", "at " + at("raw_write"), "nl.sequential_range"):
-        assert fragment in text, f"{fragment!r} not in:\n{text}"
+    assert_mentions(err, "loop-carried dependency", "nl.affine_range loop at " + at("raw_loop"), "'acc'",
+                    "iteration 2 reads", "iteration 1 wrote", "at " + at("raw_write"), "nl.sequential_range")
 
 
 def test_unsanitized_program_order_hides_the_dependency(rng):
@@ -91,7 +87,7 @@ def test_unsanitized_program_order_hides_the_dependency(rng):
     np.testing.assert_array_equal(got, np.concatenate(blocks, axis=1))
 
 
-def test_environment_variable_turns_the_sanitizer_on(rng, monkeypatch):
+def test_environment_variable_turns_the_sanitizer_on(rng, monkeypatch, line_of):
     kernel = nki.jit(running_columns)
     x = f32(rng, 128, 256)
     kernel(x)  # off: runs
@@ -116,31 +112,29 @@ def reused_tile(x):
     """Every iteration loads into the same tile: iterations overwrite each other's data."""
     out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
     buf = nl.ndarray((128, x.shape[1]), x.dtype, buffer=nl.sbuf)
-    for i in nl.affine_range(x.shape[0] // 128):  # S:waw_loop
-        nisa.dma_copy(dst=buf, src=x[i * 128:(i + 1) * 128, :])  # S:waw_write
-        nisa.dma_copy(dst=out[i * 128:(i + 1) * 128, :], src=buf)  # S:waw_read
+    for i in nl.affine_range(x.shape[0] // 128):  # E:waw_loop
+        nisa.dma_copy(dst=buf, src=x[i * 128:(i + 1) * 128, :])  # E:waw_write
+        nisa.dma_copy(dst=out[i * 128:(i + 1) * 128, :], src=buf)  # E:waw_read
     return out
 
 
-def test_iterations_writing_one_tile_are_caught(rng):
+def test_iterations_writing_one_tile_are_caught(rng, line_of, at):
     err = caught(reused_tile, f32(rng, 256, 32))
-    text = str(err)
     assert err.line == line_of("waw_write")
-    for fragment in ("nl.affine_range loop at " + at("waw_loop"), "iteration 1 overwrites", "'buf'",
-                     "iteration 0 wrote", at("waw_write"), "allocate the tile inside the loop"):
-        assert fragment in text, f"{fragment!r} not in:\n{text}"
+    assert_mentions(err, "nl.affine_range loop at " + at("waw_loop"), "iteration 1 overwrites", "'buf'",
+                    "iteration 0 wrote", at("waw_write"), "allocate the tile inside the loop")
 
 
 @nki.jit(sanitize=True)
 def same_output_rows(x):
     out = nl.ndarray((128, x.shape[1]), x.dtype, buffer=nl.shared_hbm)
-    for i in nl.affine_range(x.shape[0] // 128):  # S:hbm_loop
+    for i in nl.affine_range(x.shape[0] // 128):  # E:hbm_loop
         t = nl.load(x[i * 128:(i + 1) * 128, :])
-        nl.store(out, t)  # S:hbm_write
+        nl.store(out, t)  # E:hbm_write
     return out
 
 
-def test_iterations_writing_the_same_output_rows_are_caught(rng):
+def test_iterations_writing_the_same_output_rows_are_caught(rng, line_of, at):
     err = caught(same_output_rows, f32(rng, 384, 16))
     assert err.line == line_of("hbm_write")
     assert "nl.affine_range loop at " + at("hbm_loop") in str(err)
@@ -154,8 +148,8 @@ def inner_carried(x):
     for r in nl.affine_range(x.shape[0] // 128):
         acc = nl.ndarray((128, x.shape[1]), x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=acc, src=x[r * 128:(r + 1) * 128, :])
-        for c in nl.affine_range(1, x.shape[1]):  # S:inner_loop
-            nisa.tensor_tensor(dst=acc[:, c:c + 1], data1=acc[:, c - 1:c], data2=acc[:, c:c + 1],  # S:inner_dep
+        for c in nl.affine_range(1, x.shape[1]):  # E:inner_loop
+            nisa.tensor_tensor(dst=acc[:, c:c + 1], data1=acc[:, c - 1:c], data2=acc[:, c:c + 1],  # E:inner_dep
                                op=nl.add)
         nisa.dma_copy(dst=out[r * 128:(r + 1) * 128, :], src=acc)
     return out
@@ -167,14 +161,14 @@ def outer_carried(x):
     out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
     state = nl.ndarray((128, x.shape[1]), x.dtype, buffer=nl.sbuf)
     nisa.dma_copy(dst=state, src=x[0:128, :])
-    for r in nl.affine_range(x.shape[0] // 128):  # S:outer_loop
+    for r in nl.affine_range(x.shape[0] // 128):  # E:outer_loop
         for c in nl.affine_range(x.shape[1] // 8):
-            nisa.dma_copy(dst=out[r * 128:(r + 1) * 128, c * 8:(c + 1) * 8], src=state[:, c * 8:(c + 1) * 8])  # S:outer_read
-        nisa.tensor_scalar(dst=state, data=state, op0=nl.multiply, operand0=2.0)  # S:outer_write
+            nisa.dma_copy(dst=out[r * 128:(r + 1) * 128, c * 8:(c + 1) * 8], src=state[:, c * 8:(c + 1) * 8])  # E:outer_read
+        nisa.tensor_scalar(dst=state, data=state, op0=nl.multiply, operand0=2.0)  # E:outer_write
     return out
 
 
-def test_nested_loops_name_the_loop_that_carries_the_dependency(rng):
+def test_nested_loops_name_the_loop_that_carries_the_dependency(rng, line_of, at):
     err = caught(inner_carried, f32(rng, 256, 16))
     assert err.line == line_of("inner_dep")
     assert "nl.affine_range loop at " + at("inner_loop") in str(err)
@@ -191,20 +185,18 @@ def partial_sum_read(x):
     """acc += tile is a legal accumulation, but reading acc inside the loop sees a partial sum."""
     out = nl.ndarray(x.shape, nl.float32, buffer=nl.shared_hbm)
     acc = nl.zeros((128, x.shape[1]), nl.float32, buffer=nl.sbuf)
-    for i in nl.affine_range(x.shape[0] // 128):  # S:partial_loop
+    for i in nl.affine_range(x.shape[0] // 128):  # E:partial_loop
         t = nl.load(x[i * 128:(i + 1) * 128, :])
-        acc += t  # S:partial_acc
-        nl.store(out[i * 128:(i + 1) * 128, :], acc)  # S:partial_read
+        acc += t  # E:partial_acc
+        nl.store(out[i * 128:(i + 1) * 128, :], acc)  # E:partial_read
     return out
 
 
-def test_reading_an_accumulator_inside_the_loop_is_caught(rng):
+def test_reading_an_accumulator_inside_the_loop_is_caught(rng, line_of, at):
     err = caught(partial_sum_read, f32(rng, 256, 8))
-    text = str(err)
     assert err.line == line_of("partial_read")
-    for fragment in ("nl.affine_range loop at " + at("partial_loop"), "'acc'", "partial accumulation",
-                     "iteration 0", at("partial_acc")):
-        assert fragment in text, f"{fragment!r} not in:\n{text}"
+    assert_mentions(err, "nl.affine_range loop at " + at("partial_loop"), "'acc'", "partial accumulation",
+                    "iteration 0", at("partial_acc"))
 
 
 # --- what NKI allows ----------------------------------------------------------------------------
@@ -347,33 +339,31 @@ def test_break_closes_the_loop(rng):
 
 # --- reads of uninitialized memory --------------------------------------------------------------
 
-def test_read_of_a_tile_never_written_is_caught(rng):
+def test_read_of_a_tile_never_written_is_caught(rng, line_of, at):
     @nki.jit(sanitize=True)
     def k(x):
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-        t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)  # S:uninit_alloc
+        t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)  # E:uninit_alloc
         u = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[:, 0:32], src=x[:, 0:32])
-        nisa.tensor_scalar(dst=u, data=t, op0=nl.add, operand0=1.0)  # S:uninit_read
-        nisa.dma_copy(dst=out, src=u)  # S:uninit_store
+        nisa.tensor_scalar(dst=u, data=t, op0=nl.add, operand0=1.0)  # E:uninit_read
+        nisa.dma_copy(dst=out, src=u)  # E:uninit_store
         return out
 
     err = caught(k, f32(rng, 128, 48))
-    text = str(err)
     assert err.line == line_of("uninit_read")
-    for fragment in ("tensor_scalar reads uninitialized memory", "t[0, 32] was never written",
-                     f"{128 * 16} of the {128 * 48} elements read here", "'t' was allocated at " + at("uninit_alloc"),
-                     "values computed from it reach output 'out' (out[0, 32]) through dma_copy at " + at("uninit_store"),
-                     "nl.zeros or nisa.memset"):
-        assert fragment in text, f"{fragment!r} not in:\n{text}"
+    assert_mentions(err, "tensor_scalar reads uninitialized memory", "t[0, 32] was never written",
+                    f"{128 * 16} of the {128 * 48} elements read here", "'t' was allocated at " + at("uninit_alloc"),
+                    "values computed from it reach output 'out' (out[0, 32]) through dma_copy at " + at("uninit_store"),
+                    "nl.zeros or nisa.memset")
 
 
-def test_read_of_an_output_before_writing_it_is_caught(rng):
+def test_read_of_an_output_before_writing_it_is_caught(rng, line_of, at):
     @nki.jit(sanitize=True)
     def k(x):
-        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)  # S:out_alloc
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)  # E:out_alloc
         nisa.dma_copy(dst=out[0:64, :], src=x[0:64, :])
-        t = nl.load(out)  # S:out_read
+        t = nl.load(out)  # E:out_read
         nl.store(out, nl.add(t, 1.0))
         return out
 
@@ -383,12 +373,12 @@ def test_read_of_an_output_before_writing_it_is_caught(rng):
     assert "reach output 'out' (out[64, 0])" in str(err)
 
 
-def test_read_of_hbm_scratch_before_writing_it_is_caught(rng):
+def test_read_of_hbm_scratch_before_writing_it_is_caught(rng, line_of, at):
     @nki.jit(sanitize=True)
     def k(x):
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-        scratch = nl.ndarray(x.shape, x.dtype, buffer=nl.private_hbm)  # S:scratch_alloc
-        nisa.dma_copy(dst=out, src=scratch)  # S:scratch_read
+        scratch = nl.ndarray(x.shape, x.dtype, buffer=nl.private_hbm)  # E:scratch_alloc
+        nisa.dma_copy(dst=out, src=scratch)  # E:scratch_read
         return out
 
     err = caught(k, f32(rng, 128, 4))
@@ -396,13 +386,13 @@ def test_read_of_hbm_scratch_before_writing_it_is_caught(rng):
     assert "scratch[0, 0] was never written" in str(err) and at("scratch_alloc") in str(err)
 
 
-def test_explicit_psum_accumulation_into_a_fresh_tile_is_caught(rng):
+def test_explicit_psum_accumulation_into_a_fresh_tile_is_caught(rng, line_of, at):
     @nki.jit(sanitize=True)
     def k(a, b):
         out = nl.ndarray((a.shape[1], b.shape[1]), nl.float32, buffer=nl.shared_hbm)
-        acc = nl.ndarray((a.shape[1], b.shape[1]), nl.float32, buffer=nl.psum)  # S:psum_alloc
+        acc = nl.ndarray((a.shape[1], b.shape[1]), nl.float32, buffer=nl.psum)  # E:psum_alloc
         ta, tb = nl.load(a), nl.load(b)
-        nisa.nc_matmul(dst=acc, stationary=ta, moving=tb, accumulate=True)  # S:psum_read
+        nisa.nc_matmul(dst=acc, stationary=ta, moving=tb, accumulate=True)  # E:psum_read
         nl.store(out, nl.copy(acc))
         return out
 
@@ -411,17 +401,17 @@ def test_explicit_psum_accumulation_into_a_fresh_tile_is_caught(rng):
     assert "nc_matmul reads uninitialized memory: acc[0, 0]" in str(err) and at("psum_alloc") in str(err)
 
 
-def test_read_in_a_runtime_loop_is_caught_in_the_iteration_that_does_it(rng):
+def test_read_in_a_runtime_loop_is_caught_in_the_iteration_that_does_it(rng, line_of, at):
     """The check is dynamic: columns 0-4 are written, the device loop reads column i at run time."""
     @nki.jit(sanitize=True)
     def k(x):
-        t = nl.ndarray((1, 8), nl.float32, buffer=nl.sbuf)  # S:loop_alloc
+        t = nl.ndarray((1, 8), nl.float32, buffer=nl.sbuf)  # E:loop_alloc
         acc = nl.zeros((1, 1), nl.float32, buffer=nl.sbuf)
         nisa.dma_copy(dst=t[:, 0:5], src=x[:, 0:5])
 
         def body(i):
             col = t.ap([[8, 1], [1, 1]], scalar_offset=i, indirect_dim=1)
-            nisa.tensor_tensor(dst=acc, data1=acc, data2=col, op=nl.add)  # S:loop_read
+            nisa.tensor_tensor(dst=acc, data1=acc, data2=col, op=nl.add)  # E:loop_read
 
         nl.fori_loop(0, x.shape[1], body)
         out = nl.ndarray((1, 1), nl.float32, buffer=nl.shared_hbm)
@@ -436,12 +426,12 @@ def test_read_in_a_runtime_loop_is_caught_in_the_iteration_that_does_it(rng):
     np.testing.assert_array_equal(k(x[:, 0:5])[0, 0], np.float32(((x[0, 0] + x[0, 1]) + x[0, 2] + x[0, 3]) + x[0, 4]))
 
 
-def test_register_or_offset_from_uninitialized_memory_is_caught_at_once(rng):
+def test_register_or_offset_from_uninitialized_memory_is_caught_at_once(rng, line_of, at):
     @nki.jit(sanitize=True)
     def to_register(x):
-        count = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)  # S:reg_alloc
+        count = nl.ndarray((1, 1), nl.int32, buffer=nl.sbuf)  # E:reg_alloc
         r = nisa.register_alloc()
-        nisa.register_load(r, count)  # S:reg_load
+        nisa.register_load(r, count)  # E:reg_load
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
         nisa.dma_copy(dst=out, src=x)
         return out
@@ -453,11 +443,11 @@ def test_register_or_offset_from_uninitialized_memory_is_caught_at_once(rng):
 
     @nki.jit(sanitize=True)
     def to_offset(x):
-        rows = nl.ndarray((4, 1), nl.int32, buffer=nl.sbuf)  # S:idx_alloc
+        rows = nl.ndarray((4, 1), nl.int32, buffer=nl.sbuf)  # E:idx_alloc
         nisa.iota(rows[0:2, :], [[0, 1]], offset=1)
         out = nl.ndarray((4, x.shape[1]), x.dtype, buffer=nl.shared_hbm)
         t = nl.ndarray((4, x.shape[1]), x.dtype, buffer=nl.sbuf)
-        nisa.dma_copy(dst=t, src=x.ap([[x.shape[1], 4], [1, x.shape[1]]], vector_offset=rows))  # S:idx_use
+        nisa.dma_copy(dst=t, src=x.ap([[x.shape[1], 4], [1, x.shape[1]]], vector_offset=rows))  # E:idx_use
         nisa.dma_copy(dst=out, src=t)
         return out
 
@@ -494,13 +484,13 @@ def test_garbage_computed_and_discarded_is_not_an_error(rng):
     np.testing.assert_array_equal(overwritten(x), x)
 
 
-def test_predicated_copy_initializes_only_the_selected_elements(rng):
+def test_predicated_copy_initializes_only_the_selected_elements(rng, line_of):
     @nki.jit(sanitize=True)
     def k(x, mask):
         out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
-        t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)  # S:pred_alloc
+        t = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)  # E:pred_alloc
         nisa.tensor_copy_predicated(dst=t, src=nl.load(x), predicate=nl.load(mask))
-        nl.store(out, nl.copy(t))  # S:pred_read
+        nl.store(out, nl.copy(t))  # E:pred_read
         return out
 
     x = f32(rng, 128, 4)
