@@ -14,6 +14,7 @@
 #include "nikki/builder.hpp"
 #include "nikki/ir_printer.hpp"
 #include "nikki/jit/compile.hpp"
+#include "nikki/jit/sanitize.hpp"
 #include "nikki/nl.hpp"
 #include "nikki/runtime/executor.hpp"
 #include "nikki/runtime/interpreter.hpp"
@@ -77,16 +78,21 @@ void set_attribute(Attributes& a, const std::string& key, const py::handle& v) {
   else throw std::invalid_argument("unknown instruction attribute: " + key);
 }
 
-/** A compiled kernel plus its executor (NIKKI_EXECUTOR: native by default), created on first run. */
+/** A compiled kernel plus its executor (NIKKI_EXECUTOR: native by default), created on first run;
+ * a sanitized kernel runs on the reference interpreter with its uninitialized-read checks. */
 struct PyProgram {
   jit::Program program;
   runtime::ExecutorKind kind = runtime::ExecutorKind::native;
+  bool sanitize = false;
   std::unique_ptr<runtime::StreamExecutor> executor;
+  std::unique_ptr<runtime::Interpreter> sanitizer;
 
   /** Runs the program; `fill_outputs=false` for SPMD instances after the first, which share the
    * shared_hbm outputs the earlier instances wrote. */
   void run(const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs, bool fill_outputs) {
-    if (!executor) {
+    if (sanitize && !sanitizer) {
+      sanitizer = std::make_unique<runtime::Interpreter>(program.kernel(), /*sanitize=*/true);
+    } else if (!sanitize && !executor) {
       auto [order, seed] = runtime::stream_order_from_env();
       executor = std::make_unique<runtime::StreamExecutor>(program.device, kind, program.native, order, seed);
     }
@@ -94,7 +100,8 @@ struct PyProgram {
     for (size_t i = 0; i < inputs.size(); ++i) in[i] = reinterpret_cast<void*>(inputs[i]);
     for (size_t i = 0; i < outputs.size(); ++i) out[i] = reinterpret_cast<void*>(outputs[i]);
     py::gil_scoped_release release;
-    executor->run(in, out, fill_outputs);
+    if (sanitizer) sanitizer->run(in, out, fill_outputs);
+    else executor->run(in, out, fill_outputs);
   }
 
   /** Drops the executor and its simulated core until the next run: an SPMD launch runs one
@@ -325,10 +332,7 @@ PYBIND11_MODULE(_core, m) {
              out.indirection = std::move(ind);
              return out;
            })
-      .def("same_as", [](const AccessPattern& a, const AccessPattern& b) {
-        return a.storage == b.storage && a.dtype == b.dtype && a.offset == b.offset && a.rank == b.rank &&
-               std::equal(a.dims.begin(), a.dims.begin() + a.rank, b.dims.begin()) && !a.indirection && !b.indirection;
-      });
+      .def("same_as", &same_static_view);
 
   // --- building ----------------------------------------------------------------------------
   py::class_<Kernel>(m, "Kernel")
@@ -433,6 +437,10 @@ PYBIND11_MODULE(_core, m) {
              inst.operands[0] = Operand::tensor(dst);
              inst.attrs.accumulate = Accumulate::accumulate;
            })
+      .def("record_parallel_loops", &KernelBuilder::record_parallel_loops)
+      .def("open_parallel_loop", &KernelBuilder::open_parallel_loop)
+      .def("begin_iteration", &KernelBuilder::begin_iteration)
+      .def("close_parallel_loop", &KernelBuilder::close_parallel_loop)
       .def("add_output", &KernelBuilder::add_output)
       .def("finish", &KernelBuilder::finish);
 
@@ -477,10 +485,11 @@ PYBIND11_MODULE(_core, m) {
         return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
       })
       .def_property_readonly("memory_bytes", [](const PyProgram& p) {
-        return sizeof(PyProgram) + jit::memory_bytes(p.program) + (p.executor ? p.executor->resident_bytes() : 0);
+        return sizeof(PyProgram) + jit::memory_bytes(p.program) + (p.executor ? p.executor->resident_bytes() : 0) +
+               (p.sanitizer ? p.sanitizer->resident_bytes() : 0);
       }, "Approximate bytes the program holds between runs: IR, streams, native code, executor state.")
       .def_property_readonly("executor", [](const PyProgram& p) {
-        return p.kind == runtime::ExecutorKind::native ? "native" : "interp";
+        return p.sanitize ? "sanitizer" : p.kind == runtime::ExecutorKind::native ? "native" : "interp";
       })
       .def_property_readonly("native_stats", [](const PyProgram& p) {
         py::dict d;
@@ -511,18 +520,21 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "compile",
-      [](const Kernel& kernel, bool for_running, int64_t sbuf_budget) {
+      [](const Kernel& kernel, bool for_running, bool sanitize, int64_t sbuf_budget) {
         auto p = std::make_unique<PyProgram>();
         p->kind = runtime::executor_from_env();
-        // A program only estimated (nikki.estimate) needs no native code.
-        const bool native = for_running && p->kind == runtime::ExecutorKind::native;
-        p->program = jit::compile(
-            kernel, jit::CompileOptions{.native = native, .allocate_options = {.sbuf_budget = sbuf_budget}});
+        p->sanitize = sanitize;
+        // A program only estimated (nikki.estimate) or run by the sanitizer needs no native code.
+        const bool native = for_running && !sanitize && p->kind == runtime::ExecutorKind::native;
+        p->program = jit::compile(kernel, jit::CompileOptions{.native = native,
+                                                              .allocate_options = {.sbuf_budget = sbuf_budget},
+                                                              .sanitize = sanitize});
         return p;
       },
-      py::arg("kernel"), py::arg("for_running") = true, py::arg("sbuf_budget") = 0,
+      py::arg("kernel"), py::arg("for_running") = true, py::arg("sanitize") = false, py::arg("sbuf_budget") = 0,
       "Compiles a kernel; sbuf_budget (bytes per partition, 0: the target's) is a testing hook that "
       "makes kernels spill.");
+  m.def("sanitize_from_env", &jit::sanitize_from_env, "NIKKI_SANITIZE: 1 on, 0 or unset off (KernelError otherwise).");
 
   py::class_<runtime::Profile>(m, "Profile")
       .def_readonly("kernel", &runtime::Profile::kernel)

@@ -13,6 +13,7 @@
 #include "nikki/jit/allocate.hpp"
 #include "nikki/jit/cache.hpp"
 #include "nikki/jit/native.hpp"
+#include "nikki/jit/sanitize.hpp"
 #include "nikki/jit/streams.hpp"
 #include "nikki/jit/verify.hpp"
 
@@ -118,8 +119,14 @@ Program compile(Kernel kernel, const CompileOptions& options) {
       }
     }, [&] { return fmt::format("device program {}: {}\n", key.hash().hex(), hit ? "hit" : "miss"); });
   }
+  auto sanitize = [&] {
+    if (options.sanitize)
+      stages.run("sanitize", [&] { check_parallel_loops(kernel); }, [&] { return parallel_loops_summary(kernel); });
+  };
+  if (program.device) sanitize();  // a cache hit skips the stages below, not the loop check
   if (!program.device) {
     stages.run("verify", [&] { verify(kernel); }, [&] { return to_string(kernel); });
+    sanitize();
     stages.run("allocate", [&] { program.spills = allocate(kernel, options.allocate_options); },
                [&] { return to_string(kernel); });
     if (scheduled) {

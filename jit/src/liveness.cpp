@@ -68,11 +68,7 @@ std::vector<std::vector<StorageId>> sentinel_fills(const Kernel& kernel, const s
   return fills;
 }
 
-namespace {
-
-/** Intervals [first, last) of elements an access visits, added to `out`; false when they would
- * exceed `budget` in total (the caller then assumes nothing is covered). */
-bool add_intervals(const AccessPattern& ap, std::vector<std::pair<int64_t, int64_t>>& out, size_t budget) {
+bool element_intervals(const AccessPattern& ap, std::vector<std::pair<int64_t, int64_t>>& out, size_t budget) {
   // The innermost dims that are contiguous together form one run of `run` elements.
   int inner = ap.rank;
   int64_t run = 1;
@@ -96,6 +92,8 @@ bool add_intervals(const AccessPattern& ap, std::vector<std::pair<int64_t, int64
   }
   return true;
 }
+
+namespace {
 
 bool indexes_through(const AccessPattern& ap, StorageId id) {
   const Indirection* ind = ap.indirection.get();
@@ -132,7 +130,7 @@ std::vector<StorageId> output_fills(const Kernel& kernel) {
       if (inst.engine != Engine::dma || loop_depth > 0 || o.ap.indirection ||
           dtype_size(o.ap.dtype) != dtype_size(kernel.storages[id].dtype))
         continue;
-      if (!add_intervals(o.ap, written[id], kBudget)) candidate[id] = false;
+      if (!element_intervals(o.ap, written[id], kBudget)) candidate[id] = false;
     }
   }
   std::vector<StorageId> fills;

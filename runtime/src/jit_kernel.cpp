@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "nikki/jit/sanitize.hpp"
+
 namespace nikki::runtime {
 
 bool operator==(const Specialization& a, const Specialization& b) {
@@ -32,7 +34,8 @@ size_t SpecializationHash::operator()(const Specialization& s) const noexcept {
 
 jit::CompileOptions JitKernel::default_options() {
   jit::CompileOptions o;
-  o.native = executor_from_env() == ExecutorKind::native;
+  o.sanitize = jit::sanitize_from_env();
+  o.native = executor_from_env() == ExecutorKind::native && !o.sanitize;
   return o;
 }
 
@@ -53,13 +56,21 @@ std::shared_ptr<JitKernel::Entry> JitKernel::entry(const Specialization& s) {
     }
   }
   // Compile outside the lock: another thread may be compiling another specialization.
-  Kernel kernel = trace_specs(s.trace, name_, s.inputs, body_);
+  TraceOptions trace = s.trace;
+  trace.sanitize = options_.sanitize;
+  Kernel kernel = trace_specs(trace, name_, s.inputs, body_);
   auto entry = std::make_shared<Entry>();
-  entry->kernel.program = jit::compile(std::move(kernel), options_);
-  const auto [order, seed] = stream_order_from_env();  // NIKKI_STREAM_ORDER, as for Python kernels
-  entry->kernel.executor =
-      std::make_unique<StreamExecutor>(entry->kernel.program.device, kind_, entry->kernel.program.native, order, seed);
-  entry->bytes = sizeof(Entry) + jit::memory_bytes(entry->kernel.program) + entry->kernel.executor->resident_bytes();
+  CompiledKernel& compiled = entry->kernel;
+  compiled.program = jit::compile(std::move(kernel), options_);
+  if (options_.sanitize) {
+    compiled.sanitizer = std::make_unique<Interpreter>(compiled.program.kernel(), /*sanitize=*/true);
+  } else {
+    const auto [order, seed] = stream_order_from_env();  // NIKKI_STREAM_ORDER, as for Python kernels
+    compiled.executor =
+        std::make_unique<StreamExecutor>(compiled.program.device, kind_, compiled.program.native, order, seed);
+  }
+  entry->bytes = sizeof(Entry) + jit::memory_bytes(compiled.program) +
+                 (compiled.executor ? compiled.executor->resident_bytes() : compiled.sanitizer->resident_bytes());
   std::lock_guard<std::mutex> lock(mutex_);
   auto [it, inserted] = cache_.try_emplace(s, entry);
   if (!inserted) return it->second;  // a concurrent compile of the same key: the first one wins
@@ -82,7 +93,8 @@ void JitKernel::shrink_locked() {
 void JitKernel::run(const Specialization& s, std::span<void* const> inputs, std::span<void* const> outputs) {
   std::shared_ptr<Entry> e = entry(s);
   std::lock_guard<std::mutex> running(e->running);
-  e->kernel.executor->run(inputs, outputs);
+  if (e->kernel.sanitizer) e->kernel.sanitizer->run(inputs, outputs);
+  else e->kernel.executor->run(inputs, outputs);
 }
 
 size_t JitKernel::size() const {

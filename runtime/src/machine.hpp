@@ -525,19 +525,25 @@ class Machine {
     return r;
   }
 
-  void exec_tensor_reduce(const Instruction& inst) {
-    const Attributes& at = inst.attrs;
-    Elements dst = operand(inst, 0), data = operand(inst, 1);
+  /** Elements each output of a tensor_reduce folds: the reduced axes are a suffix of the free
+   * dims, so each output element reduces one run of consecutive input elements. */
+  static int64_t reduce_run(const Instruction& inst) {
     const AccessPattern& ap = inst.operands[1].ap;
-    // The reduced axes are a suffix of the free dims: each output element reduces one run.
     int first = ap.rank;
     for (int d = 1; d < ap.rank; ++d)
-      if (at.axes & (1u << d)) {
+      if (inst.attrs.axes & (1u << d)) {
         first = d;
         break;
       }
     int64_t run = 1;
     for (int d = first; d < ap.rank; ++d) run *= ap.dims[d].count;
+    return run;
+  }
+
+  void exec_tensor_reduce(const Instruction& inst) {
+    const Attributes& at = inst.attrs;
+    Elements dst = operand(inst, 0), data = operand(inst, 1);
+    const int64_t run = reduce_run(inst);
     const int bits = 8 * int(dtype_size(data.dtype));
     for (int64_t p = 0; p < dst.partitions; ++p)
       for (int64_t o = 0; o < dst.free; ++o) {
@@ -628,27 +634,35 @@ class Machine {
     }
   }
 
-  /** iota / affine_select: the affine value offset + c * channel_multiplier + sum(step * index). */
+  /** The affine values of iota / affine_select for partition c: offset + c * channel_multiplier +
+   * sum(step * index) over the pattern, one per free element, computed in int32. */
+  static std::vector<int64_t> affine_values(const Attributes& at, int64_t c, int64_t free) {
+    std::vector<int64_t> values(free), idx(at.pattern.size(), 0);
+    for (int64_t f = 0; f < free; ++f) {
+      int64_t v = at.offset + c * at.channel_multiplier;
+      for (size_t d = 0; d < idx.size(); ++d) v += at.pattern[d].stride * idx[d];
+      values[f] = static_cast<int32_t>(static_cast<uint32_t>(v));
+      for (int d = static_cast<int>(idx.size()) - 1; d >= 0; --d) {
+        if (++idx[d] < at.pattern[d].count) break;
+        idx[d] = 0;
+      }
+    }
+    return values;
+  }
+
   void exec_affine(const Instruction& inst) {
     const Attributes& at = inst.attrs;
     Elements dst = operand(inst, 0);
     Elements on_true = inst.opcode == Opcode::affine_select ? operand(inst, 1) : Elements{};
     for (int64_t c = 0; c < dst.partitions; ++c) {
-      std::vector<int64_t> idx(at.pattern.size(), 0);
+      const std::vector<int64_t> values = affine_values(at, c, dst.free);
       for (int64_t f = 0; f < dst.free; ++f) {
-        int64_t v = at.offset + c * at.channel_multiplier;
-        for (size_t d = 0; d < idx.size(); ++d) v += at.pattern[d].stride * idx[d];
-        v = static_cast<int32_t>(static_cast<uint32_t>(v));  // computed in int32
         if (inst.opcode == Opcode::iota) {
-          store_integer_value(dst.dtype, dst.at(c, f), v);
-        } else if (alu_apply_int(at.cmp_op, v, 0)) {
+          store_integer_value(dst.dtype, dst.at(c, f), values[f]);
+        } else if (alu_apply_int(at.cmp_op, values[f], 0)) {
           copy_element(dst.dtype, dst.at(c, f), on_true.dtype, on_true.at(c, f));
         } else {
           dst.set(c, f, static_cast<float>(inst.operands[2].imm));
-        }
-        for (int d = static_cast<int>(idx.size()) - 1; d >= 0; --d) {
-          if (++idx[d] < at.pattern[d].count) break;
-          idx[d] = 0;
         }
       }
     }

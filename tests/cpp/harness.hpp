@@ -44,8 +44,9 @@ inline HostTensor random_tensor(DType dtype, Shape shape, uint32_t seed, float l
   return t;
 }
 
-/** @brief Compiles a traced kernel and runs it on the interpreter; returns its outputs. */
-inline std::vector<HostTensor> run_kernel(Kernel kernel, std::vector<HostTensor*> inputs) {
+/** @brief Compiles a traced kernel and runs it on the interpreter (sanitizing when asked);
+ * returns its outputs. */
+inline std::vector<HostTensor> run_kernel(Kernel kernel, std::vector<HostTensor*> inputs, bool sanitize = false) {
   jit::Program program = jit::compile(std::move(kernel));
   const Kernel& k = program.kernel();
   std::vector<HostTensor> outputs;
@@ -53,7 +54,7 @@ inline std::vector<HostTensor> run_kernel(Kernel kernel, std::vector<HostTensor*
   std::vector<void*> in_ptrs, out_ptrs;
   for (HostTensor* t : inputs) in_ptrs.push_back(t->data());
   for (HostTensor& t : outputs) out_ptrs.push_back(t.data());
-  runtime::Interpreter interpreter(k);
+  runtime::Interpreter interpreter(k, sanitize);
   interpreter.run(in_ptrs, out_ptrs);
   return outputs;
 }

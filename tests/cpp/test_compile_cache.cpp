@@ -20,28 +20,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-/** Points NIKKI_CACHE_DIR at a fresh directory for the test's lifetime. */
-class TempCacheDir {
- public:
-  TempCacheDir() : path_(fresh_path()), env_("NIKKI_CACHE_DIR", path_.string()) {}
-  ~TempCacheDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-
- private:
-  static fs::path fresh_path() {
-    static std::atomic<int> counter{0};
-    fs::path p = fs::temp_directory_path() / fmt::format("nikki-cache-test-{}-{}", ::getpid(), counter++);
-    fs::remove_all(p);
-    fs::create_directories(p);
-    return p;
-  }
-  fs::path path_;
-  ScopedEnv env_;
-};
-
 // out = a * scale + b over a [rows, cols] tile; `op` and `scale` vary the IR.
 Kernel axpb(Shape shape, DType dtype, TargetId target = TargetId::trn2, nl::Op op = nl::add, double scale = 2.0) {
   return trace(TraceOptions{.target = target}, "axpb",

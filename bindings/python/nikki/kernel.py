@@ -222,7 +222,8 @@ class Kernel:
                 key_parts.append((v.shape, v.dtype, 2))
             else:
                 key_parts.append(("const", _constant_key(v)))
-        return (tuple(key_parts), self.target, os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"), self._grid())
+        return (tuple(key_parts), self.target, os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE"), self._grid(),
+                os.environ.get("NIKKI_SANITIZE"))
 
     # --- compiling ------------------------------------------------------------------------
     def trace_outputs(self, values) -> tuple:
@@ -258,14 +259,20 @@ class Kernel:
         except Exception as err:
             raise _for_user(err, user_frame(2)) from None
 
+    def sanitizing(self) -> bool:
+        """Whether calls are sanitized: ``nki.jit(sanitize=...)`` if given, else NIKKI_SANITIZE."""
+        option = self.options.get("sanitize")
+        return _core.sanitize_from_env() if option is None else bool(option)
+
     def compile_for(self, values, grid, for_running: bool = True) -> Compiled:
         specs = [self._classify(i, v) for i, v in enumerate(values)]
         target = _resolve_target(self.target or self.options.get("platform_target"))
+        sanitize = self.sanitizing()
         ids = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
         programs, outputs = [], None
         instructions, max_instructions = 0, _core.max_instructions()
         for program_ids in ids:
-            kernel, out_specs = self._trace(specs, target, grid, program_ids)
+            kernel, out_specs = self._trace(specs, target, grid, program_ids, sanitize)
             instructions += kernel.num_instructions
             if instructions > max_instructions:  # each program is held in memory until the launch ends
                 raise KernelError(f"the {len(ids)} program instances of kernel '{self.fn.__name__}' unroll into "
@@ -279,7 +286,7 @@ class Kernel:
                 raise self._error_at_return(f"kernel '{self.fn.__name__}': program instances {ids[0]} and "
                                             f"{program_ids} return different outputs",
                                             hint="all instances must return the same shared_hbm tensors")
-            programs.append(_core.compile(kernel, for_running))
+            programs.append(_core.compile(kernel, for_running, sanitize))
         _warn(programs)
         output_specs, results = outputs
         return Compiled(programs, output_specs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
@@ -304,9 +311,9 @@ class Kernel:
                               hint="pass a tuple instead of a list")
         return value
 
-    def _trace(self, specs, target, grid, program_ids):
+    def _trace(self, specs, target, grid, program_ids, sanitize: bool = False):
         fn = self.fn
-        ctx = TraceContext(fn.__name__, target, grid, program_ids)
+        ctx = TraceContext(fn.__name__, target, grid, program_ids, sanitize)
         code = fn.__code__
         loc = ctx.builder.location(code.co_filename, code.co_firstlineno, 0, 0, fn.__name__)
         call_args = []
@@ -519,18 +526,23 @@ def _is_mutable_annotation(annotation, fn_globals) -> bool:
 _IGNORED_JIT_OPTIONS = ("compile_config", "specialization_config", "additional_compile_opt")
 
 
-def jit(fn=None, *, target=None, mode=None, platform_target=None, **kwargs):
+def jit(fn=None, *, target=None, mode=None, platform_target=None, sanitize=None, **kwargs):
     """Decorates a kernel function: ``@nki.jit`` or ``@nki.jit(target="trn1")``.
 
     ``mode=`` is accepted and ignored (as in NKI 0.3+); nikki always runs on its simulated
     NeuronCore. ``platform_target=`` is accepted as an alias of ``target=``. NKI 2.33's
     ``compile_config=`` / ``specialization_config=`` are accepted and ignored; any other keyword is
     an error, as misspelled options would otherwise be silently dropped.
+
+    ``sanitize=True`` (default: the NIKKI_SANITIZE environment variable) checks the kernel for
+    what a sequential simulator hides: dependencies between iterations of an ``nl.affine_range``
+    loop (when compiling) and reads of memory nothing wrote (when running, on the reference
+    interpreter); both raise a KernelError naming the lines involved (docs/sanitizer.md).
     """
     unknown = [k for k in kwargs if k not in _IGNORED_JIT_OPTIONS]
     if unknown:
         raise TypeError(f"nki.jit() got an unexpected keyword argument '{unknown[0]}'")
-    kwargs = {}
+    kwargs = {} if sanitize is None else {"sanitize": bool(sanitize)}
 
     def wrap(f):
         try:

@@ -105,7 +105,8 @@ def full(shape, fill_value, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
     if not region.is_on_chip:
         raise kernel_error_at(user_frame(2), f"creating an HBM tensor ({region.name}) with an initial value is not "
                               "supported", hint="create it in nl.sbuf, or allocate with nl.ndarray and dma_copy into it")
-    t = ndarray(shape, dtype, buffer=region, name=name)
+    # named after the user's variable (acc = nl.zeros(...)), as ndarray names what it is assigned to
+    t = ndarray(shape, dtype, buffer=region, name=name or assigned_name(user_frame(2)))
     _isa._assign_scalar(t, fill_value)
     return t
 
@@ -171,12 +172,39 @@ tile_size = _TileSize()
 # --- iterators and control flow -------------------------------------------------------------
 
 def affine_range(start, stop=None, step=1):
-    """A loop that unrolls at trace time (as in current NKI)."""
+    """A loop whose iterations do not depend on one another: NKI may reorder and overlap them.
+
+    It unrolls at trace time (as in current NKI). When the kernel is sanitized
+    (``nki.jit(sanitize=True)`` or ``NIKKI_SANITIZE=1``), its iterations are recorded and a
+    dependency between two of them (one reads or overwrites what another wrote, beyond
+    accumulations such as ``psum += nl.matmul(...)``) is a KernelError.
+    """
+    values = range(start, stop, step) if stop is not None else range(start)
+    ctx = maybe_current()
+    if ctx is None or not ctx.sanitize:
+        return values
+    return _recorded_iterations(ctx, values, ctx.location(2))
+
+
+def _recorded_iterations(ctx, values: range, loc: int):
+    loop = ctx.builder.open_parallel_loop(loc, values.start, values.step)
+    try:
+        for value in values:
+            ctx.builder.begin_iteration(loop)
+            yield value
+    finally:
+        # also on `break`: the generator is closed when the for statement drops it
+        ctx.builder.close_parallel_loop(loop)
+
+
+def sequential_range(start, stop=None, step=1):
+    """A loop whose iterations may depend on one another (run in order); unrolls at trace time."""
     return range(start, stop, step) if stop is not None else range(start)
 
 
-sequential_range = affine_range
-static_range = affine_range
+def static_range(start, stop=None, step=1):
+    """A loop unrolled at trace time, iterations in order."""
+    return range(start, stop, step) if stop is not None else range(start)
 
 
 from .index_expr import arange, mgrid  # noqa: E402  (legacy index expressions)

@@ -90,7 +90,7 @@ class LibraryKernel(Kernel):
             out[name] = float(value)
         return out
 
-    def _trace(self, specs, target, grid, program_ids):
+    def _trace(self, specs, target, grid, program_ids, sanitize: bool = False):
         tensors = []
         for name, spec in zip(self.inputs, specs):
             if not isinstance(spec, _TensorArg):

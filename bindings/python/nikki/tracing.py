@@ -17,8 +17,11 @@ _state = threading.local()
 class TraceContext:
     """Everything the NKI API needs while one program instance of a kernel is traced."""
 
-    def __init__(self, name: str, target: str, grid: tuple = (), program_ids: tuple = ()):
+    def __init__(self, name: str, target: str, grid: tuple = (), program_ids: tuple = (), sanitize: bool = False):
         self.builder = _core.Builder(name, target, list(grid), list(program_ids))
+        # sanitized kernels record their nl.affine_range loops for the loop-dependency check
+        self.sanitize = sanitize
+        self.builder.record_parallel_loops(sanitize)
         self.target = target
         self.grid = tuple(grid)
         self.program_ids = tuple(program_ids)

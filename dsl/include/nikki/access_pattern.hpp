@@ -10,6 +10,7 @@
 // the user's source line and rethrows as KernelError.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -118,6 +119,12 @@ struct AccessPattern {
     return e;
   }
 };
+
+/** @brief Whether two static views name the same elements of one storage, in the same order. */
+inline bool same_static_view(const AccessPattern& a, const AccessPattern& b) {
+  return a.storage == b.storage && a.dtype == b.dtype && a.offset == b.offset && a.rank == b.rank &&
+         std::equal(a.dims.begin(), a.dims.begin() + a.rank, b.dims.begin()) && !a.indirection && !b.indirection;
+}
 
 /**
  * @brief Runtime parts of an access pattern (NKI .ap(scalar_offset=, vector_offset=)).

@@ -1,6 +1,7 @@
 // KernelBuilder: the one way IR gets built, by the C++ DSL and by the Python tracer alike.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <iterator>
@@ -224,11 +225,48 @@ class KernelBuilder {
   /** @brief Points a loop marker at its partner (loop_begin -> loop_end and back). */
   void set_jump(int32_t index, int32_t target) { kernel_.instructions.at(index).attrs.jump = target; }
 
+  /**
+   * @brief Whether nl.affine_range loops are recorded in Kernel::parallel_loops (for the
+   * sanitizer). Off by default: the loop calls below then return at once.
+   */
+  void record_parallel_loops(bool on) { record_loops_ = on; }
+  bool records_parallel_loops() const { return record_loops_; }
+
+  /** @brief Opens a parallel loop at `loc` inside the innermost open one; -1 when not recording. */
+  int32_t open_parallel_loop(LocId loc, int64_t start, int64_t step) {
+    if (!record_loops_) return -1;
+    ParallelLoop loop;
+    loop.loc = loc;
+    loop.parent = open_loops_.empty() ? -1 : open_loops_.back();
+    loop.start = start;
+    loop.step = step;
+    const auto id = static_cast<int32_t>(kernel_.parallel_loops.size());
+    kernel_.parallel_loops.push_back(std::move(loop));
+    open_loops_.push_back(id);
+    return id;
+  }
+  /** @brief The next iteration of `loop` begins with the next instruction appended. */
+  void begin_iteration(int32_t loop) {
+    if (loop < 0) return;
+    kernel_.parallel_loops.at(loop).iteration_begin.push_back(static_cast<uint32_t>(kernel_.instructions.size()));
+  }
+  /** @brief Ends `loop` (and any loop opened inside it and left open, e.g. by a `break`). */
+  void close_parallel_loop(int32_t loop) {
+    if (std::find(open_loops_.begin(), open_loops_.end(), loop) == open_loops_.end()) return;  // closed
+    for (int32_t innermost = -1; innermost != loop; open_loops_.pop_back()) {
+      innermost = open_loops_.back();
+      kernel_.parallel_loops[innermost].end = static_cast<uint32_t>(kernel_.instructions.size());
+    }
+  }
+
   /** @brief Marks a storage as a kernel output (in return order). */
   void add_output(StorageId id) { kernel_.outputs.push_back(id); }
 
   /** @brief Hands over the finished kernel; the builder is empty afterwards. */
-  Kernel finish() { return std::move(kernel_); }
+  Kernel finish() {
+    if (!open_loops_.empty()) close_parallel_loop(open_loops_.front());
+    return std::move(kernel_);
+  }
 
   /** @brief The builder of the kernel being traced on this thread, or null. */
   static KernelBuilder*& current_slot() {
@@ -284,6 +322,8 @@ class KernelBuilder {
   Kernel kernel_;
   ProgramGrid grid_;
   int64_t max_instructions_;
+  bool record_loops_ = false;
+  std::vector<int32_t> open_loops_;  // parallel loops being traced, innermost last
   std::unordered_map<CppKey, LocId, CppKeyHash> cpp_locations_;
   std::unordered_map<std::string, LocId> locations_;
   std::unordered_set<std::string> names_;

@@ -265,6 +265,25 @@ struct Instruction {
   }
 };
 
+/**
+ * @brief One traced run of an nl.affine_range loop, whose iterations NKI may reorder and overlap.
+ * Recorded only when a kernel is traced for the sanitizer (jit/sanitize.hpp), which checks that no
+ * iteration depends on another. A loop nested in another is one run per outer iteration.
+ */
+struct ParallelLoop {
+  LocId loc = 0;                          // the loop statement
+  int32_t parent = -1;                    // the enclosing ParallelLoop, or -1
+  int64_t start = 0;                      // iteration k has the loop value start + k * step
+  int64_t step = 1;
+  std::vector<uint32_t> iteration_begin;  // first instruction index of each iteration
+  uint32_t end = 0;                       // one past the last instruction of the last iteration
+
+  size_t iterations() const { return iteration_begin.size(); }
+  /** @brief One past the last instruction of iteration k. */
+  uint32_t iteration_end(size_t k) const { return k + 1 < iteration_begin.size() ? iteration_begin[k + 1] : end; }
+  int64_t value(size_t k) const { return start + static_cast<int64_t>(k) * step; }
+};
+
 /** @brief A whole kernel: storages, parameters, outputs, instructions in program order. */
 struct Kernel {
   std::string name;
@@ -276,6 +295,7 @@ struct Kernel {
   std::vector<SourceLocation> locations;  // indexed by LocId; entry 0 is "unknown"
   int32_t num_registers = 0;
   bool allocated = false;  // every on-chip storage has an address
+  std::vector<ParallelLoop> parallel_loops;  // side table for the sanitizer; empty unless traced for it
 
   const SourceLocation& location(LocId id) const {
     static const SourceLocation unknown;

@@ -198,6 +198,64 @@ inline int program_ndim(Loc loc = Loc::current()) {
   return static_cast<int>(KernelBuilder::current(loc).grid().dims.size());
 }
 
+/**
+ * @brief nl.affine_range: a loop whose iterations do not depend on one another, so NKI may reorder
+ * and overlap them. It unrolls at trace time like any C++ loop:
+ *
+ *     for (int64_t i : nl::affine_range(n)) { ... }
+ *
+ * When the kernel is traced for the sanitizer, the loop and its iterations are recorded in the
+ * kernel, which then checks that no iteration reads or overwrites what another one wrote.
+ */
+class affine_range {
+ public:
+  explicit affine_range(int64_t stop, Loc loc = Loc::current()) : affine_range(0, stop, 1, loc) {}
+  affine_range(int64_t start, int64_t stop, int64_t step = 1, Loc loc = Loc::current())
+      : start_(start), stop_(stop), step_(step) {
+    if (step == 0)
+      throw KernelError("affine_range step is 0", SourceLocation::from(loc), {}, "a loop step is non-zero",
+                        "give a positive step to count up, a negative one to count down");
+    if (KernelBuilder* b = KernelBuilder::current_slot(); b && b->records_parallel_loops()) {
+      builder_ = b;
+      loop_ = b->open_parallel_loop(b->location(loc), start, step);
+    }
+  }
+  ~affine_range() {
+    if (builder_) builder_->close_parallel_loop(loop_);
+  }
+  affine_range(const affine_range&) = delete;
+  affine_range& operator=(const affine_range&) = delete;
+
+  class iterator {
+   public:
+    /** @brief The loop value; reading it starts the iteration (a range-for reads it once per pass). */
+    int64_t operator*() const {
+      if (range_->builder_) range_->builder_->begin_iteration(range_->loop_);
+      return value_;
+    }
+    iterator& operator++() {
+      value_ += range_->step_;
+      return *this;
+    }
+    bool operator!=(const iterator& end) const {
+      return range_->step_ > 0 ? value_ < end.value_ : value_ > end.value_;
+    }
+
+   private:
+    friend class affine_range;
+    iterator(const affine_range* range, int64_t value) : range_(range), value_(value) {}
+    const affine_range* range_;
+    int64_t value_;
+  };
+  iterator begin() const { return {this, start_}; }
+  iterator end() const { return {this, stop_}; }
+
+ private:
+  int64_t start_, stop_, step_;
+  KernelBuilder* builder_ = nullptr;
+  int32_t loop_ = -1;
+};
+
 /** @brief Slice [start, start + size) (nl.ds); an end past int64 stays out of bounds instead of wrapping. */
 inline Slice ds(int64_t start, int64_t size) {
   return Slice{start, checked_add(start, size).value_or(std::numeric_limits<int64_t>::max()), 1};

@@ -30,6 +30,7 @@ inline TensorSpec spec(Shape shape, DType dtype, std::string name = {}) {
 struct TraceOptions {
   TargetId target = default_target();
   ProgramGrid grid;
+  bool sanitize = false;  // record nl::affine_range loops for the sanitizer (jit/sanitize.hpp)
 };
 
 namespace detail {
@@ -81,6 +82,7 @@ template <class Fn, class... Specs>
 Kernel trace(const TraceOptions& options, std::string name, Fn&& fn, const Specs&... specs) {
   static_assert((std::is_convertible_v<Specs, TensorSpec> && ...), "kernel inputs are given as TensorSpec");
   KernelBuilder builder(std::move(name), options.target, options.grid);
+  builder.record_parallel_loops(options.sanitize);
   BuilderScope scope(builder);
   // Inputs are created left to right so storage ids follow parameter order.
   std::vector<Tensor> inputs;
@@ -100,6 +102,7 @@ Kernel trace(const TraceOptions& options, std::string name, Fn&& fn, const Specs
 template <class Fn>
 Kernel trace_specs(const TraceOptions& options, std::string name, const std::vector<TensorSpec>& specs, Fn&& fn) {
   KernelBuilder builder(std::move(name), options.target, options.grid);
+  builder.record_parallel_loops(options.sanitize);
   BuilderScope scope(builder);
   std::vector<Tensor> inputs;
   inputs.reserve(specs.size());

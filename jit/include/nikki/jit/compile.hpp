@@ -26,6 +26,9 @@ struct CompileOptions {
   bool native = false;   // generate native routines through LLVM (needs schedule)
   bool disk_cache = true;  // reuse device programs and native code from NIKKI_CACHE_DIR
   AllocateOptions allocate_options;
+  // Check the kernel's traced nl.affine_range loops for dependencies between iterations
+  // (jit/sanitize.hpp); runners of a sanitized program also check reads of uninitialized memory.
+  bool sanitize = false;
   ScheduleOptions schedule_options;
 };
 
@@ -59,6 +62,9 @@ struct Program {
  *
  * With the disk cache, a kernel compiled before (same IR, locations, target, options and nikki
  * build) skips verify, allocate and schedule, and its native code is loaded instead of generated.
+ * With `options.sanitize`, a dependency between iterations of an nl.affine_range loop is a
+ * KernelError (cache hits included).
+ *
  * NIKKI_DUMP=<dir> writes each stage's artifact as <dir>/<kernel>.<n>.<stage>.txt;
  * NIKKI_LOG=stages prints each stage's time to stderr; NIKKI_LOG=cache says which cache entries were
  * rejected (damaged, of another key or format) and rebuilt; NIKKI_LOG=spills prints the spill warning.

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "nikki/ir.hpp"
@@ -58,6 +59,13 @@ bool overwrites_unread(const Kernel& kernel, const Instruction& inst, StorageId 
  * "written since allocation" state that nc_matmul's automatic accumulation reads.
  */
 std::vector<std::vector<StorageId>> sentinel_fills(const Kernel& kernel, const std::vector<LiveRange>& ranges);
+
+/**
+ * @brief The elements a static view visits, as intervals [first, last) of element indices (one per
+ * run of consecutive elements), appended to `out`; false when they would exceed `budget`
+ * intervals in total (`out` is then incomplete).
+ */
+bool element_intervals(const AccessPattern& ap, std::vector<std::pair<int64_t, int64_t>>& out, size_t budget);
 
 /**
  * @brief The output storages to fill with sentinels when a run starts (the elements a kernel

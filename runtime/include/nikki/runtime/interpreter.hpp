@@ -18,8 +18,13 @@ namespace nikki::runtime {
  */
 class Interpreter {
  public:
-  /** @brief `kernel` must have passed jit::verify and jit::allocate, and must outlive this object. */
-  explicit Interpreter(const Kernel& kernel);
+  /**
+   * @brief `kernel` must have passed jit::verify and jit::allocate, and must outlive this object.
+   * With `sanitize`, a shadow follows which bytes hold values computed from written memory only:
+   * a run whose outputs (or registers, or runtime offsets) depend on memory the kernel never wrote
+   * throws a KernelError naming the line that read it and the line that allocated the tensor.
+   */
+  explicit Interpreter(const Kernel& kernel, bool sanitize = false);
   ~Interpreter();
   Interpreter(const Interpreter&) = delete;
   Interpreter& operator=(const Interpreter&) = delete;
@@ -27,9 +32,13 @@ class Interpreter {
   /**
    * @brief Executes the kernel once. Outputs are first filled with the NaN / 4 sentinels, so
    * anything the kernel does not write is visible. Throws KernelError for run-time faults
-   * (runtime offsets out of bounds).
+   * (runtime offsets out of bounds) and, when sanitizing, for uses of uninitialized memory.
    */
   void run(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs = true);
+
+  /** @brief Bytes this interpreter holds between runs (SBUF, PSUM and the sanitizer's shadow
+   * exist only while a run lasts). */
+  size_t resident_bytes() const;
 
  private:
   struct State;

@@ -15,6 +15,7 @@
 
 #include "nikki/jit/compile.hpp"
 #include "nikki/runtime/executor.hpp"
+#include "nikki/runtime/interpreter.hpp"
 #include "nikki/trace.hpp"
 
 namespace nikki::runtime {
@@ -33,10 +34,12 @@ struct SpecializationHash {
   size_t operator()(const Specialization& s) const noexcept;
 };
 
-/** @brief One compiled specialization, ready to run. */
+/** @brief One compiled specialization, ready to run: through the stream executor, or when
+ * sanitizing through the reference interpreter with its uninitialized-read checks. */
 struct CompiledKernel {
   jit::Program program;
-  std::unique_ptr<StreamExecutor> executor;
+  std::unique_ptr<StreamExecutor> executor;  // null when sanitizing
+  std::unique_ptr<Interpreter> sanitizer;    // null unless sanitizing
 };
 
 /**
@@ -54,7 +57,10 @@ class JitKernel {
   /** @brief The default memory_limit(), the same as Python kernels' default budget. */
   static constexpr size_t kDefaultMemoryLimit = size_t(512) << 20;
 
-  /** `options.native` defaults to the executor chosen by NIKKI_EXECUTOR (native unless interp). */
+  /** `options.native` defaults to the executor chosen by NIKKI_EXECUTOR (native unless interp),
+   * `options.sanitize` to NIKKI_SANITIZE. A sanitized kernel records its nl::affine_range loops,
+   * which compiling checks for dependencies between iterations, and runs on the reference
+   * interpreter, which checks that no result depends on uninitialized memory. */
   JitKernel(std::string name, Body body, jit::CompileOptions options = default_options());
 
   /** @brief The compiled form of a specialization: traced and compiled on first use. The
