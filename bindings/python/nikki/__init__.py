@@ -12,7 +12,7 @@ from .errors import KernelError, ViewError
 _core._set_error_classes(KernelError, ViewError)
 
 from . import isa, language  # noqa: E402
-from . import typing  # noqa: E402
+from . import collectives, compiler, typing  # noqa: E402
 from .dtypes import dtype  # noqa: E402
 from .entry import baremetal, simulate, simulate_kernel  # noqa: E402
 from .profiling import Profile, benchmark, estimate, profile  # noqa: E402
@@ -26,5 +26,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit", "simulate", "simulate_kernel", "baremetal", "benchmark", "profile", "estimate", "Profile", "Kernel", "KernelError", "spec",
-    "TensorSpec", "dtype", "language", "isa", "typing", "__version__",
+    "TensorSpec", "dtype", "language", "isa", "typing", "compiler", "collectives", "__version__",
 ]

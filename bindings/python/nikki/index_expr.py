@@ -541,6 +541,30 @@ def apply_mask(mask, dst, *operands):
     return tuple(out)
 
 
+def apply_reduction_mask(mask, dst, data, axes: int, keepdims: bool):
+    """A legacy ``mask=`` on a reduction: the mask ranges the input's grid; the result keeps the
+    non-reduced axes (`axes` has bit d set for each reduced dim of `data`), so it is restricted
+    along those only. Returns (dst, data), or None when the mask keeps nothing."""
+    terms = _conjuncts(mask)
+    rank = max([_mask_rank(terms), data.ndim] + ([data.grid_rank] if isinstance(data, IndexedTensor) else []))
+    ranges = _mask_ranges(terms, rank)
+    if ranges is None:
+        return None
+    data_r = _restrict(data, ranges, rank)
+    if data_r is None:
+        return None
+    shift = rank - data.ndim  # grid axes are right-aligned to the data's dims
+    kept, position = {}, 0
+    for d in range(data.ndim):
+        reduced = bool(axes & (1 << d))
+        if not reduced and d + shift in ranges:
+            kept[position] = ranges[d + shift]
+        if keepdims or not reduced:
+            position += 1
+    dst_r = _restrict(dst, kept, max(position, dst.ndim)) if kept else dst
+    return None if dst_r is None else (dst_r, data_r)
+
+
 # --- subscripts -------------------------------------------------------------------------------
 
 def uses_index_expr(key) -> bool:
@@ -638,6 +662,44 @@ def subscript(tensor: NkiTensor, key: tuple) -> "IndexedTensor":
     where = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("", 0)
     return IndexedTensor(tensor, base, dims, grid, tuple((0, n - 1) for n in grid), where,
                          runtime[0] if runtime else None)
+
+
+def overhanging_slices(tensor: NkiTensor, key: tuple, error: KernelError):
+    """``tensor[a:b, c:d, ...]`` with slices that run past the tensor's end, kept lazy as the index
+    expressions they stand for (each slice an nl.arange on a grid axis of its own), so a legacy
+    ``mask=`` can trim them, as Beta 1 kernels do on their last tile. Used without such a mask, the
+    view raises `error`, the subscript's own out-of-bound error. None when the subscript is not made
+    of integers and at least two slices (then `error` is raised at once)."""
+    subs = []
+    for k in key:
+        if k is Ellipsis:
+            subs.extend([slice(None)] * (tensor.ndim - (len(key) - 1)))
+        else:
+            subs.append(k)
+    subs += [slice(None)] * (tensor.ndim - len(subs))
+    if len(subs) != tensor.ndim or not all(isinstance(k, slice) or _is_int(k) for k in subs):
+        return None
+    if tensor.buffer.is_on_chip and _is_int(subs[0]):  # an integer keeps the partition dim on chip
+        subs[0] = slice(int(subs[0]), int(subs[0]) + 1)
+    sliced = [d for d, k in enumerate(subs) if isinstance(k, slice)]
+    if len(sliced) < 2:
+        return None
+    exprs = list(subs)
+    for axis, d in enumerate(sliced):
+        start, stop, step = subs[d].start, subs[d].stop, subs[d].step
+        start = 0 if start is None else int(start)
+        step = 1 if step is None else int(step)
+        stop = tensor.shape[d] if stop is None else int(stop)
+        if start < 0 or stop < 0 or step < 1:
+            return None
+        count = max(0, -(-(stop - start) // step))
+        place = tuple(slice(None) if a == axis else None for a in range(len(sliced)))
+        exprs[d] = arange(count)[place] * step + start
+    lazy = subscript(tensor, tuple(exprs))
+    view = _OverhangingSlice(lazy._base, lazy._base_view, lazy._dims, lazy._grid, lazy._ranges, lazy._where,
+                             lazy._runtime)
+    view._error = error
+    return view
 
 
 class IndexedTensor(NkiTensor):
@@ -900,17 +962,20 @@ class BlockTensor(NkiTensor):
     its storage, (P, B0 * B1 * F...) in partition-first order.
     """
 
-    __slots__ = ("_nblock",)
+    __slots__ = ("_nblock", "_blocks")
 
-    def __init__(self, ctx, view, nblock: int):
+    def __init__(self, ctx, view, nblock: int, blocks=None):
         super().__init__(ctx, view)
         self._nblock = nblock
+        # Declared block counts; a direct allocation with fewer physical tiles stores only those,
+        # and block b of such a dim is tile b % tiles (nki.compiler's modular allocation).
+        self._blocks = tuple(blocks) if blocks is not None else tuple(view.shape[1:nblock + 1])
 
     @property
     def shape(self) -> tuple:
         s = self._view.shape
         nb = self._nblock
-        return tuple(s[1:nb + 1]) + (s[0],) + tuple(s[nb + 1:])
+        return self._blocks + (s[0],) + tuple(s[nb + 1:])
 
     @property
     def ndim(self) -> int:
@@ -927,8 +992,10 @@ class BlockTensor(NkiTensor):
             key = key[:i] + (slice(None),) * max(fill, 0) + key[i + 1:]
         nb = self._nblock
         shape = self.shape
+        tiles = self._view.shape[1:nb + 1]
         view = NkiTensor(self._ctx, self._view)
         pos, left = 1, nb  # position of the next block dim in the partition-first view
+        kept = []  # declared counts of the block dims left
         for d, k in enumerate(key[:nb]):
             if _is_int(k):
                 i = int(k)
@@ -936,7 +1003,7 @@ class BlockTensor(NkiTensor):
                 if not 0 <= i < shape[d]:
                     raise _error(_oob_message(self.name, d, int(k), int(k), shape[d]),
                                  limit=f"block dim {d} of '{self.name}' has {shape[d]} blocks")
-                view = view.select(pos, i)
+                view = view.select(pos, i % tiles[d])
                 left -= 1
             elif isinstance(k, (slice, DynSlice)):
                 s = k.as_slice() if isinstance(k, DynSlice) else k
@@ -950,7 +1017,13 @@ class BlockTensor(NkiTensor):
                 if not 0 <= start < stop <= n:  # NKI rejects out-of-bound slices instead of clipping them
                     raise _error(_oob_message(self.name, d, start, stop - 1, n),
                                  limit=f"block dim {d} of '{self.name}' has {n} blocks")
+                if stop > tiles[d]:
+                    raise _error(f"block dim {d} of tensor '{self.name}' is sliced over blocks {start}..{stop - 1}, "
+                                 f"but its allocation has {tiles[d]} tiles, so those blocks share memory",
+                                 limit="a slice of blocks stays within the allocated tiles",
+                                 hint="index the blocks one at a time")
                 view = view.slice(pos, start, stop, step)
+                kept.append(len(range(start, stop, step)))
                 pos += 1
             else:
                 raise _error(f"block dim {d} of tensor '{self.name}' is indexed with {_describe(k)}",
@@ -962,7 +1035,7 @@ class BlockTensor(NkiTensor):
         if rest:
             raise _error(f"tensor '{self.name}': index every block dim with an integer before indexing the "
                          "partition and free dims", hint="t[b0, b1, i_p, i_f]")
-        return BlockTensor(self._ctx, view._view, left)
+        return BlockTensor(self._ctx, view._view, left, tuple(kept) + self._blocks[len(key[:nb]):])
 
 
 def block_tensor(shape, dtype, buffer, name):
@@ -982,6 +1055,25 @@ def block_tensor(shape, dtype, buffer, name):
     if not name:
         frame = user_frame(1)
         name = (assigned_name(frame) if frame else "") or "t"
-    storage_shape = (int(shape[nb]),) + tuple(int(s) for s in shape[:nb]) + tuple(int(s) for s in shape[nb + 1:])
+    blocks = tuple(int(s) for s in shape[:nb])
+    # A direct allocation (nki.compiler mod_alloc) with fewer tiles than blocks stores only its tiles.
+    tiles = tuple(getattr(buffer, "tiles", ()))
+    stored = tuple(min(b, t) if t > 0 else b for b, t in zip(blocks, tiles + (0,) * (nb - len(tiles))))
+    storage_shape = (int(shape[nb]),) + stored + tuple(int(s) for s in shape[nb + 1:])
     t = nl.ndarray(storage_shape, dtype, buffer=region, name=name)
-    return BlockTensor(t._ctx, t._view, nb)
+    return BlockTensor(t._ctx, t._view, nb, blocks)
+
+
+class _OverhangingSlice(IndexedTensor):
+    """An out-of-bound slice kept for a mask (:func:`overhanging_slices`); unmasked, it raises the
+    slice's own error."""
+
+    __slots__ = ("_error",)
+
+    def _checked(self):
+        if self._out_of_bounds() is None:
+            return self._plain._view
+        raise self._error
+
+    _view = property(_checked)
+

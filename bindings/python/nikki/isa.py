@@ -9,6 +9,8 @@ file and line.
 from __future__ import annotations
 
 import enum
+import sys
+import types as _types
 
 from . import _core
 from .dtypes import to_dtype
@@ -501,7 +503,13 @@ def _tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None,
     data = _check_tensor(data, "data")
     attrs = {"op0": alu_op(op, "op"), "axes": _axes_mask(axis, data.ndim), "negate": bool(negate),
              "keepdims": bool(keepdims)}
-    ops = _masked(mask, _check_tensor(dst, "dst"), data)
+    dst = _check_tensor(dst, "dst")
+    if mask is None:
+        ops = (dst, data)
+    else:
+        from . import index_expr
+
+        ops = index_expr.apply_reduction_mask(mask, dst, data, attrs["axes"], bool(keepdims))
     if ops is not None:
         _emit(_core.Opcode.tensor_reduce, ops, engine.vector, name, **attrs)
 
@@ -963,3 +971,12 @@ def _update_in_place(dst: NkiTensor, other, op: str) -> None:
             _tensor_tensor(dst, dst, other, alu)
     else:
         _tensor_scalar(dst, dst, alu, float(other))
+
+
+# --- nki.isa.constants ------------------------------------------------------------------------
+# NKI also publishes the instruction enums in a submodule (``from nki.isa.constants import oob_mode``).
+constants = _types.ModuleType("nikki.isa.constants", "The nki.isa enums (engine, reduce_cmd, dge_mode, oob_mode, ...).")
+for _name in ("engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine"):
+    setattr(constants, _name, globals()[_name])
+del _name
+sys.modules.setdefault("nikki.isa.constants", constants)

@@ -8,6 +8,7 @@ import functools
 import inspect
 import itertools
 import linecache
+import math
 import os
 
 import numpy as np
@@ -216,8 +217,9 @@ class Kernel:
                                             hint="all instances must return the same shared_hbm tensors")
             programs.append(_core.compile(kernel, for_running))
         output_specs, results = outputs
+        in_out = {k for kind, k in results if kind == "input"}
         return Compiled(programs, output_specs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
-                                                 and i in self._mutable], results)
+                                                 and (i in self._mutable or i in in_out)], results)
 
     def _classify(self, index, value):
         name = self._params[index].name if index < len(self._params) else f"arg{index}"
@@ -286,8 +288,11 @@ class Kernel:
                 raise self._error_at_return(f"kernel '{self.fn.__name__}' returns {type(r).__name__}; kernels "
                                             "return tensors", hint="return the shared_hbm output tensors")
             info = ctx.builder.storage(r._view.storage)
-            whole = r._view.offset == 0 and r.shape == info["shape"] and r.is_contiguous() and not r.is_indirect()
-            param = next((i for i, a in enumerate(call_args) if i in self._mutable and isinstance(a, NkiTensor)
+            # The whole storage, possibly reshaped (a contiguous view of every element in order has
+            # the storage's bytes, so the caller's array simply takes the view's shape).
+            whole = (r._view.offset == 0 and r.size == math.prod(info["shape"]) and r.is_contiguous()
+                     and not r.is_indirect())
+            param = next((i for i, a in enumerate(call_args) if isinstance(a, NkiTensor)
                           and a._view.storage == r._view.storage), None)
             writable_input = info["role"] == "input" and param is not None
             if not whole or not (info["role"] == "output" or writable_input):
@@ -297,13 +302,14 @@ class Kernel:
                                             hint="allocate the output with nl.ndarray(shape, dtype, "
                                                  "buffer=nl.shared_hbm), write it and return it")
             if writable_input:
-                # A returned nt.mutable_tensor parameter (Beta 1 required returning written ones):
-                # it is written in place, and the call returns the caller's array itself.
+                # A returned parameter is an in-out tensor (as in NKI, annotated nt.mutable_tensor or
+                # not): it is written in place, and the call returns the caller's array itself.
+                ctx.builder.set_writable(r._view.storage)
                 kinds.append(("input", param))
                 continue
             ctx.builder.add_output(r._view.storage)
             returned.add(r._view.storage)
-            specs.append((info["shape"], to_dtype(info["dtype"])))
+            specs.append((tuple(r.shape), to_dtype(info["dtype"])))
             kinds.append(("output", len(specs) - 1))
         for storage in range(ctx.builder.num_storages):
             if storage not in returned and ctx.builder.storage(storage)["role"] == "output":
@@ -404,16 +410,21 @@ def _is_mutable_annotation(annotation, fn_globals) -> bool:
     return annotation is mutable_tensor or getattr(annotation, "_nikki_mutable", False)
 
 
-_IGNORED_JIT_OPTIONS = ("compile_config", "specialization_config", "additional_compile_opt")
+# Options of NKI's compiler that have no meaning on a simulator: accepted and ignored.
+_IGNORED_JIT_OPTIONS = ("compile_config", "specialization_config", "additional_compile_opt", "debug_kernel",
+                        "show_compiler_tb", "experimental_flags", "enable_out_of_bound_check", "artifacts_dir",
+                        "save_neff_name", "save_trace_name", "kernel_return", "enable_simulator")
 
 
 def jit(fn=None, *, target=None, mode=None, platform_target=None, **kwargs):
     """Decorates a kernel function: ``@nki.jit`` or ``@nki.jit(target="trn1")``.
 
     ``mode=`` is accepted and ignored (as in NKI 0.3+); nikki always runs on its simulated
-    NeuronCore. ``platform_target=`` is accepted as an alias of ``target=``. NKI 2.33's
-    ``compile_config=`` / ``specialization_config=`` are accepted and ignored; any other keyword is
-    an error, as misspelled options would otherwise be silently dropped.
+    NeuronCore. ``platform_target=`` is accepted as an alias of ``target=``. Compiler options
+    (NKI 2.33's ``compile_config=`` / ``specialization_config=``, ``debug_kernel=``,
+    ``show_compiler_tb=``, ``experimental_flags=``, ``additional_compile_opt=``, ...) are accepted
+    and ignored; any other keyword is an error, as misspelled options would otherwise be silently
+    dropped.
     """
     unknown = [k for k in kwargs if k not in _IGNORED_JIT_OPTIONS]
     if unknown:

@@ -15,11 +15,13 @@ import sys
 
 from . import _core
 from . import isa as _isa
+from .dtypes import PACKED_DTYPES as _PACKED_DTYPES
 from .dtypes import dtype as _dtype_cls
+from .dtypes import numpy_dtype as _numpy_dtype
 from .dtypes import to_dtype
 from .errors import is_internal_frame, kernel_error_at, user_frame
 from .ops import register_op
-from .tensor import DynSlice, MemoryRegion, NkiTensor, hbm, private_hbm, psum, region_of, sbuf, shared_hbm
+from .tensor import ComparisonTile, DynSlice, MemoryRegion, NkiTensor, hbm, private_hbm, psum, region_of, sbuf, shared_hbm
 from .tracing import assigned_name, current, maybe_current
 
 # --- dtypes ---------------------------------------------------------------------------------
@@ -37,6 +39,11 @@ uint8 = to_dtype("uint8")
 uint16 = to_dtype("uint16")
 uint32 = to_dtype("uint32")
 bool_ = to_dtype("bool_")
+# NeuronCore-v4 MX types: named (kernels compare against them on every path), not modelled.
+float8_e4m3fn_x4 = _PACKED_DTYPES["float8_e4m3fn_x4"]
+float8_e5m2_x4 = _PACKED_DTYPES["float8_e5m2_x4"]
+float4_e2m1fn_x4 = _PACKED_DTYPES["float4_e2m1fn_x4"]
+float8_e8m0fnu = _PACKED_DTYPES["float8_e8m0fnu"]
 
 # --- memories -------------------------------------------------------------------------------
 __all_memories__ = (sbuf, psum, hbm, shared_hbm, private_hbm)
@@ -170,8 +177,9 @@ tile_size = _TileSize()
 
 # --- iterators and control flow -------------------------------------------------------------
 
-def affine_range(start, stop=None, step=1):
-    """A loop that unrolls at trace time (as in current NKI)."""
+def affine_range(start, stop=None, step=1, directives=None):
+    """A loop that unrolls at trace time (as in current NKI). Beta 1's loop `directives=` (e.g.
+    ``nki.compiler.multi_buffer(2)``) are scheduling hints and change nothing."""
     return range(start, stop, step) if stop is not None else range(start)
 
 
@@ -290,7 +298,16 @@ def _per_partition(t: NkiTensor) -> bool:
     return t.ndim >= 2 and builtins.all(s == 1 for s in t.shape[1:])
 
 
+_COMPARISONS = frozenset(("equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and",
+                          "logical_or", "logical_xor"))
+
+
 def _binary_op(op: str, x, y, dtype=None, mask=None):
+    out = _binary_tile(op, x, y, dtype, mask)
+    return ComparisonTile(out._ctx, out._view) if op in _COMPARISONS else out
+
+
+def _binary_tile(op: str, x, y, dtype=None, mask=None):
     """x op y for tiles and numbers: tensor_tensor for two tiles of one shape, tensor_scalar for a
     number or a [P, 1] tile (with the operands reversed when needed)."""
     fn = globals()[op if op != "divide" else "multiply"]
@@ -304,8 +321,7 @@ def _binary_op(op: str, x, y, dtype=None, mask=None):
             y = 1.0 / float(y)
     # Comparisons and logical operators give 0/1 results: a bool_ tile unless dtype= says otherwise
     # (Beta 1's default, dtype=bool; write dtype=nl.float32 for NKI 0.3+'s input-dtype default).
-    comparison = op in ("equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and",
-                        "logical_or", "logical_xor")
+    comparison = op in _COMPARISONS
     if x_t and y_t and x.shape != y.shape:
         if _per_partition(y) and y.shape[0] == x.shape[0]:
             out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
@@ -620,8 +636,38 @@ bfp16 = _FloatLimits("bfp16", float("-inf"))  # bit pattern 0xff80, as Beta 1 de
 
 
 class NKIObject:
-    """Base class NKI kernels derive their configuration classes from (a plain Python class here:
-    kernels are traced by Python, so any class works)."""
+    """Base class of the configuration classes NKI kernels pass around. As in NKI, a subclass that
+    declares annotated fields and no constructor of its own takes them as (keyword or positional)
+    arguments, every one optional: a field not given keeps its class default, or None."""
+
+    def __init__(self, *args, **kwargs):
+        fields = _annotated_fields(type(self))
+        if len(args) > len(fields):
+            raise TypeError(f"{type(self).__name__}() takes at most {len(fields)} positional arguments "
+                            f"({', '.join(fields) or 'no fields'}), {len(args)} given")
+        for name, value in zip(fields, args):
+            if name in kwargs:
+                raise TypeError(f"{type(self).__name__}() got multiple values for field '{name}'")
+            kwargs[name] = value
+        for name in fields:
+            if name not in kwargs and not hasattr(type(self), name):
+                setattr(self, name, None)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{n}={getattr(self, n, None)!r}" for n in _annotated_fields(type(self)))
+        return f"{type(self).__name__}({values})"
+
+
+def _annotated_fields(cls) -> list:
+    """Annotated field names of cls and its bases, base classes' first (dataclass order)."""
+    names: list = []
+    for klass in reversed(cls.__mro__):
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            if name not in names and "ClassVar" not in str(annotation):
+                names.append(name)
+    return names
 
 
 # --- composite operations -------------------------------------------------------------------
@@ -753,6 +799,62 @@ def expand_dims(x, axis):
 
 
 def static_cast(input_data, dtype):
-    """A copy of input_data converted to dtype."""
-    return copy(input_data, dtype=dtype)
+    """A copy of input_data converted to dtype: a new tile inside a kernel; outside one (Beta 1 test
+    code casts host arrays with it), a numpy array of the dtype's numpy type."""
+    if isinstance(input_data, NkiTensor):
+        return copy(input_data, dtype=dtype)
+    if type(input_data).__module__.startswith("torch"):
+        from .dtypes import torch_dtype
+
+        return input_data.to(torch_dtype(dtype))
+    import numpy as np
+
+    target = _numpy_dtype(dtype)
+    data = np.asarray(input_data)
+    if data.dtype.kind == "V" and data.dtype != target:
+        data = data.astype(np.float32)  # ml_dtypes' types (bfloat16, fp8) convert to each other through fp32
+    return data.astype(target)
+
+
+class _FloatInfo:
+    """Limits of a floating-point NKI dtype (``nl.finfo``), as numpy's finfo reports them."""
+
+    def __init__(self, dt, bits, eps, max_value, tiny):
+        self.dtype = dt
+        self.bits = bits
+        self.eps = eps
+        self.max = max_value
+        self.min = -max_value
+        self.tiny = self.smallest_normal = tiny
+
+    def __repr__(self) -> str:
+        return f"finfo(min={self.min}, max={self.max}, eps={self.eps}, dtype={self.dtype.name})"
+
+
+def finfo(dtype) -> _FloatInfo:
+    """Machine limits of a floating-point dtype (bits, eps, min, max, tiny); works outside kernels."""
+    import numpy as np
+
+    dt = to_dtype(dtype)
+    if not dt.is_float:
+        raise TypeError(f"nl.finfo: {dt.name} is not a floating-point dtype; use nl.iinfo")
+    if dt.name == "tfloat32":  # 1 sign, 8 exponent, 10 mantissa bits held in fp32
+        return _FloatInfo(dt, 19, 2.0 ** -10, float((2 - 2.0 ** -10) * 2.0 ** 127), float(2.0 ** -126))
+    try:
+        import ml_dtypes
+
+        info = ml_dtypes.finfo(_numpy_dtype(dt))
+    except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+        info = np.finfo(_numpy_dtype(dt))
+    return _FloatInfo(dt, int(info.bits), float(info.eps), float(info.max), float(info.tiny))
+
+
+def iinfo(dtype):
+    """Machine limits of an integer dtype (numpy's iinfo of its numpy type); works outside kernels."""
+    import numpy as np
+
+    dt = to_dtype(dtype)
+    if dt.is_float:
+        raise TypeError(f"nl.iinfo: {dt.name} is not an integer dtype; use nl.finfo")
+    return np.iinfo(_numpy_dtype(dt) if dt.name != "bool_" else np.uint8)
 

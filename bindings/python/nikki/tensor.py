@@ -44,6 +44,9 @@ def region_of(buffer) -> MemoryRegion:
     """Normalizes a buffer argument; NKI rejects string names, so nikki does too."""
     if isinstance(buffer, MemoryRegion):
         return buffer
+    allocated = getattr(buffer, "region", None)  # a direct allocation (nki.compiler.sbuf.mod_alloc(...))
+    if isinstance(allocated, MemoryRegion):
+        return allocated
     if isinstance(buffer, str):
         raise kernel_error_at(user_frame(2), f"buffer={buffer!r}: string buffer names are not supported",
                               hint=f"pass the memory region object, e.g. buffer=nl.{buffer}")
@@ -156,10 +159,10 @@ class NkiTensor:
     def __len__(self) -> int:
         return self.shape[0]
 
-    def __bool__(self):
-        raise kernel_error_at(user_frame(2), "Cannot evaluate truth value of a multi-element tensor",
-                              hint="tensor values exist only at run time; use nl.where / masks, or "
-                                   "compare shapes instead")
+    def __bool__(self) -> bool:
+        # A tensor is a compile-time object: `if t:` asks whether one was given (NKI kernels test
+        # optional tensor parameters that way). Comparison tiles refuse (see ComparisonTile).
+        return True
 
     __hash__ = object.__hash__
 
@@ -205,7 +208,14 @@ class NkiTensor:
         try:
             view = self._view.subscript(subs, self.buffer.is_on_chip)
         except ViewError as err:
-            raise _view_error(err, self.name) from None
+            error = _view_error(err, self.name)
+            if not runtime and "out-of-bound" in err.what:
+                from . import index_expr  # a legacy mask= may trim the slices into bounds
+
+                lazy = index_expr.overhanging_slices(self, key, error)
+                if lazy is not None:
+                    return lazy
+            raise error from None
         if runtime:
             if len(runtime) > 1:
                 raise kernel_error_at(user_frame(2), "only one subscript of a view may be a runtime index",
@@ -281,8 +291,15 @@ class NkiTensor:
     def squeeze_dim(self, dim: int) -> "NkiTensor":
         return self._derive("squeeze_dim", dim)
 
-    def reshape(self, *shape) -> "NkiTensor":
-        """Same elements with a new shape (no copy; merged dims must be contiguous)."""
+    def reshape(self, *shape, **kwargs) -> "NkiTensor":
+        """Same elements with a new shape (no copy; merged dims must be contiguous): ``t.reshape(a, b)``,
+        ``t.reshape((a, b))`` or ``t.reshape(shape=(a, b))``."""
+        if "shape" in kwargs:
+            if shape:
+                raise TypeError("reshape() got the shape both positionally and as shape=")
+            shape = (kwargs.pop("shape"),)
+        if kwargs:
+            raise TypeError(f"reshape() got an unexpected keyword argument '{next(iter(kwargs))}'")
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         return self._derive("reshape", [int(s) for s in shape])
@@ -447,3 +464,15 @@ class NkiTensor:
 
         isa._update_in_place(self, other, "multiply")
         return self
+
+
+class ComparisonTile(NkiTensor):
+    """The 0/1 tile of a comparison (``a < b``): unlike other tensors, its truth value is a run-time
+    value, so ``if a < b:`` is an error rather than always true."""
+
+    __slots__ = ()
+
+    def __bool__(self):
+        raise kernel_error_at(user_frame(2), "Cannot evaluate truth value of a multi-element tensor",
+                              hint="a comparison of tiles is computed at run time; use nl.where / masks, or "
+                                   "compare shapes instead")
