@@ -287,15 +287,19 @@ def arange(*args) -> IndexExpr:
 
 
 class _Grid(tuple):
-    """The expressions of ``nl.mgrid[...]``, one per axis; ``.p`` is the partition axis, ``.x`` the last."""
+    """The expressions of ``nl.mgrid[...]``, one per axis, also named as Beta 1 named them:
+    ``.p`` is axis 0 (the partition axis), ``.x``, ``.y``, ``.z`` are axes 1, 2, 3."""
 
-    @property
-    def p(self) -> IndexExpr:
-        return self[0]
+    def _axis(self, axis: int, name: str) -> IndexExpr:
+        if axis >= len(self):
+            raise _error(f"nl.mgrid of {len(self)} axes has no .{name} (axis {axis})",
+                         hint="name the axes p, x, y, z in order, or unpack the grid: i_p, i_f = nl.mgrid[...]")
+        return self[axis]
 
-    @property
-    def x(self) -> IndexExpr:
-        return self[-1]
+    p = property(lambda self: self._axis(0, "p"))
+    x = property(lambda self: self._axis(1, "x"))
+    y = property(lambda self: self._axis(2, "y"))
+    z = property(lambda self: self._axis(3, "z"))
 
 
 class _MGrid:
@@ -602,12 +606,18 @@ def subscript(tensor: NkiTensor, key: tuple) -> "IndexedTensor":
     if len(runtime) > 1:
         raise _error("only one dim of an index-expression subscript may be a run-time index",
                      hint="combine the run-time offsets into one register")
+    gathered = None  # dim indexed by a [P, 1] tile of row numbers: a per-partition gather
     for d, k in runtime:
         if isinstance(k, NkiTensor) and k.size != 1:
-            raise _error(f"dimension {d} of tensor '{tensor.name}' is indexed with a tensor of shape {k.shape}",
-                         limit="a run-time index is a register or a 1x1 tensor",
-                         hint="gather rows with t.ap(pattern, vector_offset=indices) in nisa.dma_copy")
-    key = tuple(0 if isinstance(k, (NkiTensor, VirtualRegister)) else k for k in key)
+            if k.ndim != 2 or k.shape[1] != 1 or not k.buffer.is_on_chip or k.dtype.is_float:
+                raise _error(f"dimension {d} of tensor '{tensor.name}' is indexed with a tensor of shape {k.shape}",
+                             limit="a run-time index is a register, a 1x1 tensor, or a [P, 1] integer tile of "
+                                   "indices (one per partition)",
+                             hint="gather rows with t.ap(pattern, vector_offset=indices) in nisa.dma_copy")
+            gathered = d
+    rank_of_key = max([e.rank for e in key if isinstance(e, IndexExpr)], default=2)
+    key = tuple(arange(k.shape[0])[(slice(None),) + (None,) * (max(rank_of_key, 2) - 1)] if d == gathered
+                else 0 if isinstance(k, (NkiTensor, VirtualRegister)) else k for d, k in enumerate(key))
     for k in key:
         if not isinstance(k, (IndexExpr, slice, DynSlice)) and not _is_int(k) and k is not Ellipsis and k is not None:
             raise _error(f"unsupported subscript {k!r} next to index expressions",
@@ -641,14 +651,7 @@ def subscript(tensor: NkiTensor, key: tuple) -> "IndexedTensor":
                              limit=f"dim {d} of '{tensor.name}' has {sizes[d]} elements")
             dims.append(({}, c))
             continue
-        for axis, a in coefs.items():
-            if a <= 0:
-                raise _error(f"index expression {e!r} on dimension {d} of tensor `{tensor.name}` steps by {a} along "
-                             f"grid axis {axis}",
-                             limit="index expressions step forward: a*i + b with an integer a > 0",
-                             hint="read the elements in increasing order and reverse them with another "
-                                  "instruction, or use .ap() with explicit strides")
-        dims.append((coefs, e.const))
+        dims.append((coefs, e.const))  # a coefficient may be negative: the view then steps backwards
     grid = tuple(counts.get(k, 1) for k in range(rank))
     used = set()
     for coefs, _ in dims:
@@ -747,14 +750,20 @@ class IndexedTensor(NkiTensor):
         d, index = self._runtime
         if isinstance(index, VirtualRegister):
             return view.with_indirection(None, index._reg, strides[d], None, 0, 0)
+        if index.size != 1:  # per-partition rows: grid axis 0 reads row index[p] of dim d
+            lo, hi = self._ranges[0]
+            return view.with_indirection(None, None, 0, index[lo:hi + 1, :]._view, 0, strides[d])
         return view.with_indirection(index._view, None, strides[d], None, 0, 0)
 
     def _out_of_bounds(self):
         """(dim, first, last, size) of the first tensor dim the view leaves, or None."""
         sizes = self._base_view.shape
         for d, (coefs, const) in enumerate(self._dims):
-            lo = const + sum(a * self._ranges[axis][0] for axis, a in coefs.items())
-            hi = const + sum(a * self._ranges[axis][1] for axis, a in coefs.items())
+            if self._runtime is not None and self._runtime[0] == d and getattr(self._runtime[1], "size", 1) != 1:
+                continue  # gathered rows are checked when the instruction runs
+            ends = [(a * self._ranges[axis][0], a * self._ranges[axis][1]) for axis, a in coefs.items()]
+            lo = const + sum(min(e) for e in ends)
+            hi = const + sum(max(e) for e in ends)
             if lo < 0 or hi >= sizes[d]:
                 return d, lo, hi, sizes[d]
         return None
@@ -1048,10 +1057,8 @@ def block_tensor(shape, dtype, buffer, name):
     shape = tuple(shape)
     nb = next(i for i, s in enumerate(shape) if isinstance(s, nl.par_dim))
     region = region_of(buffer)
-    if not region.is_on_chip:
-        raise _error(f"nl.par_dim in the shape {shape} of a tensor in {region.name}",
-                     limit="block dims and nl.par_dim apply to SBUF and PSUM tensors",
-                     hint="HBM tensors have no partition dim: drop nl.par_dim")
+    if not region.is_on_chip:  # HBM has no partition dim: nl.par_dim is only a number there (as in Beta 1)
+        return nl.ndarray(tuple(int(s) for s in shape), dtype, buffer=region, name=name)
     if not name:
         frame = user_frame(1)
         name = (assigned_name(frame) if frame else "") or "t"

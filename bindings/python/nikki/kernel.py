@@ -44,8 +44,10 @@ class _TensorArg:
 class Compiled:
     """One specialization of a kernel: a compiled program per SPMD program instance."""
 
-    def __init__(self, programs, output_specs, writable_inputs, results=None):
+    def __init__(self, programs, output_specs, writable_inputs, results=None, constants=()):
         self.programs = programs
+        # Arrays of nl.shared_constant, bound as the last inputs of every run.
+        self.constants = list(constants)
         self.output_specs = output_specs  # [(shape, dtype)] of the shared_hbm outputs
         self.writable_inputs = writable_inputs  # parameter indices the kernel may write
         # What the kernel returns, in order: ("output", k) is output_specs[k]; ("input", i) is
@@ -206,11 +208,12 @@ class Kernel:
         specs = [self._classify(i, v) for i, v in enumerate(values)]
         target = _resolve_target(self.target or self.options.get("platform_target"))
         ids = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
-        programs, outputs = [], None
+        programs, outputs, constants = [], None, []
         for program_ids in ids:
             kernel, out_specs = self._trace(specs, target, grid, program_ids)
+            traced_constants = self.__dict__.pop("_traced_constants", [])
             if outputs is None:
-                outputs = out_specs
+                outputs, constants = out_specs, traced_constants
             elif out_specs != outputs:
                 raise self._error_at_return(f"kernel '{self.fn.__name__}': program instances {ids[0]} and "
                                             f"{program_ids} return different outputs",
@@ -219,7 +222,7 @@ class Kernel:
         output_specs, results = outputs
         in_out = {k for kind, k in results if kind == "input"}
         return Compiled(programs, output_specs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
-                                                 and (i in self._mutable or i in in_out)], results)
+                                                 and (i in self._mutable or i in in_out)], results, constants)
 
     def _classify(self, index, value):
         name = self._params[index].name if index < len(self._params) else f"arg{index}"
@@ -259,6 +262,7 @@ class Kernel:
                     call_args.append(spec)
             result = fn(*call_args)
         outputs = self._outputs(ctx, result, call_args)
+        self._traced_constants = ctx.constants  # taken by compile_for
         return ctx.builder.finish(), outputs
 
     def _error_at_return(self, summary: str, limit: str = "", hint: str = "", at_def: bool = False) -> KernelError:
@@ -336,6 +340,8 @@ class Kernel:
                 keep.append(t)
                 in_ptrs.append(t.data_ptr())
                 torch_out = True
+        for constant in compiled.constants:
+            in_ptrs.append(constant.__array_interface__["data"][0] if constant.size else 0)
         outputs = []
         for shape, dt in compiled.output_specs:
             if torch_out:

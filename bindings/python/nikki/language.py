@@ -21,7 +21,7 @@ from .dtypes import numpy_dtype as _numpy_dtype
 from .dtypes import to_dtype
 from .errors import is_internal_frame, kernel_error_at, user_frame
 from .ops import register_op
-from .tensor import ComparisonTile, DynSlice, MemoryRegion, NkiTensor, hbm, private_hbm, psum, region_of, sbuf, shared_hbm
+from .tensor import ComparisonTile, DynSlice, LoopReduction, MemoryRegion, NkiTensor, hbm, private_hbm, psum, region_of, sbuf, shared_hbm
 from .tracing import assigned_name, current, maybe_current
 
 # --- dtypes ---------------------------------------------------------------------------------
@@ -141,6 +141,31 @@ def empty_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTens
     """An uninitialized tensor of x's shape and dtype (or `dtype`), in x's buffer unless `buffer` is given."""
     return ndarray(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else x.buffer,
                    name)
+
+
+def shared_constant(constant, dtype=None) -> NkiTensor:
+    """A read-only shared_hbm tensor holding `constant` (a numpy array, or the path of a .npy
+    file), built into the compiled kernel; ``dtype=`` converts it (float64 / int64 arrays become
+    float32 / int32 otherwise)."""
+    import numpy as np
+
+    ctx = current("nl.shared_constant")
+    data = np.load(constant) if isinstance(constant, str) else np.asarray(constant)
+    if dtype is not None:
+        data = static_cast(data, dtype)
+    elif data.dtype == np.float64 or data.dtype == np.int64:
+        data = data.astype(np.float32 if data.dtype == np.float64 else np.int32)
+    data = np.ascontiguousarray(data)
+    from .dtypes import from_numpy
+
+    try:
+        dt = from_numpy(data.dtype)
+    except TypeError as err:
+        raise kernel_error_at(user_frame(2), f"nl.shared_constant: {err}") from None
+    name = assigned_name(sys._getframe(1)) or "constant"
+    view = ctx.builder.add_storage(name, hbm.core, dt.core, list(data.shape) or [1], "input", ctx.location(), None)
+    ctx.constants.append(data.reshape(data.shape or (1,)))
+    return NkiTensor(ctx, view)
 
 
 def shared_identity_matrix(n: int, dtype=None, dst=None) -> NkiTensor:
@@ -335,6 +360,11 @@ def _binary_tile(op: str, x, y, dtype=None, mask=None):
             out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
             _isa._tensor_tensor(out, x, y, fn, mask=mask)
             return out
+        shape = _broadcast_shape(x.shape, y.shape)
+        if shape is not None:  # size-1 dims repeat as stride-0 views (Beta 1 broadcast like numpy)
+            out = _result_tile(shape, _out_dtype(dtype, comparison, x, y))
+            _isa._tensor_tensor(out, x.broadcast_to(shape), y.broadcast_to(shape), fn, mask=mask)
+            return out
         raise kernel_error_at(user_frame(3), f"nl.{op}: shapes {x.shape} and {y.shape} do not broadcast",
                               limit="binary tile ops take equal shapes, or a [P, 1] tile against a [P, F] tile",
                               hint="broadcast explicitly with t.broadcast_to(shape) or copy into a full tile")
@@ -346,6 +376,13 @@ def _binary_tile(op: str, x, y, dtype=None, mask=None):
     out = _result_tile(tile.shape, _out_dtype(dtype, comparison, tile))
     _isa._tensor_scalar(out, tile, fn, float(number), reverse0=reverse, mask=mask)
     return out
+
+
+def _broadcast_shape(a: tuple, b: tuple):
+    """numpy's broadcast of two shapes of one rank, or None."""
+    if len(a) != len(b) or not builtins.all(m == n or m == 1 or n == 1 for m, n in zip(a, b)):
+        return None
+    return tuple(builtins.max(m, n) for m, n in zip(a, b))
 
 
 def _out_dtype(dtype, comparison: bool, *tiles) -> _dtype_cls:
@@ -501,23 +538,123 @@ def _unsupported(name: str):
     return fn
 
 
-cos = _unsupported("cos")
-tan = _unsupported("tan")
-ceil = _unsupported("ceil")
-floor = _unsupported("floor")
-trunc = _unsupported("trunc")
-fmod = _unsupported("fmod")
-mod = _unsupported("mod")
-abs_max = _unsupported("abs_max")
-abs_min = _unsupported("abs_min")
+
+
+# --- composites: functions the engines have no single instruction for -------------------------
+# Rounding goes through an int32 tile (engines truncate toward zero when they write integers);
+# magnitudes of 2**23 and more are integers already in fp32 and pass through unchanged.
+_FP32_INTEGRAL = float(2 ** 23)
+
+
+def _truncated(x, mask=None) -> NkiTensor:
+    """trunc(x) as an fp32 tile."""
+    x = _isa._check_tensor(x, "x")
+    as_int = _result_tile(x.shape, int32)
+    _isa._tensor_copy(as_int, x, mask=mask)
+    out = _result_tile(x.shape, float32)
+    _isa._tensor_copy(out, as_int, mask=mask)
+    if x.dtype.is_float:
+        integral = _result_tile(x.shape, uint8)
+        _isa._tensor_scalar(integral, x, abs, 0.0, op1=greater_equal, operand1=_FP32_INTEGRAL, mask=mask)
+        _isa.tensor_copy_predicated(out, x, integral, mask=mask)
+    return out
+
+
+def _rounded(x, dtype, mask, toward) -> NkiTensor:
+    """floor (toward=-1) or ceil (toward=+1) of x: trunc(x), moved one step where it passed x."""
+    x = _isa._check_tensor(x, "x")
+    t = _truncated(x, mask)
+    passed = _result_tile(x.shape, float32)
+    _isa._tensor_tensor(passed, t, x, greater if toward < 0 else less, mask=mask)
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._tensor_tensor(out, t, passed, subtract if toward < 0 else add, mask=mask)
+    return out
+
+
+def trunc(x, dtype=None, mask=None):
+    """x rounded toward zero (through an int32 tile on the Vector engine)."""
+    t = _truncated(x, mask)
+    return copy(t, dtype=dtype if dtype is not None else x.dtype, mask=mask)
+
+
+def floor(x, dtype=None, mask=None):
+    """The largest integer <= x."""
+    return _rounded(x, dtype, mask, -1)
+
+
+def ceil(x, dtype=None, mask=None):
+    """The smallest integer >= x."""
+    return _rounded(x, dtype, mask, +1)
+
+
+def _remainder(x, y, dtype, mask, rounding) -> NkiTensor:
+    """x - y * rounding(x / y), with x / y computed as x * (1 / y) (the engines have no divide)."""
+    quotient = _binary_tile("divide", x, y, dtype=float32, mask=mask)
+    whole = rounding(quotient, dtype=float32, mask=mask)
+    scaled = _binary_tile("multiply", whole, y, dtype=float32, mask=mask)
+    ref = x if isinstance(x, NkiTensor) else y
+    return _binary_tile("subtract", x, scaled, dtype=dtype if dtype is not None else ref.dtype, mask=mask)
+
+
+def fmod(x, y, dtype=None, mask=None):
+    """Remainder of x / y with the sign of x (C's fmod), as x - y * trunc(x * (1 / y)); NKI lists it
+    as simulation-only. The reciprocal rounds, so quotients within an ulp of an integer may differ
+    from an exact fmod."""
+    return _remainder(x, y, dtype, mask, trunc)
+
+
+def mod(x, y, dtype=None, mask=None):
+    """Remainder of x / y with the sign of y (Python's %), as x - y * floor(x * (1 / y)); see fmod."""
+    return _remainder(x, y, dtype, mask, floor)
+
+
+def cos(x, dtype=None, mask=None):
+    """cos(x) = sin(x + pi/2) on the Scalar engine (the bias add rounds x + pi/2 to fp32)."""
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._activation(out, sin, x, bias=math.pi / 2, mask=mask)
+    return out
+
+
+def tan(x, dtype=None, mask=None):
+    """tan(x) = sin(x) * (1 / cos(x))."""
+    return _binary_tile("multiply", sin(x, dtype=float32, mask=mask), reciprocal(cos(x, dtype=float32, mask=mask)),
+                        dtype=dtype if dtype is not None else x.dtype, mask=mask)
+
+
+def _magnitudes(name: str, pick):
+    def fn(x, y, dtype=None, mask=None):
+        ref = x if isinstance(x, NkiTensor) else y
+        a = abs(x, dtype=float32, mask=mask) if isinstance(x, NkiTensor) else builtins.abs(float(x))
+        b = abs(y, dtype=float32, mask=mask) if isinstance(y, NkiTensor) else builtins.abs(float(y))
+        return _binary_tile(pick, a, b, dtype=dtype if dtype is not None else ref.dtype, mask=mask)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{pick} of |x| and |y| (the NeuronCore-v4 {name} operator, computed with abs and {pick})."
+    return fn
+
+
+abs_max = _magnitudes("abs_max", "maximum")
+abs_min = _magnitudes("abs_min", "minimum")
+for _name in ("fmod", "mod", "abs_max", "abs_min"):
+    register_op(globals()[_name], alu=_name)
 rand = _unsupported("rand")
 random_seed = _unsupported("random_seed")
 dropout = _unsupported("dropout")
 gather_flattened = _unsupported("gather_flattened")
-shared_constant = _unsupported("shared_constant")
 atomic_rmw = _unsupported("atomic_rmw")
 all_reduce = _unsupported("all_reduce")
-loop_reduce = _unsupported("loop_reduce")
+
+
+def loop_reduce(x, op, loop_indices, dtype=None, mask=None):
+    """Beta 1: `x` reduced with `op` over the iterations of the loops whose indices are given, as
+    the value assigned to a tile (``acc[...] = nl.loop_reduce(psum, op=np.add, loop_indices=[k])``).
+    Loops unroll at trace time here, so the first iteration (every index 0) assigns x and later
+    ones fold x into the assigned tile with `op`."""
+    x = _isa._check_tensor(x, "x")
+    first = builtins.all(int(i) == 0 for i in (loop_indices if isinstance(loop_indices, (list, tuple))
+                                                 else [loop_indices]))
+    value = copy(x, dtype=dtype, mask=mask)
+    return value if first else LoopReduction(value._ctx, value._view, _isa.alu_op(op, "op"))
 
 
 # --- reductions -----------------------------------------------------------------------------
@@ -775,7 +912,13 @@ def where(condition, x, y, dtype=None, mask=None):
     condition = _isa._check_tensor(condition, "condition")
     ref = x if isinstance(x, NkiTensor) else y if isinstance(y, NkiTensor) else condition
     dt = to_dtype(dtype) if dtype is not None else (ref.dtype if ref is not condition else float32)
-    out = _result_tile(condition.shape, dt)
+    shape = condition.shape
+    for t in (x, y):  # operands broadcast against each other like numpy's (size-1 dims repeat)
+        if isinstance(t, NkiTensor):
+            shape = _broadcast_shape(shape, t.shape) or shape
+    condition, x, y = (t.broadcast_to(shape) if isinstance(t, NkiTensor) and t.shape != shape else t
+                       for t in (condition, x, y))
+    out = _result_tile(shape, dt)
     if isinstance(y, NkiTensor):
         _isa._tensor_copy(out, y, mask=mask)
     else:

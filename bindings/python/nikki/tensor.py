@@ -240,7 +240,9 @@ class NkiTensor:
         from . import isa
 
         dst = self[key]
-        if isinstance(value, NkiTensor):
+        if isinstance(value, LoopReduction):
+            isa._tensor_tensor(dst, dst, value, value.op)
+        elif isinstance(value, NkiTensor):
             if dst._view.same_as(value._view):
                 return  # `t[i] += x` writes in place, then assigns t[i] to itself
             isa._assign(dst, value)
@@ -464,6 +466,17 @@ class NkiTensor:
 
         isa._update_in_place(self, other, "multiply")
         return self
+
+
+class LoopReduction(NkiTensor):
+    """A later iteration's ``nl.loop_reduce`` value: assigning it (``t[...] = value``) folds it into
+    t with the reduction's operator instead of overwriting t."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, ctx, view, op):
+        super().__init__(ctx, view)
+        self.op = op
 
 
 class ComparisonTile(NkiTensor):
