@@ -391,6 +391,15 @@ PYBIND11_MODULE(_core, m) {
              if (!o.is_tensor()) return py::none();
              return py::cast(o.ap);
            })
+      .def("storage_defined_at", [](const KernelBuilder& b, StorageId id) { return b.storage(id).defined_at; })
+      .def("retarget",
+           [](KernelBuilder& b, size_t i, int slot, const AccessPattern& view) {
+             // `dst[...] = <fresh tile>`: the instruction that produced the tile writes dst instead.
+             auto& inst = const_cast<Instruction&>(b.kernel().instructions.at(i));
+             internal_check(slot >= 0 && slot < inst.spec().num_slots && inst.operands[slot].is_tensor(),
+                            "retarget of an operand slot that holds no tensor");
+             inst.operands[slot] = Operand::tensor(view);
+           })
       .def("retarget_accumulate",
            [](KernelBuilder& b, size_t i, const AccessPattern& dst) {
              // The legacy `psum[...] += nisa.nc_matmul(...)` idiom: the matmul that produced a

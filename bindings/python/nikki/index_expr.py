@@ -948,6 +948,8 @@ def legacy_affine_select(pred=None, on_true_tile=None, on_false_value=None, *, m
                    ">=": (">=", math.ceil(rhs))}[op]
     value = e - int(rhs)
     shape = tile.shape
+    # The GpSimd engine cannot read PSUM: Beta 1 kernels select straight from a matmul's result.
+    tile = _isa._staged_from_psum(tile)
     frame = user_frame(1)
     out = nl.ndarray(shape, to_dtype(dtype) if dtype is not None else tile.dtype, buffer=nl.sbuf,
                      name=(assigned_name(frame) if frame else "") or "select")

@@ -16,7 +16,7 @@ from . import _core
 from .dtypes import to_dtype
 from .errors import KernelError, kernel_error_at, user_frame
 from .ops import act_func, alu_op
-from .tensor import NkiTensor, psum, sbuf
+from .tensor import ComparisonTile, NkiTensor, psum, sbuf
 from .tracing import current
 
 __all__ = [
@@ -334,6 +334,12 @@ def _tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None, mask
 
 
 def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, name=None):
+    from . import language as nl
+
+    data1, data2 = _check_tensor(data1, "data1"), _check_tensor(data2, "data2")
+    shape = nl._broadcast_shape(data1.shape, data2.shape)
+    if shape is not None and data1.shape != data2.shape:  # Beta 1 repeats size-1 dims (e.g. a [P, 1] scale)
+        data1, data2 = data1.broadcast_to(shape), data2.broadcast_to(shape)
     out = _new_tile(_tile_shape(data1), to_dtype(dtype) if dtype is not None else _wider(data1.dtype, data2.dtype))
     _tensor_tensor(out, data1, data2, op, engine=engine, name=name, mask=mask)
     return out
@@ -611,9 +617,16 @@ def nc_matmul(*args, **kwargs):
     return _nc_matmul(*args, **kwargs)
 
 
-def _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size, perf_mode):
-    if perf_mode not in (None, matmul_perf_mode.none, "none"):
-        _not_implemented("nc_matmul(perf_mode=double_row)")
+def _is_double_row(perf_mode) -> bool:
+    if perf_mode in (None, matmul_perf_mode.none, "none"):
+        return False
+    if perf_mode in (matmul_perf_mode.double_row, "double_row", "double_row_gen3"):  # the last: Beta 1's name
+        return True
+    raise kernel_error_at(user_frame(3), f"nc_matmul: perf_mode={perf_mode!r} is not a matmul performance mode",
+                          hint="use nisa.matmul_perf_mode.none or nisa.matmul_perf_mode.double_row")
+
+
+def _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size):
     if bool(tile_position) != bool(tile_size):
         raise kernel_error_at(user_frame(3), "nc_matmul: tile_position and tile_size must be given together",
                               hint="pass both, e.g. tile_position=(0, 0), tile_size=(64, 128)")
@@ -629,27 +642,70 @@ def _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_p
 def _nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
                accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None,
                mask=None):
-    attrs = _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size, perf_mode)
+    attrs = _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size)
     attrs["accumulate"] = (_core.Accumulate.automatic if accumulate is None else
                            _core.Accumulate.accumulate if accumulate else _core.Accumulate.overwrite)
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(stationary, "stationary"),
                   _check_tensor(moving, "moving"))
-    if ops is not None:
-        return _emit(_core.Opcode.nc_matmul, ops, engine.tensor, name, **attrs)
-    return None
+    if ops is None:
+        return None
+    if _is_double_row(perf_mode):
+        return _double_row_matmul(ops, name, attrs, bool(tile_position))
+    return _emit(_core.Opcode.nc_matmul, ops, engine.tensor, name, **attrs)
+
+
+def _double_row_matmul(ops, name, attrs, column_tiled: bool) -> int:
+    """perf_mode=double_row (NeuronCore-v3+, fp8): stationary [K, 2, M] and moving [K, 2, N] contract
+    over K and the pair, as two K-row passes into one PSUM accumulation (the hardware streams both
+    rows at once, at twice the rate)."""
+    dst, stationary, moving = ops
+    generation = current().builder.generation
+    problems = []
+    if generation < 3:
+        problems.append(f"the target is NeuronCore-v{generation}")
+    if stationary.ndim != 3 or moving.ndim != 3 or stationary.shape[1] != 2 or moving.shape[1] != 2:
+        problems.append(f"stationary {stationary.shape} and moving {moving.shape} must both be [K, 2, F]")
+    fp8 = ("float8_e4m3", "float8_e4m3fn", "float8_e5m2")
+    if stationary.dtype.name not in fp8 or moving.dtype.name not in fp8:
+        problems.append(f"the operands are {stationary.dtype.name} and {moving.dtype.name}")
+    if column_tiled:
+        problems.append("column tiling (tile_position) cannot be combined with it")
+    if problems:
+        raise kernel_error_at(user_frame(3), f"nc_matmul(perf_mode=double_row): {'; '.join(problems)}",
+                              limit="double_row needs NeuronCore-v3 or later, fp8 operands shaped [K, 2, F] "
+                                    "and no column tiling",
+                              hint="pad K to a multiple of 256 and view the operands as [128, 2, F], or drop "
+                                   "perf_mode")
+    first = _emit(_core.Opcode.nc_matmul, (dst, stationary[:, 0, :], moving[:, 0, :]), engine.tensor, name, **attrs)
+    second = dict(attrs, accumulate=_core.Accumulate.accumulate)
+    _emit(_core.Opcode.nc_matmul, (dst, stationary[:, 1, :], moving[:, 1, :]), engine.tensor, name, **second)
+    return first
+
+
+def _staged_from_psum(t: NkiTensor) -> NkiTensor:
+    """t itself, or for a PSUM tile an SBUF copy of it (same dtype, bit for bit)."""
+    if t.buffer is not psum:
+        return t
+    staged = _new_tile(t.shape, t.dtype, name="psum_staged")
+    _tensor_copy(staged, t)
+    return staged
 
 
 def _legacy_nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False,
-                      is_transpose=False, tile_position=(), tile_size=(), mask=None, name=None):
+                      is_transpose=False, tile_position=(), tile_size=(), perf_mode=None, mask=None, name=None):
     from . import language as nl
 
     stationary, moving = _check_tensor(stationary, "stationary"), _check_tensor(moving, "moving")
-    m = stationary.size // stationary.shape[0]
-    n = moving.size // moving.shape[0]
+    # Beta 1 kernels multiply tiles straight out of PSUM (e.g. a transpose's result): the Tensor
+    # engine reads SBUF, so such operands are staged through SBUF first.
+    stationary, moving = (_staged_from_psum(t) for t in (stationary, moving))
+    rows = 2 if _is_double_row(perf_mode) else 1  # double_row operands are [K, 2, F]
+    m = stationary.size // (stationary.shape[0] * rows)
+    n = moving.size // (moving.shape[0] * rows)
     out = _new_tile((m, n), moving.dtype if is_transpose else nl.float32, psum)
     index = _nc_matmul(out, stationary, moving, is_stationary_onezero, is_moving_onezero, is_transpose, False,
-                       tile_position, tile_size, name=name, mask=mask)
-    if index is not None:
+                       tile_position, tile_size, perf_mode, name=name, mask=mask)
+    if index is not None and rows == 1:  # `psum += ...` may then retarget the one matmul
         current().pending_matmul[out._view.storage] = index
     return out
 
@@ -920,6 +976,33 @@ del _name
 
 
 # --- helpers for legacy tile assignment and accumulation (used by NkiTensor) ------------------
+
+def _produce_in_place(dst: NkiTensor, value: NkiTensor) -> bool:
+    """``dst[...] = value`` where `value` is a fresh whole tile that only the last instruction
+    writes (created just before it) and nothing else refers to: that instruction writes dst
+    instead, saving the tile and a copy (Beta 1 kernels load and compute into slices of block
+    tensors this way). Same shape, dtype and memory only, so the result is bit for bit the copy's."""
+    ctx = current()
+    builder = ctx.builder
+    last = builder.num_instructions - 1
+    view = value._view
+    if (last < 0 or type(value) not in (NkiTensor, ComparisonTile) or dst.is_indirect() or value.is_indirect()
+            or value.shape != dst.shape or value.dtype != dst.dtype or value.buffer is not dst.buffer
+            or builder.storage_defined_at(view.storage) != last):
+        return False
+    written = builder.instruction_operand(last, 0)
+    if written is None or not written.same_as(view):
+        return False
+    target = dst._view.storage
+    for slot in range(1, 5):  # reading dst while writing it would change what the instruction computes
+        operand = builder.instruction_operand(last, slot)
+        if operand is not None and operand.storage == target:
+            return False
+    if builder.instruction_opcode(last) is _core.Opcode.nc_matmul:
+        ctx.pending_matmul.pop(view.storage, None)
+    builder.retarget(last, 0, dst._view)
+    return True
+
 
 def _assign(dst: NkiTensor, value: NkiTensor) -> None:
     """``dst[...] = value``: a DMA when either side is in HBM, otherwise an engine copy."""

@@ -350,11 +350,11 @@ def _binary_tile(op: str, x, y, dtype=None, mask=None):
     if x_t and y_t and x.shape != y.shape:
         if _per_partition(y) and y.shape[0] == x.shape[0]:
             out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
-            _isa._tensor_scalar(out, x, fn, y, mask=mask)
+            _isa._tensor_scalar(out, x, fn, _scalar_operand(y, op), mask=mask)
             return out
         if _per_partition(x) and x.shape[0] == y.shape[0]:
             out = _result_tile(y.shape, _out_dtype(dtype, comparison, x, y))
-            _isa._tensor_scalar(out, y, fn, x, reverse0=True, mask=mask)
+            _isa._tensor_scalar(out, y, fn, _scalar_operand(x, op), reverse0=True, mask=mask)
             return out
         if x.size == y.size and x.shape[0] == y.shape[0]:
             out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
@@ -376,6 +376,16 @@ def _binary_tile(op: str, x, y, dtype=None, mask=None):
     out = _result_tile(tile.shape, _out_dtype(dtype, comparison, tile))
     _isa._tensor_scalar(out, tile, fn, float(number), reverse0=reverse, mask=mask)
     return out
+
+
+_BITVEC = frozenset(("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"))
+
+
+def _scalar_operand(t: NkiTensor, op: str) -> NkiTensor:
+    """A [P, 1] operand of an arithmetic tensor_scalar in the float32 the engines require of it."""
+    if op in _BITVEC or t.dtype == float32:
+        return t
+    return copy(t, dtype=float32)
 
 
 def _broadcast_shape(a: tuple, b: tuple):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from . import _core
 from .dtypes import BY_CORE_INDEX as _DTYPE_BY_INDEX
 from .dtypes import dtype as _dtype_cls
@@ -239,12 +241,17 @@ class NkiTensor:
         """Legacy assignment ``t[...] = value``: copies value (a tile or a scalar) into t[key]."""
         from . import isa
 
+        # A tile no name refers to (`t[i] = nl.load(...)`: references from the caller's stack, this
+        # frame and getrefcount's argument) may be written in place by the instruction producing it.
+        temporary = sys.getrefcount(value) <= 3
         dst = self[key]
         if isinstance(value, LoopReduction):
             isa._tensor_tensor(dst, dst, value, value.op)
         elif isinstance(value, NkiTensor):
             if dst._view.same_as(value._view):
                 return  # `t[i] += x` writes in place, then assigns t[i] to itself
+            if temporary and isa._produce_in_place(dst, value):
+                return
             isa._assign(dst, value)
         else:
             isa._assign_scalar(dst, value)
