@@ -28,7 +28,8 @@ __all__ = [
     "iota", "affine_select", "bn_stats", "bn_aggr", "tensor_tensor_scan", "reciprocal",
     "tensor_copy_predicated", "select_reduce", "max8", "nc_find_index8", "tensor_partition_reduce",
     "register_alloc", "register_move", "register_load", "register_store", "get_nc_version",
-    "get_nc_sub_version",
+    "get_nc_sub_version", "dma_transpose", "dma_compute", "nc_stream_shuffle", "nc_match_replace8", "range_select",
+    "nc_n_gather", "nonzero_with_count",
 ]
 
 
@@ -286,15 +287,28 @@ def dma_copy(dst=None, src=None, priority=None, oob_mode=oob_mode.error, dge_mod
     """Copies src to dst through a DMA queue (HBM/SBUF on both sides); dtypes convert through fp32."""
     _check_tensor(dst, "dst")
     _check_tensor(src, "src")
-    if dst_rmw_op is not None:
-        _not_implemented("dma_copy(dst_rmw_op=...) (use nisa.dma_compute in current NKI)")
-    if int(oob_mode) == 1:
-        _not_implemented("dma_copy(oob_mode=oob_mode.skip)")
     ops = _masked(mask, dst, src)
     if ops is None:
         return None
-    _emit(_core.Opcode.dma_copy, ops, _core.Engine.dma, name)
+    skip = _oob_skip(oob_mode)
+    if dst_rmw_op is not None:  # Beta 1 / NKI 0.2: dst = dst_rmw_op(dst, src), as dma_compute does now
+        _emit(_core.Opcode.dma_compute, (ops[0], ops[0], ops[1]), _core.Engine.dma, name,
+              op0=alu_op(dst_rmw_op, "dst_rmw_op"), oob_skip=skip)
+        return None
+    _emit(_core.Opcode.dma_copy, ops, _core.Engine.dma, name, oob_skip=skip)
     return None
+
+
+def _oob_skip(mode) -> bool:
+    """True for oob_mode.skip: elements whose run-time address is out of bounds are not moved."""
+    try:
+        value = int(mode)
+    except (TypeError, ValueError):
+        value = -1
+    if value not in (0, 1):
+        raise kernel_error_at(user_frame(3), f"oob_mode={mode!r} is not an out-of-bounds mode",
+                              hint="use nisa.oob_mode.error or nisa.oob_mode.skip")
+    return value == 1
 
 
 def tensor_copy(*args, **kwargs):
@@ -949,6 +963,158 @@ def get_nc_sub_version() -> int:
     return 0
 
 
+class NkiInstruction:
+    """NKI's handle of an emitted instruction, for ``depends_on`` scheduling edges. nikki's
+    instructions keep program order, so edges change nothing; nisa calls return None, not handles."""
+
+    def depends_on(self, *producers) -> "NkiInstruction":
+        return self
+
+
+def __getattr__(name: str):
+    if name == "NKIObject":  # NKI also exports it here; defined in nki.language (imported lazily: a cycle)
+        from .language import NKIObject
+
+        return NKIObject
+    raise AttributeError(f"module 'nki.isa' has no attribute {name!r}")
+
+
+# --- data movement and selection added in NKI 0.2+ ----------------------------------------------
+
+_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_transpose(*args, **kwargs):
+    """``dma_transpose(dst, src, axes=None)``: dst = src with its dims permuted by `axes` (default
+    [1, 0], [2, 1, 0] or [3, 1, 2, 0] for 2-, 3- and 4-D), moved by the DMA engines. Legacy:
+    ``tile = dma_transpose(src, axes=None, dtype=...)``."""
+    if _legacy(kwargs, len(args) + ("src" in kwargs) < 2 and "dst" not in kwargs):
+        src = _check_tensor(args[0] if args else kwargs.pop("src"), "src")
+        dtype, axes = kwargs.pop("dtype", None), kwargs.pop("axes", None)
+        axes = _transpose_axes(src, axes)
+        out = _new_tile(tuple(src.shape[a] for a in axes), to_dtype(dtype) if dtype is not None else src.dtype)
+        _dma_transpose(out, src, axes, **kwargs)
+        return out
+    return _dma_transpose(*args, **kwargs)
+
+
+def _transpose_axes(src: NkiTensor, axes):
+    if axes is None:
+        if src.ndim not in _TRANSPOSE_AXES:
+            raise kernel_error_at(user_frame(3), f"dma_transpose of a {src.ndim}-D tensor needs axes=",
+                                  limit="default axes exist for 2-, 3- and 4-D tensors")
+        return _TRANSPOSE_AXES[src.ndim]
+    axes = tuple(int(a) for a in axes)
+    if sorted(axes) != list(range(src.ndim)):
+        raise kernel_error_at(user_frame(3), f"dma_transpose: axes {axes} is not a permutation of the {src.ndim} dims "
+                              "of src")
+    return axes
+
+
+def _dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error,
+                   name=None, mask=None):
+    dst, src = _check_tensor(dst, "dst"), _check_tensor(src, "src")
+    axes = _transpose_axes(src, axes)
+    moved = src.permute(axes)
+    if tuple(dst.shape) != tuple(moved.shape):
+        raise kernel_error_at(user_frame(2), f"dma_transpose: dst has shape {tuple(dst.shape)}, but src {tuple(src.shape)} "
+                              f"transposed by axes {axes} has shape {tuple(moved.shape)}",
+                              limit="dst has exactly the transposed shape of src, rank included",
+                              hint="reshape dst (or src) so the ranks and extents agree")
+    ops = _masked(mask, dst, moved)
+    if ops is not None:
+        _emit(_core.Opcode.dma_copy, ops, _core.Engine.dma, name, oob_skip=_oob_skip(oob_mode))
+
+
+def dma_compute(dst=None, srcs=None, reduce_op=None, scales=None, unique_indices=True, oob_mode=oob_mode.error,
+                name=None):
+    """dst = reduce_op(srcs[0] * scales[0], srcs[1] * scales[1], ...) computed in fp32 by the DMA
+    engines (1 to 4 sources, HBM or SBUF; nl.add and unit scales, as in NKI). A source that is dst
+    itself (read-modify-write, e.g. a scatter-add through a vector_offset) sees earlier elements'
+    writes, so repeated indices accumulate."""
+    from . import language as nl
+
+    dst = _check_tensor(dst, "dst")
+    sources = list(srcs) if isinstance(srcs, (list, tuple)) else [srcs]
+    if not 1 <= len(sources) <= 4:
+        raise kernel_error_at(user_frame(2), f"dma_compute: {len(sources)} sources; it combines 1 to 4",
+                              hint="add the tensors in several dma_compute calls")
+    sources = [_check_tensor(t, f"srcs[{i}]") for i, t in enumerate(sources)]
+    if scales is not None:
+        factors = [float(f) for f in (scales if isinstance(scales, (list, tuple)) else [scales])]
+        if any(f != 1.0 for f in factors):
+            _not_implemented(f"dma_compute(scales={factors}) (NKI supports only scales of 1.0)")
+    _emit(_core.Opcode.dma_compute, (dst, *sources), _core.Engine.dma, name,
+          op0=alu_op(reduce_op if reduce_op is not None else nl.add, "reduce_op"), oob_skip=_oob_skip(oob_mode))
+
+
+def nc_stream_shuffle(*args, **kwargs):
+    """``nc_stream_shuffle(dst, src, shuffle_mask)``: within each quadrant of 32 partitions, dst
+    partition i gets src partition shuffle_mask[i] (255 leaves it unmodified). Beta 1 spelled it
+    ``nc_stream_shuffle(src, dst, shuffle_mask)``: use keywords when porting."""
+    return _nc_stream_shuffle(*args, **kwargs)
+
+
+def _nc_stream_shuffle(dst, src, shuffle_mask, name=None, mask=None, dtype=None):
+    lanes = [int(v) for v in shuffle_mask]
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(src, "src"))
+    if ops is not None:
+        _emit(_core.Opcode.nc_stream_shuffle, ops, engine.vector, name, lanes=lanes)
+
+
+def nc_match_replace8(*args, **kwargs):
+    """``nc_match_replace8(dst, data, vals, imm, dst_idx=None)``: dst = data with the first
+    occurrence of each of the 8 values in vals replaced by imm; their positions go to dst_idx.
+    Legacy: ``tile = nc_match_replace8(data=, vals=, imm=, dst_idx=None)``."""
+    if _legacy(kwargs, len(args) < 4 and "dst" not in kwargs, args, "data"):
+        data = _check_tensor(kwargs.pop("data") if "data" in kwargs else args[0], "data")
+        dtype = kwargs.pop("dtype", None)
+        out = _new_tile(data.shape, to_dtype(dtype) if dtype is not None else data.dtype)
+        _nc_match_replace8(out, data, **kwargs)
+        return out
+    return _nc_match_replace8(*args, **kwargs)
+
+
+def _nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None, mask=None):
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"), _check_tensor(vals, "vals"))
+    if ops is not None:
+        _emit(_core.Opcode.nc_match_replace8, (*ops, float(imm), dst_idx), engine.vector, name)
+
+
+def range_select(dst=None, on_true_tile=None, comp_op0=None, comp_op1=None, bound0=None, bound1=None,
+                 reduce_cmd=reduce_cmd.idle, reduce_res=None, reduce_op=None, range_start=0, on_false_value=0.0,
+                 name=None, mask=None, dtype=None):
+    """dst[p, f] = on_true_tile[p, f] where (f + range_start) comp_op0 bound0[p] and (f + range_start)
+    comp_op1 bound1[p], else on_false_value; the results reduce (maximum) into reduce_res."""
+    from . import language as nl
+
+    if float(range_start) != int(range_start):
+        raise kernel_error_at(user_frame(2), f"range_select: range_start={range_start} is not an integer position")
+    attrs = {"op0": alu_op(comp_op0, "comp_op0"), "op1": alu_op(comp_op1, "comp_op1"),
+             "reduce_op": alu_op(reduce_op if reduce_op is not None else nl.maximum, "reduce_op"),
+             "reduce_cmd": _core_reduce_cmd(reduce_cmd), "offset": int(range_start),
+             "fill_value": float(on_false_value)}
+    if reduce_res is not None and int(reduce_cmd) == 0:
+        attrs["reduce_cmd"] = _core.ReduceCmd.reset_reduce
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(on_true_tile, "on_true_tile"))
+    if ops is not None:
+        bound0, bound1, reduce_res = _masked_extras(mask, bound0, bound1, reduce_res)
+        _emit(_core.Opcode.range_select, (*ops, bound0, bound1, reduce_res), engine.vector, name, **attrs)
+
+
+def nc_n_gather(dst=None, data=None, indices=None, name=None):
+    """dst[p, j] = data[p, indices[p, j]], indexing each partition's flattened free elements (GpSimd)."""
+    _emit(_core.Opcode.nc_n_gather, (_check_tensor(dst, "dst"), _check_tensor(data, "data"),
+                                     _check_tensor(indices, "indices")), engine.gpsimd, name)
+
+
+def nonzero_with_count(dst=None, src=None, index_offset=0, padding_val=-1, name=None):
+    """On partitions 0, 16, ..., 112 (the first of each GpSimd core's 16): the positions of src's
+    nonzero elements plus index_offset, then padding_val, then their count as the last element."""
+    _emit(_core.Opcode.nonzero_with_count, (_check_tensor(dst, "dst"), _check_tensor(src, "src")), engine.gpsimd,
+          name, offset=int(index_offset), fill_value=float(padding_val))
+
+
 # --- NKI instructions nikki does not implement yet --------------------------------------------
 
 def _unsupported_instruction(name: str):
@@ -964,11 +1130,9 @@ def _unsupported_instruction(name: str):
 # that code using them fails with a NotImplementedError naming the instruction, not an
 # AttributeError; they are deliberately not in __all__ (docs/api-coverage.md lists them).
 UNSUPPORTED = (
-    "nc_matmul_mx", "activate2", "tensor_scalar_cumulative", "range_select", "exponential", "quantize_mx",
-    "nc_stream_shuffle", "nc_match_replace8", "dropout", "rng", "rand2", "set_rng_seed", "rand_set_state",
-    "rand_get_state", "local_gather", "nc_n_gather", "sequence_bounds", "nonzero_with_count", "topk",
-    "dma_transpose", "dma_compute", "core_barrier", "sendrecv", "tensor_copy_dynamic_src",
-    "tensor_copy_dynamic_dst", "builtin_custom_op",
+    "nc_matmul_mx", "activate2", "tensor_scalar_cumulative", "exponential", "quantize_mx", "dropout", "rng", "rand2",
+    "set_rng_seed", "rand_set_state", "rand_get_state", "local_gather", "sequence_bounds", "topk", "core_barrier",
+    "sendrecv", "tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "builtin_custom_op",
 )
 for _name in UNSUPPORTED:
     globals()[_name] = _unsupported_instruction(_name)

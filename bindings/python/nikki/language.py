@@ -631,6 +631,17 @@ def tan(x, dtype=None, mask=None):
                         dtype=dtype if dtype is not None else x.dtype, mask=mask)
 
 
+def gather_flattened(data, indices, axis=0, dtype=None, mask=None):
+    """out[p, ...] = data[p, flat(indices[p, ...])]: each partition gathers from its own free
+    elements, flattened (nisa.nc_n_gather on GpSimd); out has the shape of indices."""
+    data, indices = _isa._check_tensor(data, "data"), _isa._check_tensor(indices, "indices")
+    gathered = _result_tile(indices.shape, data.dtype)
+    _isa.nc_n_gather(gathered, data, indices)
+    if dtype is None or to_dtype(dtype) == data.dtype:
+        return gathered
+    return copy(gathered, dtype=dtype)
+
+
 def _magnitudes(name: str, pick):
     def fn(x, y, dtype=None, mask=None):
         ref = x if isinstance(x, NkiTensor) else y
@@ -650,7 +661,6 @@ for _name in ("fmod", "mod", "abs_max", "abs_min"):
 rand = _unsupported("rand")
 random_seed = _unsupported("random_seed")
 dropout = _unsupported("dropout")
-gather_flattened = _unsupported("gather_flattened")
 atomic_rmw = _unsupported("atomic_rmw")
 all_reduce = _unsupported("all_reduce")
 
@@ -762,6 +772,20 @@ class _OperatorConstant:
 
 average = _OperatorConstant("average")
 register_op(average, alu="average")
+# Operators of nisa.activate2 (NeuronCore-v4, which nikki does not model): named, so kernels that
+# pick them on other paths import and run.
+prelu = _OperatorConstant("prelu")
+bypass = _OperatorConstant("bypass")
+
+
+def gemm_grid(*args, **kwargs):
+    """Beta 1's grid of the Tensor engine's tiles: not supported (NotImplementedError)."""
+    raise NotImplementedError("nl.gemm_grid is not supported by nikki yet (see docs/api-coverage.md)")
+
+
+def gemm_stationary_grid(*args, **kwargs):
+    """Beta 1's grid of the stationary matmul tiles: not supported (NotImplementedError)."""
+    raise NotImplementedError("nl.gemm_stationary_grid is not supported by nikki yet (see docs/api-coverage.md)")
 
 
 class _FloatLimits:
