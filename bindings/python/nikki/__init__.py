@@ -14,7 +14,7 @@ _core._set_error_classes(KernelError, ViewError)
 from . import isa, language  # noqa: E402
 from . import collectives, compiler, typing  # noqa: E402
 from .dtypes import dtype  # noqa: E402
-from .entry import baremetal, simulate, simulate_kernel  # noqa: E402
+from .entry import FrameworkKernel, baremetal, simulate, simulate_kernel  # noqa: E402
 from .profiling import Profile, benchmark, estimate, profile  # noqa: E402
 from .kernel import Kernel, jit  # noqa: E402
 from .spec import TensorSpec, spec  # noqa: E402

@@ -8,7 +8,7 @@ import sys
 from .errors import KernelError, without_internal_frames
 from .kernel import Kernel
 
-__all__ = ["simulate", "simulate_kernel", "baremetal", "DecoratedKernel", "as_kernel"]
+__all__ = ["simulate", "simulate_kernel", "baremetal", "DecoratedKernel", "as_kernel", "FrameworkKernel"]
 
 
 class DecoratedKernel:
@@ -79,3 +79,13 @@ def _baremetal(k: Kernel, args, kwargs, _decorated):
         print("nikki: nki.baremetal runs on nikki's simulated NeuronCore (no Neuron device is used)", file=sys.stderr)
         _said_baremetal = True
     return k(*args, **kwargs)
+
+
+class FrameworkKernel:
+    """Beta 1's base class for plugging NKI kernels into a framework as XLA custom calls (not part of
+    nikki, which runs kernels on numpy arrays and torch CPU tensors directly)."""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError("nki.FrameworkKernel (framework custom-call integration) is not supported by "
+                                  "nikki; call the @nki.jit kernel on numpy arrays or torch CPU tensors, or wrap it "
+                                  "with nikki.torch.nki_op (see docs/api-coverage.md)")

@@ -145,6 +145,17 @@ class Kernel:
         launched.grid = tuple(grid)
         return launched  # shares the caches: the grid is part of the key
 
+    def with_schedule(self, schedule) -> "Kernel":
+        """NKI's extra ordering edges [(consumer, producers), ...] between named instructions. nikki
+        runs instructions with program-order semantics and keeps every dependency, so the edges
+        change no result; they are accepted and the kernel is returned (the timing estimate does not
+        model them)."""
+        for entry in schedule:
+            if not isinstance(entry, (tuple, list)) or len(entry) < 2:
+                raise TypeError(f"with_schedule: {entry!r} is not a (consumer, producer, ...) tuple of instruction "
+                                "names")
+        return self
+
     def with_target(self, target: str) -> "Kernel":
         """The same kernel compiled for another target ("trn1" or "trn2"); shares no cache entries."""
         k = Kernel.__new__(Kernel)

@@ -325,6 +325,34 @@ class NkiTensor:
 
     reinterpret_cast = view
 
+    def assert_shape(self, shape) -> "NkiTensor":
+        """Beta 1: raises unless the tensor has `shape`; returns the tensor."""
+        if tuple(self.shape) != tuple(shape):
+            raise kernel_error_at(user_frame(2), f"tensor '{self.name}' has shape {tuple(self.shape)}, not "
+                                  f"{tuple(shape)}", limit="assert_shape checks the shape exactly")
+        return self
+
+    def astype(self, dtype) -> "NkiTensor":
+        """Beta 1: a copy converted to `dtype` (a new SBUF tile)."""
+        from . import language as nl
+
+        return nl.copy(self, dtype=dtype)
+
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
+        """NKI 0.5's einops-style view: not supported yet (NotImplementedError)."""
+        raise NotImplementedError("NkiTensor.rearrange is not supported by nikki yet; compose reshape, permute and "
+                                  "flatten_dims views instead (see docs/api-coverage.md)")
+
+    def vector_select(self, dim, vector_offset):
+        """NKI 0.5's per-partition dynamic select: not supported yet (NotImplementedError)."""
+        raise NotImplementedError("NkiTensor.vector_select is not supported by nikki yet; use "
+                                  ".ap(vector_offset=...) in nisa.dma_copy (see docs/api-coverage.md)")
+
+    def indirect(self, index, num_elem=None):
+        """Tensor indirection of NeuronCore-v4 compute instructions: not supported (NotImplementedError)."""
+        raise NotImplementedError("NkiTensor.indirect (tensor indirection, NeuronCore-v4) is not supported by nikki "
+                                  "(see docs/api-coverage.md)")
+
     def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim: int = 0,
            dtype=None) -> "NkiTensor":
         """A raw access pattern [[stride, count], ...] over this tensor's storage, ignoring the
