@@ -29,7 +29,7 @@ __all__ = [
     "tensor_copy_predicated", "select_reduce", "max8", "nc_find_index8", "tensor_partition_reduce",
     "register_alloc", "register_move", "register_load", "register_store", "get_nc_version",
     "get_nc_sub_version", "dma_transpose", "dma_compute", "nc_stream_shuffle", "nc_match_replace8", "range_select",
-    "nc_n_gather", "nonzero_with_count",
+    "nc_n_gather", "nonzero_with_count", "core_barrier",
 ]
 
 
@@ -1115,6 +1115,19 @@ def nonzero_with_count(dst=None, src=None, index_offset=0, padding_val=-1, name=
           name, offset=int(index_offset), fill_value=float(padding_val))
 
 
+def core_barrier(data=None, cores=(0, 1), engine=engine.unknown, name=None):
+    """Waits until the NeuronCores `cores` have all reached this point, so that their writes to the
+    shared HBM tensor `data` are visible. A launch of one program instance is alone on nikki's
+    simulated core: nothing to wait for, the barrier has no effect. Instances of a grid run one
+    after another, so they cannot wait for each other: a barrier there raises NotImplementedError."""
+    from . import language as nl
+
+    _check_tensor(data, "data")
+    if nl.num_programs() > 1:
+        _not_implemented(f"core_barrier between the {nl.num_programs()} program instances of a launch (nikki runs "
+                         "them one after another)")
+
+
 # --- NKI instructions nikki does not implement yet --------------------------------------------
 
 def _unsupported_instruction(name: str):
@@ -1131,7 +1144,7 @@ def _unsupported_instruction(name: str):
 # AttributeError; they are deliberately not in __all__ (docs/api-coverage.md lists them).
 UNSUPPORTED = (
     "nc_matmul_mx", "activate2", "tensor_scalar_cumulative", "exponential", "quantize_mx", "dropout", "rng", "rand2",
-    "set_rng_seed", "rand_set_state", "rand_get_state", "local_gather", "sequence_bounds", "topk", "core_barrier",
+    "set_rng_seed", "rand_set_state", "rand_get_state", "local_gather", "sequence_bounds", "topk",
     "sendrecv", "tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "builtin_custom_op",
 )
 for _name in UNSUPPORTED:
