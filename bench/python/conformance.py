@@ -212,6 +212,25 @@ def _to_float_array(value):
     return np.asarray(value).astype(np.float32)
 
 
+def _stand_in_for_neuron_dtypes() -> None:
+    """Some torch references import ``neuron_dtypes`` (a package of the Neuron SDK, not public) for
+    their MX paths; the cases here take other paths, so a stand-in with its casting helpers lets
+    those modules import."""
+    import types
+
+    import numpy as np
+
+    if "neuron_dtypes" in sys.modules:
+        return
+    import nki.language as nl
+
+    module = types.ModuleType("neuron_dtypes", "stand-in of the Neuron SDK's dtype helpers for the conformance runner")
+    module.static_cast = nl.static_cast
+    module.is_float_type = lambda dtype: np.dtype(dtype).kind in "fV"
+    module.__getattr__ = lambda attr: getattr(nl, attr)
+    sys.modules["neuron_dtypes"] = module
+
+
 def run_case_here(name: str, library: str) -> dict:
     """Runs one library case in this process: {status, reason, max_error}."""
     import importlib
@@ -224,6 +243,7 @@ def run_case_here(name: str, library: str) -> dict:
 
     compat.install()
     compat.present_simulated_instance()
+    _stand_in_for_neuron_dtypes()
     import conformance_library
     import nki
 
@@ -233,9 +253,12 @@ def run_case_here(name: str, library: str) -> dict:
         module, function = spec.split(":")
         return getattr(importlib.import_module("nkilib_src.nkilib." + module), function)
 
-    kernel, reference = resolve(case.kernel), resolve(case.reference)
+    kernel = case.kernel() if callable(case.kernel) else resolve(case.kernel)
+    reference = resolve(case.reference)
     inputs = case.inputs()
-    expected = reference(**{k: _to_torch(v) for k, v in inputs.items()})
+    torch_inputs = {k: _to_torch(v) for k, v in inputs.items()}
+    expected = (case.call_reference(reference, torch_inputs) if case.call_reference is not None
+                else reference(**torch_inputs))
     expected = list(expected.values()) if isinstance(expected, dict) else list(
         expected if isinstance(expected, (tuple, list)) else [expected])
     kernel_inputs = {k: v.copy() if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
@@ -258,6 +281,10 @@ def run_case_here(name: str, library: str) -> dict:
     return dict(status="pass", reason="", max_error=worst)
 
 
+def _kernel_name(case) -> str:
+    return f"{case.kernel.__name__} (wraps the kernel)" if callable(case.kernel) else case.kernel
+
+
 def run_library(root: str, timeout: float, names=None) -> list:
     """[{case, kernel, status, seconds, reason}] for LIBRARY_CASES, one subprocess each."""
     sys.path.insert(0, HERE)
@@ -267,9 +294,9 @@ def run_library(root: str, timeout: float, names=None) -> list:
     for case in conformance_library.CASES:
         if names and case.name not in names:
             continue
-        module = case.kernel.split(":")[0].replace(".", "/") + ".py"
+        module = (case.reference if callable(case.kernel) else case.kernel).split(":")[0].replace(".", "/") + ".py"
         if not os.path.exists(os.path.join(root, "src", "nkilib_src", "nkilib", module)):
-            rows.append(dict(case=case.name, kernel=case.kernel, status="missing", seconds=0.0,
+            rows.append(dict(case=case.name, kernel=_kernel_name(case), status="missing", seconds=0.0,
                              reason=f"{module} is not in this checkout"))
             continue
         cmd = [sys.executable, os.path.abspath(__file__), "--run-case", case.name, "--library", root]
@@ -282,7 +309,7 @@ def run_library(root: str, timeout: float, names=None) -> list:
             result = dict(status="timeout", reason=f"still running after {timeout:.0f} s")
         elif result is None:
             result = dict(status="fail", reason=_reason(out))
-        rows.append(dict(case=case.name, kernel=case.kernel, seconds=seconds, **result))
+        rows.append(dict(case=case.name, kernel=_kernel_name(case), seconds=seconds, **result))
     return rows
 
 
