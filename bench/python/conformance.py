@@ -17,8 +17,8 @@ Not a test: it prints (and with --out writes) a markdown report. Three parts, ea
   ``__main__`` are run by their drivers and are listed, not counted. Drivers that need a framework
   nikki does not replace (JAX, torch-neuronx) are listed as such.
 * ``--samples-unit DIR`` (nki-samples at commit 8370e11, the last with its unit suite and
-  ``src/nki_samples/reference``): ``python -m nikki pytest test/unit --simulation-only`` with
-  ``PYTHONPATH=src``, per test (pytest's junit report).
+  ``src/nki_samples/reference``): ``python -m nikki pytest test/unit/FILE --simulation-only`` with
+  ``PYTHONPATH=src``, one subprocess per file, per test (pytest's junit report).
 * ``--library DIR`` (aws-neuron/nki-library): each kernel of LIBRARY_CASES below, called once at a
   small shape through ``nki.simulate``, compared with the library's own torch reference on the
   same inputs (``np.allclose`` with the case's tolerances). Cases run in subprocesses, one each.
@@ -164,27 +164,38 @@ def run_samples(root: str, timeout: float) -> list:
 # --- nki-samples unit suite ----------------------------------------------------------------------
 
 def run_unit_suite(root: str, timeout: float) -> list:
-    """[{test, status, seconds, reason}] of ``nikki pytest test/unit --simulation-only``."""
-    with tempfile.TemporaryDirectory() as tmp:
-        report = os.path.join(tmp, "junit.xml")
-        cmd = [sys.executable, "-m", "nikki", "pytest", "test/unit", "--simulation-only", "-q", "-p", "no:cacheprovider",
-               f"--junitxml={report}"]
-        rc, out, _seconds = _run(cmd, root, timeout, extra_path=[os.path.join(root, "src")])
-        if not os.path.exists(report):
-            return [dict(test="test/unit", status="timeout" if rc == "timeout" else "fail", seconds=0.0,
-                         reason=_reason(out))]
-        rows = []
-        for case in ElementTree.parse(report).getroot().iter("testcase"):
-            name = f"{case.get('classname', '').replace('.', '/')}::{case.get('name')}"
-            status, reason = "pass", ""
-            for child in case:
-                if child.tag in ("failure", "error"):
-                    status, reason = "fail", _short((child.get("message") or child.text or "").splitlines()[0]
-                                                    if (child.get("message") or child.text) else child.tag)
-                elif child.tag == "skipped":
-                    status, reason = "skipped", _short(child.get("message") or "")
-            rows.append(dict(test=name, status=status, seconds=float(case.get("time", 0.0)), reason=reason))
-        return rows
+    """[{test, status, seconds, reason}] of ``nikki pytest FILE --simulation-only`` for each file of
+    test/unit, one subprocess per file (a file that crashes or runs out of time is one row)."""
+    rows = []
+    folder = os.path.join(root, "test", "unit")
+    for name in sorted(f for f in os.listdir(folder) if f.startswith("test_") and f.endswith(".py")):
+        with tempfile.TemporaryDirectory() as tmp:
+            report = os.path.join(tmp, "junit.xml")
+            cmd = [sys.executable, "-m", "nikki", "pytest", os.path.join("test", "unit", name), "--simulation-only",
+                   "-q", "-p", "no:cacheprovider", f"--junitxml={report}"]
+            rc, out, seconds = _run(cmd, root, timeout, extra_path=[os.path.join(root, "src")])
+            if os.path.exists(report):
+                rows += junit_rows(report)
+            else:
+                rows.append(dict(test=f"test/unit/{name}", status="timeout" if rc == "timeout" else "fail",
+                                 seconds=seconds, reason=_reason(out)))
+    return rows
+
+
+def junit_rows(report: str) -> list:
+    """[{test, status, seconds, reason}] of a pytest junit XML report."""
+    rows = []
+    for case in ElementTree.parse(report).getroot().iter("testcase"):
+        name = f"{case.get('classname', '').replace('.', '/')}::{case.get('name')}"
+        status, reason = "pass", ""
+        for child in case:
+            if child.tag in ("failure", "error"):
+                status, reason = "fail", _short((child.get("message") or child.text or "").splitlines()[0]
+                                                if (child.get("message") or child.text) else child.tag)
+            elif child.tag == "skipped":
+                status, reason = "skipped", _short(child.get("message") or "")
+        rows.append(dict(test=name, status=status, seconds=float(case.get("time", 0.0)), reason=reason))
+    return rows
 
 
 # --- nki-library kernels against their torch references ----------------------------------------
@@ -371,7 +382,8 @@ def report(args, samples, unit, library) -> str:
                                   ("why not", "reason")])
     if unit is not None:
         lines += ["", "## nki-samples unit suite", "",
-                  "`PYTHONPATH=src python -m nikki pytest test/unit --simulation-only` in the checkout.", ""]
+                  "`PYTHONPATH=src python -m nikki pytest test/unit/FILE --simulation-only` in the checkout, one "
+                  "process per file.", ""]
         lines += _table(unit, [("test", "test"), ("status", "status"), ("s", "seconds"), ("why not", "reason")])
     if library is not None:
         lines += ["", "## nki-library kernels", "",
@@ -397,7 +409,7 @@ def main(argv=None) -> int:
     args = _parse_args(argv)
     timeout = min(args.timeout, 240.0) if args.quick else args.timeout
     samples = run_samples(args.samples, timeout) if args.samples else None
-    unit = run_unit_suite(args.samples_unit, timeout * 4) if args.samples_unit else None
+    unit = run_unit_suite(args.samples_unit, timeout) if args.samples_unit else None
     library = run_library(args.library, timeout, args.cases) if args.library else None
     text = report(args, samples, unit, library)
     if args.out:

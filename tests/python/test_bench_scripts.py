@@ -76,8 +76,25 @@ def test_conformance_quick_mode_on_a_fixture_tree(tmp_path):
             assert np.array_equal(nki.simulate_kernel(add_one, a), a + 1)
     """)
     _write(root / "contributed" / "jax_driver.py", "import jax\nif __name__ == '__main__':\n    pass\n")
+    unit = root / "test" / "unit"
+    _write(unit / "conftest.py", """
+        def pytest_addoption(parser):
+            parser.addoption("--simulation-only", action="store_true")
+    """)
+    _write(unit / "test_unit_add.py", """
+        import sys
+        sys.path.insert(0, "src/nki_samples/tutorials/add")
+        import numpy as np
+        from add_kernels import add_one, nki
+
+        def test_adds_one():
+            assert np.array_equal(nki.simulate_kernel(add_one, np.zeros((2, 4), np.float32)), np.ones((2, 4)))
+
+        def test_wrong():
+            assert np.array_equal(nki.simulate_kernel(add_one, np.zeros((2, 4), np.float32)), np.zeros((2, 4)))
+    """)
     out = tmp_path / "conformance.md"
-    text = _run("conformance.py", "--quick", "--samples", str(root), "--out", str(out))
+    text = _run("conformance.py", "--quick", "--samples", str(root), "--samples-unit", str(root), "--out", str(out))
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in text.splitlines() if line.startswith("| src/") or line.startswith("| contributed/")}
     base = "src/nki_samples/tutorials/add/"
@@ -87,3 +104,6 @@ def test_conformance_quick_mode_on_a_fixture_tree(tmp_path):
     assert rows[base + "test_add.py"][:2] == ["test", "pass"]
     assert rows["contributed/jax_driver.py"][:2] == ["driver", "excluded"]
     assert "| nki-samples tutorials and contributed kernels |" in out.read_text()
+    tests = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in text.splitlines()
+             if line.startswith("| test/unit/")}
+    assert tests == {"test/unit/test_unit_add::test_adds_one": "pass", "test/unit/test_unit_add::test_wrong": "fail"}
