@@ -47,7 +47,8 @@ PYTHON_PACKAGE = os.path.join(ROOT, "bindings", "python")
 # Printed by the samples when their comparison with a reference fails.
 _FAILED_COMPARISON = re.compile(r"(?:\bFalse\s*$|do not match|does not match|mismatch)", re.IGNORECASE | re.MULTILINE)
 # Imports that make a script a driver of a framework nikki does not stand in for.
-_FRAMEWORKS = {"jax": "JAX", "torch_neuronx": "torch-neuronx", "neuronxcc.nki.kernels": "neuronx-cc's kernels"}
+_FRAMEWORKS = {"jax": "JAX", "torch_neuronx": "torch-neuronx", "torch_xla": "torch-xla (XLA devices)",
+               "neuronxcc.nki.kernels": "neuronx-cc's kernels"}
 
 
 def _parse_args(argv=None):
