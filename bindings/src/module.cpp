@@ -72,7 +72,10 @@ void set_attribute(Attributes& a, const std::string& key, const py::handle& v) {
       if (seq.size() != 2) throw ViewError{"pattern entries are [step, num] pairs", {}, {}};
       a.pattern.push_back({int64_from_python(seq[0], "pattern step"), int64_from_python(seq[1], "pattern num")});
     }
-  } else if (key == "step") a.step = int64_from_python(v, "step");
+  } else if (key == "lanes") a.lanes = v.cast<std::vector<int32_t>>();
+  else if (key == "fill_value") a.fill_value = v.cast<double>();
+  else if (key == "oob_skip") a.oob_skip = v.cast<bool>();
+  else if (key == "step") a.step = int64_from_python(v, "step");
   else if (key == "jump") a.jump = v.cast<int32_t>();
   else if (key == "text") a.text = v.cast<std::string>();
   else throw std::invalid_argument("unknown instruction attribute: " + key);
@@ -428,14 +431,25 @@ PYBIND11_MODULE(_core, m) {
              if (!o.is_tensor()) return py::none();
              return py::cast(o.ap);
            })
+      .def("storage_defined_at", [](const KernelBuilder& b, StorageId id) { return b.storage(id).defined_at; })
+      .def("retarget",
+           [](KernelBuilder& b, size_t i, int slot, const AccessPattern& view) {
+             // `dst[...] = <fresh tile>`: the instruction that produced the tile writes dst instead.
+             auto& inst = const_cast<Instruction&>(b.kernel().instructions.at(i));
+             internal_check(slot >= 0 && slot < inst.spec().num_slots && inst.operands[slot].is_tensor(),
+                            "retarget of an operand slot that holds no tensor");
+             inst.operands[slot] = Operand::tensor(view);
+           })
       .def("retarget_accumulate",
            [](KernelBuilder& b, size_t i, const AccessPattern& dst) {
              // The legacy `psum[...] += nisa.nc_matmul(...)` idiom: the matmul that produced a
-             // fresh tile now accumulates into `psum` directly.
+             // fresh tile now accumulates into `psum` directly, as the PE array does: the first
+             // matmul into a location since its allocation starts the sum (Beta 1 kernels also
+             // `+=` into freshly allocated, uninitialized PSUM tiles), later ones add.
              auto& inst = const_cast<Instruction&>(b.kernel().instructions.at(i));
              internal_check(inst.opcode == Opcode::nc_matmul, "retarget_accumulate on a non-matmul");
              inst.operands[0] = Operand::tensor(dst);
-             inst.attrs.accumulate = Accumulate::accumulate;
+             inst.attrs.accumulate = Accumulate::automatic;
            })
       .def("record_parallel_loops", &KernelBuilder::record_parallel_loops)
       .def("open_parallel_loop", &KernelBuilder::open_parallel_loop)

@@ -193,6 +193,24 @@ py::dict attributes(const Instruction& inst) {
       alu("reduce_op", a.reduce_op);
       d["reduce_cmd"] = name_of(reduce_cmd_name(a.reduce_cmd));
       break;
+    case Opcode::nc_stream_shuffle: d["lanes"] = py::tuple(py::cast(a.lanes)); break;
+    case Opcode::range_select:
+      alu("op0", a.op0);
+      alu("op1", a.op1);
+      alu("reduce_op", a.reduce_op);
+      d["reduce_cmd"] = name_of(reduce_cmd_name(a.reduce_cmd));
+      d["offset"] = a.offset;
+      d["fill_value"] = a.fill_value;
+      break;
+    case Opcode::nonzero_with_count:
+      d["offset"] = a.offset;
+      d["fill_value"] = a.fill_value;
+      break;
+    case Opcode::dma_compute:
+      alu("op0", a.op0);
+      d["oob_skip"] = a.oob_skip;
+      break;
+    case Opcode::dma_copy: d["oob_skip"] = a.oob_skip; break;
     case Opcode::loop_begin:
       d["step"] = a.step;
       d["jump"] = a.jump;

@@ -168,7 +168,8 @@ class TemplateBuilder {
   }
 
   std::optional<std::pair<NativeTemplate, NativeInstruction>> build() {
-    if (inst_.spec().is_control) return std::nullopt;
+    // oob_mode=skip drops out-of-bound elements at run time: the reference semantics do that.
+    if (inst_.spec().is_control || inst_.attrs.oob_skip) return std::nullopt;
     for (int s = 0; s < inst_.spec().num_slots; ++s) {
       const Operand& o = inst_.operands[s];
       NativeOperand& n = out_.operands[s];

@@ -76,7 +76,7 @@ AccessPattern read_ap(Reader& r, size_t num_storages, int depth = 0) {
 
 enum AttrFlags : uint16_t {
   kReverse0 = 1, kReverse1 = 2, kNegate = 4, kKeepdims = 8, kReversePred = 16, kIsTranspose = 32,
-  kStationaryOnezero = 64, kMovingOnezero = 128,
+  kStationaryOnezero = 64, kMovingOnezero = 128, kOobSkip = 256,
 };
 
 void write_kernel(Writer& w, const Kernel& k) {
@@ -130,7 +130,8 @@ void write_kernel(Writer& w, const Kernel& k) {
       w.u8(v);
     w.u16((a.reverse0 ? kReverse0 : 0) | (a.reverse1 ? kReverse1 : 0) | (a.negate ? kNegate : 0) |
           (a.keepdims ? kKeepdims : 0) | (a.reverse_pred ? kReversePred : 0) | (a.is_transpose ? kIsTranspose : 0) |
-          (a.is_stationary_onezero ? kStationaryOnezero : 0) | (a.is_moving_onezero ? kMovingOnezero : 0));
+          (a.is_stationary_onezero ? kStationaryOnezero : 0) | (a.is_moving_onezero ? kMovingOnezero : 0) |
+          (a.oob_skip ? kOobSkip : 0));
     w.u32(a.axes);
     w.i64(a.offset);
     w.i64(a.channel_multiplier);
@@ -142,6 +143,9 @@ void write_kernel(Writer& w, const Kernel& k) {
     w.i64(a.step);
     w.i32(a.jump);
     w.str(a.text);
+    w.f64(a.fill_value);
+    w.u32(a.lanes.size());
+    for (int32_t lane : a.lanes) w.i32(lane);
   }
 }
 
@@ -222,6 +226,7 @@ Kernel read_kernel(Reader& r) {
     a.is_transpose = flags & kIsTranspose;
     a.is_stationary_onezero = flags & kStationaryOnezero;
     a.is_moving_onezero = flags & kMovingOnezero;
+    a.oob_skip = flags & kOobSkip;
     a.axes = r.u32();
     a.offset = r.i64();
     a.channel_multiplier = r.i64();
@@ -230,6 +235,9 @@ Kernel read_kernel(Reader& r) {
     a.step = r.i64();
     a.jump = r.i32();
     a.text = r.str();
+    a.fill_value = r.f64();
+    uint32_t nl = r.count(4);
+    for (uint32_t l = 0; l < nl; ++l) a.lanes.push_back(r.i32());
   }
   return k;
 }

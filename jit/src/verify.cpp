@@ -255,7 +255,7 @@ class Verifier {
       if (ind->scalar_tensor) check_index_tensor(inst, *ind->scalar_tensor, "scalar_offset");
       if (ind->scalar_register >= k_.num_registers) internal_check(false, "register id out of range");
       if (ind->vector_offset) {
-        if (inst.opcode != Opcode::dma_copy)
+        if (inst.opcode != Opcode::dma_copy && inst.opcode != Opcode::dma_compute)
           fail(inst, fmt::format("{} uses a vector_offset (gather/scatter) access", slot_name(inst, slot)),
                "per-partition vector offsets are only supported by DMA instructions", "gather with nisa.dma_copy");
         if (!is_hbm(s.buffer))
@@ -464,6 +464,12 @@ class Verifier {
       case Opcode::max8: return check_max8(inst);
       case Opcode::nc_find_index8: return check_find_index8(inst);
       case Opcode::tensor_partition_reduce: return check_partition_reduce(inst);
+      case Opcode::nc_stream_shuffle: return check_stream_shuffle(inst);
+      case Opcode::nc_match_replace8: return check_match_replace8(inst);
+      case Opcode::range_select: return check_range_select(inst);
+      case Opcode::nc_n_gather: return check_n_gather(inst);
+      case Opcode::nonzero_with_count: return check_nonzero_with_count(inst);
+      case Opcode::dma_compute: return check_dma_compute(inst);
       case Opcode::register_move:
       case Opcode::register_load:
       case Opcode::register_store:
@@ -900,17 +906,23 @@ class Verifier {
            "max8 writes 8 values per partition", "allocate dst as [P, 8]");
   }
 
+  /** The data row that nc_find_index8 and nc_match_replace8 search: the size max8 reads. */
+  void searched_row_size(const Instruction& inst) const {
+    const int64_t n = geom(inst, 1).free_elements;
+    if (n < t_.max8_min_elems || n > t_.max8_max_elems)
+      fail(inst, fmt::format("data has {} elements per partition", n),
+           fmt::format("{} reads {} to {} elements per partition", opcode_name(inst.opcode), t_.max8_min_elems,
+                       t_.max8_max_elems),
+           {});
+  }
+
   void check_find_index8(const Instruction& inst) const {
     engine_in(inst, {Engine::vector});
     at_most_3d(inst, 1);
     at_most_3d(inst, 2);
     same_partitions(inst, 0, 1);
     same_partitions(inst, 0, 2);
-    const int64_t n = geom(inst, 1).free_elements;
-    if (n < t_.max8_min_elems || n > t_.max8_max_elems)
-      fail(inst, fmt::format("data has {} elements per partition", n),
-           fmt::format("nc_find_index8 reads {} to {} elements per partition", t_.max8_min_elems, t_.max8_max_elems),
-           {});
+    searched_row_size(inst);
     for (int s : {2, 0})
       if (geom(inst, s).free_elements != 8)
         fail(inst, fmt::format("{} has {} elements per partition", slot_name(inst, s), geom(inst, s).free_elements),
@@ -919,6 +931,122 @@ class Verifier {
     if (d != DType::uint16 && d != DType::uint32)
       fail(inst, fmt::format("dst has dtype {}", dtype_name(d)), "indices are written as uint16 or uint32",
            "allocate dst as nl.uint32 (or nl.uint16)");
+  }
+
+  void needs_generation(const Instruction& inst, int generation) const {
+    if (t_.generation < generation)
+      fail(inst, fmt::format("{} needs NeuronCore-v{}; {} does not have it", opcode_name(inst.opcode), generation,
+                             target_name()),
+           fmt::format("{} exists on NeuronCore-v{} and later", opcode_name(inst.opcode), generation),
+           "compile for a newer target (target=\"trn2\")");
+  }
+
+  void check_stream_shuffle(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector});
+    // src may span fewer partitions than dst (a lane read several times broadcasts a row); a
+    // lane past src's partitions is a run-time fault
+    if (geom(inst, 0).free_elements != geom(inst, 1).free_elements)
+      fail(inst, fmt::format("dst has {} elements per partition but src has {}", geom(inst, 0).free_elements,
+                             geom(inst, 1).free_elements),
+           "nc_stream_shuffle moves whole rows: dst and src have the same elements per partition", {});
+    if (inst.operands[0].ap.dtype != inst.operands[1].ap.dtype)
+      fail(inst, fmt::format("dst is {} but src is {}", dtype_name(inst.operands[0].ap.dtype),
+                             dtype_name(inst.operands[1].ap.dtype)),
+           "nc_stream_shuffle moves bits: dst has src's dtype", "shuffle into a tile of src's dtype, then convert");
+    const auto& lanes = inst.attrs.lanes;
+    if (lanes.size() != t_.partition_quadrant)
+      fail(inst, fmt::format("shuffle_mask has {} entries", lanes.size()),
+           fmt::format("shuffle_mask names a source lane for each of the {} partitions of a quadrant",
+                       t_.partition_quadrant),
+           fmt::format("pass a list of {} lanes (255 keeps a destination partition)", t_.partition_quadrant));
+    for (size_t i = 0; i < lanes.size(); ++i)
+      if (lanes[i] != kShuffleKeepLane && (lanes[i] < 0 || lanes[i] >= int32_t(t_.partition_quadrant)))
+        fail(inst, fmt::format("shuffle_mask[{}] is {}", i, lanes[i]),
+             fmt::format("lanes are 0..{} within a quadrant, or {} to keep the destination", t_.partition_quadrant - 1,
+                         kShuffleKeepLane),
+             "shuffle across quadrants with nisa.dma_copy");
+  }
+
+  void check_match_replace8(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector});
+    at_most_3d(inst, 1);
+    same_tile(inst, 0, 1);
+    same_partitions(inst, 0, 2);
+    searched_row_size(inst);
+    if (geom(inst, 2).free_elements != 8)
+      fail(inst, fmt::format("vals has {} elements per partition", geom(inst, 2).free_elements),
+           "vals holds exactly 8 values per partition", "pass the [P, 8] result of nisa.max8");
+    if (inst.operands[4].is_tensor()) {
+      same_partitions(inst, 0, 4);
+      if (geom(inst, 4).free_elements != 8)
+        fail(inst, fmt::format("dst_idx has {} elements per partition", geom(inst, 4).free_elements),
+             "dst_idx receives exactly 8 indices per partition", "allocate dst_idx as [P, 8]");
+      const DType d = inst.operands[4].ap.dtype;
+      if (d != DType::uint16 && d != DType::uint32 && d != DType::int32)
+        fail(inst, fmt::format("dst_idx has dtype {}", dtype_name(d)), "indices are written as integers",
+             "allocate dst_idx as nl.uint32");
+    }
+  }
+
+  void check_range_select(const Instruction& inst) const {
+    engine_in(inst, {Engine::vector});
+    needs_generation(inst, 3);
+    same_tile(inst, 0, 1);
+    for (AluOp op : {inst.attrs.op0, inst.attrs.op1})
+      if (op != AluOp::equal && op != AluOp::not_equal && op != AluOp::greater && op != AluOp::greater_equal &&
+          op != AluOp::less && op != AluOp::less_equal)
+        fail(inst, fmt::format("comp_op {} is not a comparison", alu_op_name(op)),
+             "range_select compares positions with nl.greater_equal, nl.less, ...", {});
+    per_partition(inst, 2, 1, true);
+    per_partition(inst, 3, 1, true);
+    if (inst.operands[4].is_tensor()) {
+      per_partition(inst, 4, 1, false);
+      if (!is_float(inst.operands[4].ap.dtype))
+        fail(inst, fmt::format("reduce_res has dtype {}", dtype_name(inst.operands[4].ap.dtype)),
+             "reduce_res must have a float dtype", "allocate reduce_res as a float32 [P, 1] tile");
+    }
+    if (inst.attrs.reduce_cmd != ReduceCmd::idle) reduce_op(inst, inst.attrs.reduce_op, "reduce_op");
+  }
+
+  void check_n_gather(const Instruction& inst) const {
+    engine_in(inst, {Engine::gpsimd});
+    same_partitions(inst, 0, 1);
+    same_tile(inst, 0, 2);
+    const DType d = inst.operands[2].ap.dtype;
+    if (d != DType::uint32 && d != DType::int32)
+      fail(inst, fmt::format("indices have dtype {}", dtype_name(d)), "nc_n_gather indices are uint32",
+           "compute the indices into a nl.uint32 tile");
+    if (inst.operands[0].ap.dtype != inst.operands[1].ap.dtype)
+      fail(inst, fmt::format("dst is {} but data is {}", dtype_name(inst.operands[0].ap.dtype),
+                             dtype_name(inst.operands[1].ap.dtype)),
+           "nc_n_gather copies elements: dst has data's dtype", {});
+  }
+
+  void check_nonzero_with_count(const Instruction& inst) const {
+    engine_in(inst, {Engine::gpsimd});
+    needs_generation(inst, 3);
+    same_partitions(inst, 0, 1);
+    if (geom(inst, 0).free_elements != geom(inst, 1).free_elements + 1)
+      fail(inst, fmt::format("dst has {} elements per partition for src's {}", geom(inst, 0).free_elements,
+                             geom(inst, 1).free_elements),
+           "dst holds the indices, the padding and the count: one element more than src",
+           fmt::format("allocate dst with {} elements per partition", geom(inst, 1).free_elements + 1));
+    if (!is_integer(inst.operands[0].ap.dtype))
+      fail(inst, fmt::format("dst has dtype {}", dtype_name(inst.operands[0].ap.dtype)),
+           "nonzero_with_count writes integer indices and counts", "allocate dst as nl.int32");
+  }
+
+  void check_dma_compute(const Instruction& inst) const {
+    if (inst.attrs.op0 != AluOp::add)
+      fail(inst, fmt::format("reduce_op={} is not supported", alu_op_name(inst.attrs.op0)),
+           "the DMA engines reduce with nl.add only", "pass reduce_op=nl.add");
+    const int64_t n = inst.operands[0].ap.num_elements();
+    for (int slot = 1; slot < kMaxSlots; ++slot)
+      if (inst.operands[slot].is_tensor() && inst.operands[slot].ap.num_elements() != n)
+        fail(inst, fmt::format("{} has {} elements {} but dst has {} {}", slot_name(inst, slot),
+                               inst.operands[slot].ap.num_elements(), shape_of(inst.operands[slot].ap), n,
+                               shape_of(inst.operands[0].ap)),
+             "dma_compute combines sources of dst's size element by element", "slice the sources to dst's size");
   }
 
   void check_partition_reduce(const Instruction& inst) const {

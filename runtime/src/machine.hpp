@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -256,12 +257,16 @@ class Machine {
                                       : checked_mul(ap.dims[d].stride, index[d]);
         e = step ? checked_add(*e, *step) : std::nullopt;
       }
-      if (!e || *e < 0 || *e >= n_storage)
+      if (inst.attrs.oob_skip && (!e || *e < 0 || *e >= n_storage)) {
+        out.ptr.push_back(nullptr);  // oob_mode=skip: the element is not transferred
+      } else if (!e || *e < 0 || *e >= n_storage) {
         runtime_fault(inst,
                       fmt::format("runtime offset out of bounds: element {} of tensor '{}' which has {} elements",
                                   e ? fmt::to_string(*e) : "beyond 2^63", s.name, n_storage),
                       "check the values of the offset register or index tensor");
-      out.ptr.push_back(element(ap.storage, ap.dtype, *e));
+      } else {
+        out.ptr.push_back(element(ap.storage, ap.dtype, *e));
+      }
       for (int d = ap.rank - 1; d >= 0; --d) {
         if (++index[d] < ap.dims[d].count) break;
         index[d] = 0;
@@ -365,6 +370,12 @@ class Machine {
       case Opcode::max8: return exec_max8(inst);
       case Opcode::nc_find_index8: return exec_find_index8(inst);
       case Opcode::tensor_partition_reduce: return exec_partition_reduce(inst);
+      case Opcode::nc_stream_shuffle: return exec_stream_shuffle(inst);
+      case Opcode::nc_match_replace8: return exec_match_replace8(inst);
+      case Opcode::range_select: return exec_range_select(inst);
+      case Opcode::nc_n_gather: return exec_n_gather(inst);
+      case Opcode::nonzero_with_count: return exec_nonzero_with_count(inst);
+      case Opcode::dma_compute: return exec_dma_compute(inst);
       case Opcode::register_move:
         regs[inst.operands[0].reg] = scalar_value(inst.operands[1]);
         return;
@@ -399,7 +410,133 @@ class Machine {
 
   void exec_copy(const Instruction& inst) {
     Elements dst = operand(inst, 0), src = operand(inst, 1);
-    for (int64_t i = 0; i < dst.size(); ++i) copy_element(dst.dtype, dst.ptr[i], src.dtype, src.ptr[i]);
+    for (int64_t i = 0; i < dst.size(); ++i)
+      if (dst.ptr[i] && src.ptr[i]) copy_element(dst.dtype, dst.ptr[i], src.dtype, src.ptr[i]);  // null: skipped
+  }
+
+  /** dst = fold of the sources with reduce_op, element by element in order, in fp32: a source
+   * that is dst itself (read-modify-write) sees the writes of earlier elements, so repeated
+   * scatter indices accumulate. */
+  void exec_dma_compute(const Instruction& inst) {
+    Elements dst = operand(inst, 0);
+    std::vector<Elements> srcs;
+    for (int slot = 1; slot < kMaxSlots && inst.operands[slot].is_tensor(); ++slot) srcs.push_back(operand(inst, slot));
+    for (int64_t i = 0; i < dst.size(); ++i) {
+      if (!dst.ptr[i]) continue;
+      bool skipped = false;
+      float acc = 0.0f;
+      for (size_t k = 0; k < srcs.size() && !skipped; ++k) {
+        if (!srcs[k].ptr[i]) {
+          skipped = true;
+          break;
+        }
+        const float v = numerics::load_float(srcs[k].dtype, srcs[k].ptr[i]);
+        acc = k == 0 ? v : alu_apply(inst.attrs.op0, acc, v);
+      }
+      if (!skipped) numerics::store_float(dst.dtype, dst.ptr[i], acc);
+    }
+  }
+
+  /** Each quadrant of 32 partitions: dst lane i = src lane lanes[i] (255 keeps dst). */
+  void exec_stream_shuffle(const Instruction& inst) {
+    Elements dst = operand(inst, 0), src = operand(inst, 1);
+    const int64_t quadrant = t.partition_quadrant, row_bytes = src.free * dtype_size(src.dtype);
+    std::vector<uint8_t> rows(size_t(src.partitions * row_bytes));  // read every source row first (in place)
+    for (int64_t p = 0; p < src.partitions; ++p)
+      for (int64_t f = 0; f < src.free; ++f)
+        std::memcpy(&rows[(p * src.free + f) * dtype_size(src.dtype)], src.at(p, f), dtype_size(src.dtype));
+    for (int64_t p = 0; p < dst.partitions; ++p) {
+      const int32_t lane = inst.attrs.lanes[p % quadrant];
+      if (lane == kShuffleKeepLane) continue;
+      const int64_t from = (p / quadrant) * quadrant + lane;
+      if (from >= src.partitions)
+        runtime_fault(inst, fmt::format("shuffle_mask sends lane {} to partition {}, but src has {} partitions", lane,
+                                        p, src.partitions),
+                      "keep shuffle_mask entries below the number of partitions of a quadrant");
+      for (int64_t f = 0; f < dst.free; ++f)
+        std::memcpy(dst.at(p, f), &rows[(from * src.free + f) * dtype_size(src.dtype)], dtype_size(dst.dtype));
+    }
+  }
+
+  /** Replaces, per partition, the first not yet matched occurrence of each of the 8 values with
+   * imm (vals taken from the last to the first, as the hardware pairs duplicate values); dst_idx
+   * gets each value's position (all ones when absent). */
+  void exec_match_replace8(const Instruction& inst) {
+    Elements dst = operand(inst, 0), data = operand(inst, 1), vals = operand(inst, 2), idx = optional_operand(inst, 4);
+    const float imm = static_cast<float>(inst.operands[3].imm);
+    for (int64_t p = 0; p < data.partitions; ++p) {
+      std::vector<float> row(data.free);
+      for (int64_t f = 0; f < data.free; ++f) row[f] = data.get(p, f);
+      std::vector<bool> matched(data.free, false);
+      std::array<int64_t, 8> where;
+      where.fill(0xFFFFFFFFll);
+      for (int i = 7; i >= 0; --i) {
+        const float want = vals.get(p, i);
+        for (int64_t f = 0; f < data.free; ++f)
+          if (!matched[f] && row[f] == want) {
+            matched[f] = true;
+            where[i] = f;
+            break;
+          }
+      }
+      for (int64_t f = 0; f < data.free; ++f) dst.set(p, f, matched[f] ? imm : row[f]);
+      if (inst.operands[4].is_tensor())
+        for (int i = 0; i < 8; ++i) store_integer_value(idx.dtype, idx.at(p, i), where[i]);
+    }
+  }
+
+  /** Keeps element f of each partition where (f + range_start) comp_op0 bound0 and comp_op1
+   * bound1 hold, else fill_value; reduces the results with reduce_op into the accumulators. */
+  void exec_range_select(const Instruction& inst) {
+    const Attributes& at = inst.attrs;
+    Elements dst = operand(inst, 0), on_true = operand(inst, 1), b0 = optional_operand(inst, 2),
+             b1 = optional_operand(inst, 3), res = optional_operand(inst, 4);
+    const bool reducing = at.reduce_cmd == ReduceCmd::reduce || at.reduce_cmd == ReduceCmd::reset_reduce;
+    const float fill = static_cast<float>(at.fill_value);
+    for (int64_t p = 0; p < dst.partitions; ++p) {
+      const float bound0 = per_partition(inst.operands[2], b0, p), bound1 = per_partition(inst.operands[3], b1, p);
+      float best = 0.0f;
+      for (int64_t f = 0; f < dst.free; ++f) {
+        const float position = static_cast<float>(f + at.offset);
+        const bool keep = alu_apply(at.op0, position, bound0) != 0.0f && alu_apply(at.op1, position, bound1) != 0.0f;
+        const float v = keep ? on_true.get(p, f) : fill;
+        dst.set(p, f, v);
+        best = f == 0 ? v : alu_apply(at.reduce_op, best, v);
+      }
+      apply_reduce_cmd(at.reduce_cmd, at.reduce_op, fill, vector_acc, p, best, reducing && dst.free > 0);
+      if (inst.operands[4].is_tensor()) res.set(p, 0, vector_acc[p]);
+    }
+  }
+
+  /** dst[p, j] = data[p, indices[p, j]] over each partition's flattened free elements. */
+  void exec_n_gather(const Instruction& inst) {
+    Elements dst = operand(inst, 0), data = operand(inst, 1), indices = operand(inst, 2);
+    for (int64_t p = 0; p < dst.partitions; ++p)
+      for (int64_t j = 0; j < dst.free; ++j) {
+        const int64_t i = indices.get_int(p, j);
+        if (i < 0 || i >= data.free)
+          runtime_fault(inst, fmt::format("index {} (partition {}, position {}) is outside the {} elements of data", i,
+                                          p, j, data.free),
+                        "gather indices address the flattened free elements of each data partition");
+        copy_element(dst.dtype, dst.at(p, j), data.dtype, data.at(p, i));
+      }
+  }
+
+  /** On the first partition of each GpSimd core's group: the positions (+ index_offset) of the
+   * nonzero elements, then padding_val, then their count in the last element. */
+  void exec_nonzero_with_count(const Instruction& inst) {
+    Elements dst = operand(inst, 0), src = operand(inst, 1);
+    const int64_t group = t.gpsimd_core_partitions;
+    for (int64_t p = 0; p < src.partitions; p += group) {
+      int64_t n = 0;
+      for (int64_t f = 0; f < src.free; ++f) {
+        const bool nonzero = is_float(src.dtype) ? src.get(p, f) != 0.0f : src.get_int(p, f) != 0;
+        if (nonzero) store_integer_value(dst.dtype, dst.at(p, n++), f + inst.attrs.offset);
+      }
+      for (int64_t f = n; f < src.free; ++f)
+        store_integer_value(dst.dtype, dst.at(p, f), static_cast<int64_t>(inst.attrs.fill_value));
+      store_integer_value(dst.dtype, dst.at(p, src.free), n);
+    }
   }
 
   void exec_tensor_tensor(const Instruction& inst) {

@@ -1869,6 +1869,82 @@ TEST_CASE("instr: max8 (ties kept) and nc_find_index8 (duplicates matched to suc
             [&](int64_t i) { return want_i4[i]; });
 }
 
+TEST_CASE("instr: nc_stream_shuffle, nc_match_replace8, nc_n_gather, nonzero_with_count, range_select, dma_compute") {
+  HostTensor x = uniform(DType::float32, {64, 20}, 180);
+  HostTensor sparse = integers(DType::int32, {32, 24}, 181, -2, 2);  // about 1 in 5 zero... and negatives
+  HostTensor idx = integers(DType::uint32, {64, 9}, 182, 0, 19);
+  std::vector<int32_t> lanes(32);
+  for (int i = 0; i < 32; ++i) lanes[i] = i % 7 == 3 ? kShuffleKeepLane : (i * 11 + 5) % 32;
+  auto outs = run(
+      [&lanes](Tensor x, Tensor sparse, Tensor idx) {
+        Tensor sx = to_sbuf(x);
+        Tensor shuffled = nl::ndarray({64, 20}, nl::float32, nl::sbuf);
+        isa::memset(shuffled, -7.0);
+        isa::nc_stream_shuffle(shuffled, sx, lanes);
+        Tensor top = nl::ndarray({64, 8}, nl::float32, nl::sbuf);
+        isa::max8(top, sx);
+        Tensor replaced = nl::ndarray({64, 20}, nl::float32, nl::sbuf);
+        Tensor where = nl::ndarray({64, 8}, nl::uint32, nl::sbuf);
+        isa::nc_match_replace8(replaced, sx, top, -100.0, where);
+        Tensor gathered = nl::ndarray({64, 9}, nl::float32, nl::sbuf);
+        isa::nc_n_gather(gathered, sx, to_sbuf(idx));
+        Tensor nz = nl::ndarray({32, 25}, nl::int32, nl::sbuf);
+        isa::memset(nz, 9);
+        isa::nonzero_with_count(nz, to_sbuf(sparse), 10, -1);
+        Tensor window = nl::ndarray({64, 20}, nl::float32, nl::sbuf);
+        Tensor best = nl::ndarray({64, 1}, nl::float32, nl::sbuf);
+        isa::range_select(window, sx, nl::greater_equal, nl::less, 3.0, 9.0,
+                          {.reduce_res = best, .range_start = 2, .on_false_value = -1e30});
+        Tensor sum = nl::ndarray({64, 20}, nl::float32, nl::shared_hbm);
+        isa::dma_compute(sum, {x, x, sx});
+        return std::vector<Tensor>{to_hbm(shuffled), to_hbm(replaced), to_hbm(where), to_hbm(gathered),
+                                   to_hbm(nz), to_hbm(window), to_hbm(best), sum};
+      },
+      x, sparse, idx);
+  check_all("nc_stream_shuffle", 64 * 20, [&](int64_t i) { return f32_at(outs[0], i); }, [&](int64_t i) {
+    const int64_t p = i / 20, f = i % 20, lane = lanes[p % 32];
+    return lane == kShuffleKeepLane ? -7.0 : f32_at(x, ((p / 32) * 32 + lane) * 20 + f);
+  });
+  // The top 8 of each row are distinct (random floats): each is replaced where it stands.
+  for (int64_t p = 0; p < 64; ++p) {
+    std::vector<std::pair<double, int64_t>> row;
+    for (int64_t f = 0; f < 20; ++f) row.push_back({f32_at(x, p * 20 + f), f});
+    std::sort(row.begin(), row.end(), [](auto a, auto b) { return a.first > b.first; });
+    for (int i = 0; i < 8; ++i) {
+      CHECK(int_at(outs[2], p * 8 + i) == row[i].second);
+      CHECK(f32_at(outs[1], p * 20 + row[i].second) == -100.0);
+    }
+    for (int i = 8; i < 20; ++i) CHECK(f32_at(outs[1], p * 20 + row[i].second) == row[i].first);
+  }
+  check_all("nc_n_gather", 64 * 9, [&](int64_t i) { return f32_at(outs[3], i); },
+            [&](int64_t i) { return f32_at(x, (i / 9) * 20 + int_at(idx, i)); });
+  for (int64_t p = 0; p < 32; ++p) {
+    std::vector<int64_t> want(25, 9);
+    if (p % 16 == 0) {
+      int64_t n = 0;
+      for (int64_t f = 0; f < 24; ++f)
+        if (int_at(sparse, p * 24 + f) != 0) want[n++] = f + 10;
+      for (int64_t f = n; f < 24; ++f) want[f] = -1;
+      want[24] = n;
+    }
+    for (int64_t f = 0; f < 25; ++f) CHECK(int_at(outs[4], p * 25 + f) == want[f]);
+  }
+  for (int64_t p = 0; p < 64; ++p) {
+    double best = -kInf;
+    for (int64_t f = 0; f < 20; ++f) {
+      const bool keep = f + 2 >= 3 && f + 2 < 9;
+      const double want = keep ? f32_at(x, p * 20 + f) : double(float(-1e30));
+      CHECK(f32_at(outs[5], p * 20 + f) == want);
+      best = std::max(best, want);
+    }
+    CHECK(f32_at(outs[6], p) == best);
+  }
+  check_all("dma_compute x + x + x", 64 * 20, [&](int64_t i) { return f32_at(outs[7], i); }, [&](int64_t i) {
+    const float v = float(f32_at(x, i));
+    return double((v + v) + v);
+  });
+}
+
 TEST_CASE("instr: tensor_partition_reduce across partitions (add, max, average, bitwise)") {
   HostTensor x = uniform(DType::float32, {128, 24}, 180, -3, 3);
   HostTensor k = integers(DType::int32, {128, 24}, 181, INT32_MIN, INT32_MAX);

@@ -538,19 +538,6 @@ def test_kernel_error_pickles_and_keeps_fields():
 
 # --- unsupported APIs --------------------------------------------------------------------------
 
-def u_dst_rmw(a):
-    nisa.dma_copy(dst=nl.ndarray((4, 8), nl.float32), src=a, dst_rmw_op=np.add)  # E:u_dst_rmw
-
-
-def u_oob_skip(a):
-    nisa.dma_copy(dst=nl.ndarray((4, 8), nl.float32), src=a, oob_mode=nisa.oob_mode.skip)  # E:u_oob_skip
-
-
-def u_double_row(a):
-    p = nl.ndarray((8, 8), nl.float32, buffer=nl.psum)
-    nisa.nc_matmul(p, nl.load(a), nl.load(a), perf_mode=nisa.matmul_perf_mode.double_row)  # E:u_double_row
-
-
 def u_tsr_cmd(a):
     t = nl.load(a)
     nisa.tensor_scalar_reduce(dst=t, data=t, op0=nl.add, operand0=1.0, reduce_op=nl.add,  # E:u_tsr_cmd
@@ -567,9 +554,6 @@ def u_while_loop(a):
 
 
 @pytest.mark.parametrize("kernel,tag,api", [
-    (u_dst_rmw, "u_dst_rmw", "dma_copy(dst_rmw_op=...)"),
-    (u_oob_skip, "u_oob_skip", "dma_copy(oob_mode=oob_mode.skip)"),
-    (u_double_row, "u_double_row", "nc_matmul(perf_mode=double_row)"),
     (u_tsr_cmd, "u_tsr_cmd", "tensor_scalar_reduce with reduce_cmd"),
     (u_tsr_no_res, "u_tsr_no_res", "tensor_scalar_reduce(reduce_res=None)"),
     (u_while_loop, "u_while_loop", "nl.while_loop"),
@@ -581,9 +565,8 @@ def test_unsupported_isa_features_name_the_api(kernel, tag, api):
     assert set(nikki_frames(err)) <= {"__call__"}
 
 
-@pytest.mark.parametrize("name", ["cos", "tan", "ceil", "floor", "trunc", "fmod", "mod", "abs_max", "abs_min", "rand",
-                                  "random_seed", "dropout", "gather_flattened", "shared_constant", "atomic_rmw",
-                                  "all_reduce", "loop_reduce"])
+@pytest.mark.parametrize("name", ["rand", "random_seed", "dropout", "atomic_rmw", "all_reduce", "gemm_grid",
+                                  "gemm_stationary_grid"])
 def test_unsupported_language_functions_name_the_api(name):
     def k(a):
         getattr(nl, name)(nl.load(a))

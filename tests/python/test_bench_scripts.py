@@ -8,6 +8,7 @@ against numpy (matmul_tutorial --check)."""
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -34,3 +35,75 @@ def _run(script, *args):
 def test_bench_script_runs(script, args, expect):
     """Each script exits cleanly and prints its table."""
     assert expect in _run(script, *args)
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+
+
+def test_conformance_quick_mode_on_a_fixture_tree(tmp_path):
+    """The conformance runner classifies a small nki-samples-like tree: a script that runs and
+    matches, one whose printed comparison fails, a kernels-only module, a framework driver and a
+    pytest file, each on its own row."""
+    root = tmp_path / "samples"
+    kernel = """
+        from neuronxcc import nki
+        import neuronxcc.nki.language as nl
+        import numpy as np
+
+        @nki.jit
+        def add_one(a):
+            out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+            nl.store(out, nl.add(nl.load(a), 1.0))
+            return out
+    """
+    tutorials = root / "src" / "nki_samples" / "tutorials" / "add"
+    _write(tutorials / "add_kernels.py", kernel)
+    _write(tutorials / "add_runs.py", kernel + """
+        if __name__ == "__main__":
+            a = np.arange(8, dtype=np.float32).reshape(2, 4)
+            print("match:", np.allclose(nki.simulate_kernel(add_one, a), a + 1))
+    """)
+    _write(tutorials / "add_wrong.py", kernel + """
+        if __name__ == "__main__":
+            a = np.arange(8, dtype=np.float32).reshape(2, 4)
+            print("match:", np.allclose(nki.simulate_kernel(add_one, a), a + 2))
+    """)
+    _write(tutorials / "test_add.py", kernel + """
+        def test_add_one():
+            a = np.ones((2, 4), np.float32)
+            assert np.array_equal(nki.simulate_kernel(add_one, a), a + 1)
+    """)
+    _write(root / "contributed" / "jax_driver.py", "import jax\nif __name__ == '__main__':\n    pass\n")
+    unit = root / "test" / "unit"
+    _write(unit / "conftest.py", """
+        def pytest_addoption(parser):
+            parser.addoption("--simulation-only", action="store_true")
+    """)
+    _write(unit / "test_unit_add.py", """
+        import sys
+        sys.path.insert(0, "src/nki_samples/tutorials/add")
+        import numpy as np
+        from add_kernels import add_one, nki
+
+        def test_adds_one():
+            assert np.array_equal(nki.simulate_kernel(add_one, np.zeros((2, 4), np.float32)), np.ones((2, 4)))
+
+        def test_wrong():
+            assert np.array_equal(nki.simulate_kernel(add_one, np.zeros((2, 4), np.float32)), np.zeros((2, 4)))
+    """)
+    out = tmp_path / "conformance.md"
+    text = _run("conformance.py", "--quick", "--samples", str(root), "--samples-unit", str(root), "--out", str(out))
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| src/") or line.startswith("| contributed/")}
+    base = "src/nki_samples/tutorials/add/"
+    assert rows[base + "add_runs.py"][:2] == ["script", "pass"]
+    assert rows[base + "add_wrong.py"][:2] == ["script", "fail"]
+    assert rows[base + "add_kernels.py"][:2] == ["kernels", "module"]
+    assert rows[base + "test_add.py"][:2] == ["test", "pass"]
+    assert rows["contributed/jax_driver.py"][:2] == ["driver", "excluded"]
+    assert "| nki-samples tutorials and contributed kernels |" in out.read_text()
+    tests = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in text.splitlines()
+             if line.startswith("| test/unit/")}
+    assert tests == {"test/unit/test_unit_add::test_adds_one": "pass", "test/unit/test_unit_add::test_wrong": "fail"}

@@ -12,9 +12,9 @@ from .errors import KernelError, SpillWarning, ViewError
 _core._set_error_classes(KernelError, ViewError)
 
 from . import isa, language  # noqa: E402
-from . import typing  # noqa: E402
+from . import collectives, compiler, typing  # noqa: E402
 from .dtypes import dtype  # noqa: E402
-from .entry import baremetal, simulate, simulate_kernel  # noqa: E402
+from .entry import FrameworkKernel, baremetal, simulate, simulate_kernel  # noqa: E402
 from .profiling import Profile, benchmark, estimate, profile  # noqa: E402
 from .kernel import Kernel, jit  # noqa: E402
 from .spec import TensorSpec, spec  # noqa: E402
@@ -27,6 +27,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit", "simulate", "simulate_kernel", "baremetal", "benchmark", "profile", "estimate", "Profile", "Kernel", "KernelError",
-    "SpillWarning", "spec", "TensorSpec", "dtype", "language", "isa", "typing", "__version__", "set_cache_limit",
-    "clear_cache", "cache_info",
+    "SpillWarning", "spec", "TensorSpec", "dtype", "language", "isa", "typing", "compiler", "collectives", "__version__",
+    "set_cache_limit", "clear_cache", "cache_info",
 ]

@@ -2,6 +2,8 @@
 
 - ``nikki run file.py [args...]`` runs an NKI script on nikki (``import nki`` / ``neuronxcc.nki``
   resolve to nikki);
+- ``nikki pytest [pytest args...]`` runs an NKI test suite with pytest, its NKI imports resolved to
+  nikki the same way;
 - ``nikki profile [--out DIR] [--top N] file.py [args...]`` runs it the same way and
   prints the estimated profile of every kernel it launched, writing a Perfetto trace per kernel;
 - ``nikki disasm file`` prints a device program file (``Program.serialize()``, ``nki.profile``'s
@@ -19,11 +21,17 @@ import sys
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["pytest"]:  # every later argument is pytest's, options included
+        return _pytest(argv[1:])
     parser = argparse.ArgumentParser(prog="nikki", description="nikki: NKI kernels on a simulated NeuronCore")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a Python file whose `import nki` / `neuronxcc.nki` imports resolve to nikki")
     run.add_argument("file")
     run.add_argument("args", nargs=argparse.REMAINDER)
+    test = sub.add_parser("pytest", help="run an NKI test suite with pytest, its `import nki` / `neuronxcc.nki` "
+                                         "imports resolved to nikki (arguments go to pytest)")
+    test.add_argument("args", nargs=argparse.REMAINDER)
     prof = sub.add_parser("profile", help="run a Python file and print the estimated profile of each kernel it "
                                           "launches (Perfetto traces in --out)")
     prof.add_argument("--out", default="nikki-profile", help="directory for traces (default: ./nikki-profile)")
@@ -38,6 +46,8 @@ def main(argv=None) -> int:
 
     if ns.command == "run":
         _run_script(ns.file, ns.args)
+    elif ns.command == "pytest":
+        return _pytest(ns.args)
     elif ns.command == "profile":
         return _profile_script(ns.file, ns.args, ns.out, ns.top)
     elif ns.command == "disasm":
@@ -45,6 +55,16 @@ def main(argv=None) -> int:
     elif ns.command == "kernels":
         _list_kernels(ns.markdown)
     return 0
+
+
+def _pytest(args) -> int:
+    import pytest
+
+    from . import compat
+
+    compat.install()
+    compat.present_simulated_instance()
+    return int(pytest.main(list(args)))
 
 
 def _list_kernels(markdown: bool) -> None:
@@ -61,6 +81,7 @@ def _run_script(path: str, args) -> None:
     from . import compat
 
     compat.install()
+    compat.present_simulated_instance()
     sys.argv = [path, *args]
     # As `python file.py` does: the script's directory comes first on sys.path, so the script
     # can import the modules next to it (NKI samples import their kernels that way).

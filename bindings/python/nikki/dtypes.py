@@ -14,7 +14,22 @@ except ImportError:  # pragma: no cover - ml_dtypes is a dependency; keep plain 
 __all__ = ["dtype", "to_dtype", "numpy_dtype", "from_numpy", "from_torch", "torch_dtype"]
 
 
-class dtype:
+class _Named:
+    """Shows and hashes a dtype by its NKI name."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return f"nl.{self.name}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+
+class dtype(_Named):
     """An NKI dtype (``nl.float32``, ``nl.bfloat16``, ...).
 
     Compares equal to its other spellings: ``nl.float32 == np.float32 == "float32"``.
@@ -29,14 +44,7 @@ class dtype:
         self.itemsize = _core.dtype_size(core)
         self.is_float = _core.dtype_is_float(core)
 
-    def __repr__(self) -> str:
-        return f"nl.{self.name}"
-
-    def __str__(self) -> str:
-        return self.name
-
-    def __hash__(self) -> int:
-        return hash(self.name)
+    __hash__ = _Named.__hash__  # a class that defines __eq__ must restate __hash__
 
     def __eq__(self, other) -> bool:
         if isinstance(other, dtype):
@@ -50,6 +58,45 @@ class dtype:
     def numpy(self) -> np.dtype:
         """The numpy dtype that holds this dtype's elements bit for bit."""
         return numpy_dtype(self)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The numpy dtype: numpy reads this attribute, so ``np.zeros(shape, dtype=nl.float32)`` and
+        ``a.astype(nl.bfloat16)`` work as with Beta 1, whose dtypes were numpy's."""
+        return numpy_dtype(self)
+
+
+class PackedDType(_Named):
+    """A NeuronCore-v4 dtype nikki names but does not model (the x4 packed MX element types and
+    the e8m0 scale type): usable in comparisons and signatures, an error as a tensor's dtype."""
+
+    __slots__ = ("name", "itemsize", "is_float")
+
+    def __init__(self, name: str, itemsize: int):
+        self.name = name
+        self.itemsize = itemsize
+        self.is_float = True
+
+    __hash__ = _Named.__hash__
+
+    def __eq__(self, other) -> bool:
+        return other is self or (isinstance(other, str) and other == self.name)
+
+    @property
+    def core(self):
+        raise NotImplementedError(f"nl.{self.name} tensors (an MX format of NeuronCore-v4) are not supported by "
+                                  "nikki yet (see docs/api-coverage.md)")
+
+    @property
+    def dtype(self) -> np.dtype:
+        if self.name == "float8_e8m0fnu" and _ml is not None:
+            return np.dtype(_ml.float8_e8m0fnu)
+        return np.dtype(f"V{self.itemsize}")
+
+
+# Four elements packed in each 32-bit (fp8) or 16-bit (fp4) word, and the MX block-scale type.
+PACKED_DTYPES = {name: PackedDType(name, size) for name, size in (
+    ("float8_e4m3fn_x4", 4), ("float8_e5m2_x4", 4), ("float4_e2m1fn_x4", 2), ("float8_e8m0fnu", 1))}
 
 
 for _core_dtype in _core.DType.__members__.values():
@@ -82,7 +129,7 @@ _UNSUPPORTED_HINT = {
 
 def to_dtype(value) -> dtype:
     """Normalizes any dtype spelling (nikki, NKI string, numpy, ml_dtypes, torch) to a dtype."""
-    if isinstance(value, dtype):
+    if isinstance(value, (dtype, PackedDType)):
         return value
     if isinstance(value, _core.DType):
         return BY_CORE_INDEX[int(value)]
@@ -90,6 +137,8 @@ def to_dtype(value) -> dtype:
         name = _ALIASES.get(value, value)
         if name in dtype._by_name:
             return dtype._by_name[name]
+        if name in PACKED_DTYPES:
+            return PACKED_DTYPES[name]
         raise TypeError(f"unknown dtype {value!r}; NKI dtypes are {', '.join(sorted(dtype._by_name))}")
     if type(value).__module__ == "torch" or type(value).__name__ == "dtype" and "torch" in repr(value):
         return from_torch(value)

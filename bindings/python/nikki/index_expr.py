@@ -287,15 +287,19 @@ def arange(*args) -> IndexExpr:
 
 
 class _Grid(tuple):
-    """The expressions of ``nl.mgrid[...]``, one per axis; ``.p`` is the partition axis, ``.x`` the last."""
+    """The expressions of ``nl.mgrid[...]``, one per axis, also named as Beta 1 named them:
+    ``.p`` is axis 0 (the partition axis), ``.x``, ``.y``, ``.z`` are axes 1, 2, 3."""
 
-    @property
-    def p(self) -> IndexExpr:
-        return self[0]
+    def _axis(self, axis: int, name: str) -> IndexExpr:
+        if axis >= len(self):
+            raise _error(f"nl.mgrid of {len(self)} axes has no .{name} (axis {axis})",
+                         hint="name the axes p, x, y, z in order, or unpack the grid: i_p, i_f = nl.mgrid[...]")
+        return self[axis]
 
-    @property
-    def x(self) -> IndexExpr:
-        return self[-1]
+    p = property(lambda self: self._axis(0, "p"))
+    x = property(lambda self: self._axis(1, "x"))
+    y = property(lambda self: self._axis(2, "y"))
+    z = property(lambda self: self._axis(3, "z"))
 
 
 class _MGrid:
@@ -541,6 +545,30 @@ def apply_mask(mask, dst, *operands):
     return tuple(out)
 
 
+def apply_reduction_mask(mask, dst, data, axes: int, keepdims: bool):
+    """A legacy ``mask=`` on a reduction: the mask ranges the input's grid; the result keeps the
+    non-reduced axes (`axes` has bit d set for each reduced dim of `data`), so it is restricted
+    along those only. Returns (dst, data), or None when the mask keeps nothing."""
+    terms = _conjuncts(mask)
+    rank = max([_mask_rank(terms), data.ndim] + ([data.grid_rank] if isinstance(data, IndexedTensor) else []))
+    ranges = _mask_ranges(terms, rank)
+    if ranges is None:
+        return None
+    data_r = _restrict(data, ranges, rank)
+    if data_r is None:
+        return None
+    shift = rank - data.ndim  # grid axes are right-aligned to the data's dims
+    kept, position = {}, 0
+    for d in range(data.ndim):
+        reduced = bool(axes & (1 << d))
+        if not reduced and d + shift in ranges:
+            kept[position] = ranges[d + shift]
+        if keepdims or not reduced:
+            position += 1
+    dst_r = _restrict(dst, kept, max(position, dst.ndim)) if kept else dst
+    return None if dst_r is None else (dst_r, data_r)
+
+
 # --- subscripts -------------------------------------------------------------------------------
 
 def uses_index_expr(key) -> bool:
@@ -578,12 +606,18 @@ def subscript(tensor: NkiTensor, key: tuple) -> "IndexedTensor":
     if len(runtime) > 1:
         raise _error("only one dim of an index-expression subscript may be a run-time index",
                      hint="combine the run-time offsets into one register")
+    gathered = None  # dim indexed by a [P, 1] tile of row numbers: a per-partition gather
     for d, k in runtime:
         if isinstance(k, NkiTensor) and k.size != 1:
-            raise _error(f"dimension {d} of tensor '{tensor.name}' is indexed with a tensor of shape {k.shape}",
-                         limit="a run-time index is a register or a 1x1 tensor",
-                         hint="gather rows with t.ap(pattern, vector_offset=indices) in nisa.dma_copy")
-    key = tuple(0 if isinstance(k, (NkiTensor, VirtualRegister)) else k for k in key)
+            if k.ndim != 2 or k.shape[1] != 1 or not k.buffer.is_on_chip or k.dtype.is_float:
+                raise _error(f"dimension {d} of tensor '{tensor.name}' is indexed with a tensor of shape {k.shape}",
+                             limit="a run-time index is a register, a 1x1 tensor, or a [P, 1] integer tile of "
+                                   "indices (one per partition)",
+                             hint="gather rows with t.ap(pattern, vector_offset=indices) in nisa.dma_copy")
+            gathered = d
+    rank_of_key = max([e.rank for e in key if isinstance(e, IndexExpr)], default=2)
+    key = tuple(arange(k.shape[0])[(slice(None),) + (None,) * (max(rank_of_key, 2) - 1)] if d == gathered
+                else 0 if isinstance(k, (NkiTensor, VirtualRegister)) else k for d, k in enumerate(key))
     for k in key:
         if not isinstance(k, (IndexExpr, slice, DynSlice)) and not _is_int(k) and k is not Ellipsis and k is not None:
             raise _error(f"unsupported subscript {k!r} next to index expressions",
@@ -617,14 +651,7 @@ def subscript(tensor: NkiTensor, key: tuple) -> "IndexedTensor":
                              limit=f"dim {d} of '{tensor.name}' has {sizes[d]} elements")
             dims.append(({}, c))
             continue
-        for axis, a in coefs.items():
-            if a <= 0:
-                raise _error(f"index expression {e!r} on dimension {d} of tensor `{tensor.name}` steps by {a} along "
-                             f"grid axis {axis}",
-                             limit="index expressions step forward: a*i + b with an integer a > 0",
-                             hint="read the elements in increasing order and reverse them with another "
-                                  "instruction, or use .ap() with explicit strides")
-        dims.append((coefs, e.const))
+        dims.append((coefs, e.const))  # a coefficient may be negative: the view then steps backwards
     grid = tuple(counts.get(k, 1) for k in range(rank))
     used = set()
     for coefs, _ in dims:
@@ -638,6 +665,44 @@ def subscript(tensor: NkiTensor, key: tuple) -> "IndexedTensor":
     where = (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("", 0)
     return IndexedTensor(tensor, base, dims, grid, tuple((0, n - 1) for n in grid), where,
                          runtime[0] if runtime else None)
+
+
+def overhanging_slices(tensor: NkiTensor, key: tuple, error: KernelError):
+    """``tensor[a:b, c:d, ...]`` with slices that run past the tensor's end, kept lazy as the index
+    expressions they stand for (each slice an nl.arange on a grid axis of its own), so a legacy
+    ``mask=`` can trim them, as Beta 1 kernels do on their last tile. Used without such a mask, the
+    view raises `error`, the subscript's own out-of-bound error. None when the subscript is not made
+    of integers and at least two slices (then `error` is raised at once)."""
+    subs = []
+    for k in key:
+        if k is Ellipsis:
+            subs.extend([slice(None)] * (tensor.ndim - (len(key) - 1)))
+        else:
+            subs.append(k)
+    subs += [slice(None)] * (tensor.ndim - len(subs))
+    if len(subs) != tensor.ndim or not all(isinstance(k, slice) or _is_int(k) for k in subs):
+        return None
+    if tensor.buffer.is_on_chip and _is_int(subs[0]):  # an integer keeps the partition dim on chip
+        subs[0] = slice(int(subs[0]), int(subs[0]) + 1)
+    sliced = [d for d, k in enumerate(subs) if isinstance(k, slice)]
+    if len(sliced) < 2:
+        return None
+    exprs = list(subs)
+    for axis, d in enumerate(sliced):
+        start, stop, step = subs[d].start, subs[d].stop, subs[d].step
+        start = 0 if start is None else int(start)
+        step = 1 if step is None else int(step)
+        stop = tensor.shape[d] if stop is None else int(stop)
+        if start < 0 or stop < 0 or step < 1:
+            return None
+        count = max(0, -(-(stop - start) // step))
+        place = tuple(slice(None) if a == axis else None for a in range(len(sliced)))
+        exprs[d] = arange(count)[place] * step + start
+    lazy = subscript(tensor, tuple(exprs))
+    view = _OverhangingSlice(lazy._base, lazy._base_view, lazy._dims, lazy._grid, lazy._ranges, lazy._where,
+                             lazy._runtime)
+    view._error = error
+    return view
 
 
 class IndexedTensor(NkiTensor):
@@ -685,14 +750,20 @@ class IndexedTensor(NkiTensor):
         d, index = self._runtime
         if isinstance(index, VirtualRegister):
             return view.with_indirection(None, index._reg, strides[d], None, 0, 0)
+        if index.size != 1:  # per-partition rows: grid axis 0 reads row index[p] of dim d
+            lo, hi = self._ranges[0]
+            return view.with_indirection(None, None, 0, index[lo:hi + 1, :]._view, 0, strides[d])
         return view.with_indirection(index._view, None, strides[d], None, 0, 0)
 
     def _out_of_bounds(self):
         """(dim, first, last, size) of the first tensor dim the view leaves, or None."""
         sizes = self._base_view.shape
         for d, (coefs, const) in enumerate(self._dims):
-            lo = const + sum(a * self._ranges[axis][0] for axis, a in coefs.items())
-            hi = const + sum(a * self._ranges[axis][1] for axis, a in coefs.items())
+            if self._runtime is not None and self._runtime[0] == d and getattr(self._runtime[1], "size", 1) != 1:
+                continue  # gathered rows are checked when the instruction runs
+            ends = [(a * self._ranges[axis][0], a * self._ranges[axis][1]) for axis, a in coefs.items()]
+            lo = const + sum(min(e) for e in ends)
+            hi = const + sum(max(e) for e in ends)
             if lo < 0 or hi >= sizes[d]:
                 return d, lo, hi, sizes[d]
         return None
@@ -877,6 +948,8 @@ def legacy_affine_select(pred=None, on_true_tile=None, on_false_value=None, *, m
                    ">=": (">=", math.ceil(rhs))}[op]
     value = e - int(rhs)
     shape = tile.shape
+    # The GpSimd engine cannot read PSUM: Beta 1 kernels select straight from a matmul's result.
+    tile = _isa._staged_from_psum(tile)
     frame = user_frame(1)
     out = nl.ndarray(shape, to_dtype(dtype) if dtype is not None else tile.dtype, buffer=nl.sbuf,
                      name=(assigned_name(frame) if frame else "") or "select")
@@ -900,17 +973,20 @@ class BlockTensor(NkiTensor):
     its storage, (P, B0 * B1 * F...) in partition-first order.
     """
 
-    __slots__ = ("_nblock",)
+    __slots__ = ("_nblock", "_blocks")
 
-    def __init__(self, ctx, view, nblock: int):
+    def __init__(self, ctx, view, nblock: int, blocks=None):
         super().__init__(ctx, view)
         self._nblock = nblock
+        # Declared block counts; a direct allocation with fewer physical tiles stores only those,
+        # and block b of such a dim is tile b % tiles (nki.compiler's modular allocation).
+        self._blocks = tuple(blocks) if blocks is not None else tuple(view.shape[1:nblock + 1])
 
     @property
     def shape(self) -> tuple:
         s = self._view.shape
         nb = self._nblock
-        return tuple(s[1:nb + 1]) + (s[0],) + tuple(s[nb + 1:])
+        return self._blocks + (s[0],) + tuple(s[nb + 1:])
 
     @property
     def ndim(self) -> int:
@@ -927,8 +1003,10 @@ class BlockTensor(NkiTensor):
             key = key[:i] + (slice(None),) * max(fill, 0) + key[i + 1:]
         nb = self._nblock
         shape = self.shape
+        tiles = self._view.shape[1:nb + 1]
         view = NkiTensor(self._ctx, self._view)
         pos, left = 1, nb  # position of the next block dim in the partition-first view
+        kept = []  # declared counts of the block dims left
         for d, k in enumerate(key[:nb]):
             if _is_int(k):
                 i = int(k)
@@ -936,7 +1014,7 @@ class BlockTensor(NkiTensor):
                 if not 0 <= i < shape[d]:
                     raise _error(_oob_message(self.name, d, int(k), int(k), shape[d]),
                                  limit=f"block dim {d} of '{self.name}' has {shape[d]} blocks")
-                view = view.select(pos, i)
+                view = view.select(pos, i % tiles[d])
                 left -= 1
             elif isinstance(k, (slice, DynSlice)):
                 s = k.as_slice() if isinstance(k, DynSlice) else k
@@ -950,7 +1028,13 @@ class BlockTensor(NkiTensor):
                 if not 0 <= start < stop <= n:  # NKI rejects out-of-bound slices instead of clipping them
                     raise _error(_oob_message(self.name, d, start, stop - 1, n),
                                  limit=f"block dim {d} of '{self.name}' has {n} blocks")
+                if stop > tiles[d]:
+                    raise _error(f"block dim {d} of tensor '{self.name}' is sliced over blocks {start}..{stop - 1}, "
+                                 f"but its allocation has {tiles[d]} tiles, so those blocks share memory",
+                                 limit="a slice of blocks stays within the allocated tiles",
+                                 hint="index the blocks one at a time")
                 view = view.slice(pos, start, stop, step)
+                kept.append(len(range(start, stop, step)))
                 pos += 1
             else:
                 raise _error(f"block dim {d} of tensor '{self.name}' is indexed with {_describe(k)}",
@@ -962,7 +1046,7 @@ class BlockTensor(NkiTensor):
         if rest:
             raise _error(f"tensor '{self.name}': index every block dim with an integer before indexing the "
                          "partition and free dims", hint="t[b0, b1, i_p, i_f]")
-        return BlockTensor(self._ctx, view._view, left)
+        return BlockTensor(self._ctx, view._view, left, tuple(kept) + self._blocks[len(key[:nb]):])
 
 
 def block_tensor(shape, dtype, buffer, name):
@@ -975,13 +1059,30 @@ def block_tensor(shape, dtype, buffer, name):
     shape = tuple(shape)
     nb = next(i for i, s in enumerate(shape) if isinstance(s, nl.par_dim))
     region = region_of(buffer)
-    if not region.is_on_chip:
-        raise _error(f"nl.par_dim in the shape {shape} of a tensor in {region.name}",
-                     limit="block dims and nl.par_dim apply to SBUF and PSUM tensors",
-                     hint="HBM tensors have no partition dim: drop nl.par_dim")
+    if not region.is_on_chip:  # HBM has no partition dim: nl.par_dim is only a number there (as in Beta 1)
+        return nl.ndarray(tuple(int(s) for s in shape), dtype, buffer=region, name=name)
     if not name:
         frame = user_frame(1)
         name = (assigned_name(frame) if frame else "") or "t"
-    storage_shape = (int(shape[nb]),) + tuple(int(s) for s in shape[:nb]) + tuple(int(s) for s in shape[nb + 1:])
+    blocks = tuple(int(s) for s in shape[:nb])
+    # A direct allocation (nki.compiler mod_alloc) with fewer tiles than blocks stores only its tiles.
+    tiles = tuple(getattr(buffer, "tiles", ()))
+    stored = tuple(min(b, t) if t > 0 else b for b, t in zip(blocks, tiles + (0,) * (nb - len(tiles))))
+    storage_shape = (int(shape[nb]),) + stored + tuple(int(s) for s in shape[nb + 1:])
     t = nl.ndarray(storage_shape, dtype, buffer=region, name=name)
-    return BlockTensor(t._ctx, t._view, nb)
+    return BlockTensor(t._ctx, t._view, nb, blocks)
+
+
+class _OverhangingSlice(IndexedTensor):
+    """An out-of-bound slice kept for a mask (:func:`overhanging_slices`); unmasked, it raises the
+    slice's own error."""
+
+    __slots__ = ("_error",)
+
+    def _checked(self):
+        if self._out_of_bounds() is None:
+            return self._plain._view
+        raise self._error
+
+    _view = property(_checked)
+

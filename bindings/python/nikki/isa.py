@@ -9,12 +9,14 @@ file and line.
 from __future__ import annotations
 
 import enum
+import sys
+import types as _types
 
 from . import _core
 from .dtypes import to_dtype
 from .errors import KernelError, kernel_error_at, user_frame
 from .ops import act_func, alu_op
-from .tensor import NkiTensor, psum, sbuf
+from .tensor import ComparisonTile, NkiTensor, psum, sbuf
 from .tracing import current
 
 __all__ = [
@@ -26,7 +28,8 @@ __all__ = [
     "iota", "affine_select", "bn_stats", "bn_aggr", "tensor_tensor_scan", "reciprocal",
     "tensor_copy_predicated", "select_reduce", "max8", "nc_find_index8", "tensor_partition_reduce",
     "register_alloc", "register_move", "register_load", "register_store", "get_nc_version",
-    "get_nc_sub_version",
+    "get_nc_sub_version", "dma_transpose", "dma_compute", "nc_stream_shuffle", "nc_match_replace8", "range_select",
+    "nc_n_gather", "nonzero_with_count", "core_barrier",
 ]
 
 
@@ -284,15 +287,28 @@ def dma_copy(dst=None, src=None, priority=None, oob_mode=oob_mode.error, dge_mod
     """Copies src to dst through a DMA queue (HBM/SBUF on both sides); dtypes convert through fp32."""
     _check_tensor(dst, "dst")
     _check_tensor(src, "src")
-    if dst_rmw_op is not None:
-        _not_implemented("dma_copy(dst_rmw_op=...) (use nisa.dma_compute in current NKI)")
-    if int(oob_mode) == 1:
-        _not_implemented("dma_copy(oob_mode=oob_mode.skip)")
     ops = _masked(mask, dst, src)
     if ops is None:
         return None
-    _emit(_core.Opcode.dma_copy, ops, _core.Engine.dma, name)
+    skip = _oob_skip(oob_mode)
+    if dst_rmw_op is not None:  # Beta 1 / NKI 0.2: dst = dst_rmw_op(dst, src), as dma_compute does now
+        _emit(_core.Opcode.dma_compute, (ops[0], ops[0], ops[1]), _core.Engine.dma, name,
+              op0=alu_op(dst_rmw_op, "dst_rmw_op"), oob_skip=skip)
+        return None
+    _emit(_core.Opcode.dma_copy, ops, _core.Engine.dma, name, oob_skip=skip)
     return None
+
+
+def _oob_skip(mode) -> bool:
+    """True for oob_mode.skip: elements whose run-time address is out of bounds are not moved."""
+    try:
+        value = int(mode)
+    except (TypeError, ValueError):
+        value = -1
+    if value not in (0, 1):
+        raise kernel_error_at(user_frame(3), f"oob_mode={mode!r} is not an out-of-bounds mode",
+                              hint="use nisa.oob_mode.error or nisa.oob_mode.skip")
+    return value == 1
 
 
 def tensor_copy(*args, **kwargs):
@@ -332,6 +348,12 @@ def _tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None, mask
 
 
 def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, name=None):
+    from . import language as nl
+
+    data1, data2 = _check_tensor(data1, "data1"), _check_tensor(data2, "data2")
+    shape = nl._broadcast_shape(data1.shape, data2.shape)
+    if shape is not None and data1.shape != data2.shape:  # Beta 1 repeats size-1 dims (e.g. a [P, 1] scale)
+        data1, data2 = data1.broadcast_to(shape), data2.broadcast_to(shape)
     out = _new_tile(_tile_shape(data1), to_dtype(dtype) if dtype is not None else _wider(data1.dtype, data2.dtype))
     _tensor_tensor(out, data1, data2, op, engine=engine, name=name, mask=mask)
     return out
@@ -501,7 +523,13 @@ def _tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None,
     data = _check_tensor(data, "data")
     attrs = {"op0": alu_op(op, "op"), "axes": _axes_mask(axis, data.ndim), "negate": bool(negate),
              "keepdims": bool(keepdims)}
-    ops = _masked(mask, _check_tensor(dst, "dst"), data)
+    dst = _check_tensor(dst, "dst")
+    if mask is None:
+        ops = (dst, data)
+    else:
+        from . import index_expr
+
+        ops = index_expr.apply_reduction_mask(mask, dst, data, attrs["axes"], bool(keepdims))
     if ops is not None:
         _emit(_core.Opcode.tensor_reduce, ops, engine.vector, name, **attrs)
 
@@ -603,9 +631,16 @@ def nc_matmul(*args, **kwargs):
     return _nc_matmul(*args, **kwargs)
 
 
-def _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size, perf_mode):
-    if perf_mode not in (None, matmul_perf_mode.none, "none"):
-        _not_implemented("nc_matmul(perf_mode=double_row)")
+def _is_double_row(perf_mode) -> bool:
+    if perf_mode in (None, matmul_perf_mode.none, "none"):
+        return False
+    if perf_mode in (matmul_perf_mode.double_row, "double_row", "double_row_gen3"):  # the last: Beta 1's name
+        return True
+    raise kernel_error_at(user_frame(3), f"nc_matmul: perf_mode={perf_mode!r} is not a matmul performance mode",
+                          hint="use nisa.matmul_perf_mode.none or nisa.matmul_perf_mode.double_row")
+
+
+def _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size):
     if bool(tile_position) != bool(tile_size):
         raise kernel_error_at(user_frame(3), "nc_matmul: tile_position and tile_size must be given together",
                               hint="pass both, e.g. tile_position=(0, 0), tile_size=(64, 128)")
@@ -621,27 +656,70 @@ def _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_p
 def _nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
                accumulate=None, tile_position=(), tile_size=(), perf_mode=matmul_perf_mode.none, name=None,
                mask=None):
-    attrs = _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size, perf_mode)
+    attrs = _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size)
     attrs["accumulate"] = (_core.Accumulate.automatic if accumulate is None else
                            _core.Accumulate.accumulate if accumulate else _core.Accumulate.overwrite)
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(stationary, "stationary"),
                   _check_tensor(moving, "moving"))
-    if ops is not None:
-        return _emit(_core.Opcode.nc_matmul, ops, engine.tensor, name, **attrs)
-    return None
+    if ops is None:
+        return None
+    if _is_double_row(perf_mode):
+        return _double_row_matmul(ops, name, attrs, bool(tile_position))
+    return _emit(_core.Opcode.nc_matmul, ops, engine.tensor, name, **attrs)
+
+
+def _double_row_matmul(ops, name, attrs, column_tiled: bool) -> int:
+    """perf_mode=double_row (NeuronCore-v3+, fp8): stationary [K, 2, M] and moving [K, 2, N] contract
+    over K and the pair, as two K-row passes into one PSUM accumulation (the hardware streams both
+    rows at once, at twice the rate)."""
+    dst, stationary, moving = ops
+    generation = current().builder.generation
+    problems = []
+    if generation < 3:
+        problems.append(f"the target is NeuronCore-v{generation}")
+    if stationary.ndim != 3 or moving.ndim != 3 or stationary.shape[1] != 2 or moving.shape[1] != 2:
+        problems.append(f"stationary {stationary.shape} and moving {moving.shape} must both be [K, 2, F]")
+    fp8 = ("float8_e4m3", "float8_e4m3fn", "float8_e5m2")
+    if stationary.dtype.name not in fp8 or moving.dtype.name not in fp8:
+        problems.append(f"the operands are {stationary.dtype.name} and {moving.dtype.name}")
+    if column_tiled:
+        problems.append("column tiling (tile_position) cannot be combined with it")
+    if problems:
+        raise kernel_error_at(user_frame(3), f"nc_matmul(perf_mode=double_row): {'; '.join(problems)}",
+                              limit="double_row needs NeuronCore-v3 or later, fp8 operands shaped [K, 2, F] "
+                                    "and no column tiling",
+                              hint="pad K to a multiple of 256 and view the operands as [128, 2, F], or drop "
+                                   "perf_mode")
+    first = _emit(_core.Opcode.nc_matmul, (dst, stationary[:, 0, :], moving[:, 0, :]), engine.tensor, name, **attrs)
+    second = dict(attrs, accumulate=_core.Accumulate.accumulate)
+    _emit(_core.Opcode.nc_matmul, (dst, stationary[:, 1, :], moving[:, 1, :]), engine.tensor, name, **second)
+    return first
+
+
+def _staged_from_psum(t: NkiTensor) -> NkiTensor:
+    """t itself, or for a PSUM tile an SBUF copy of it (same dtype, bit for bit)."""
+    if t.buffer is not psum:
+        return t
+    staged = _new_tile(t.shape, t.dtype, name="psum_staged")
+    _tensor_copy(staged, t)
+    return staged
 
 
 def _legacy_nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False,
-                      is_transpose=False, tile_position=(), tile_size=(), mask=None, name=None):
+                      is_transpose=False, tile_position=(), tile_size=(), perf_mode=None, mask=None, name=None):
     from . import language as nl
 
     stationary, moving = _check_tensor(stationary, "stationary"), _check_tensor(moving, "moving")
-    m = stationary.size // stationary.shape[0]
-    n = moving.size // moving.shape[0]
+    # Beta 1 kernels multiply tiles straight out of PSUM (e.g. a transpose's result): the Tensor
+    # engine reads SBUF, so such operands are staged through SBUF first.
+    stationary, moving = (_staged_from_psum(t) for t in (stationary, moving))
+    rows = 2 if _is_double_row(perf_mode) else 1  # double_row operands are [K, 2, F]
+    m = stationary.size // (stationary.shape[0] * rows)
+    n = moving.size // (moving.shape[0] * rows)
     out = _new_tile((m, n), moving.dtype if is_transpose else nl.float32, psum)
     index = _nc_matmul(out, stationary, moving, is_stationary_onezero, is_moving_onezero, is_transpose, False,
-                       tile_position, tile_size, name=name, mask=mask)
-    if index is not None:
+                       tile_position, tile_size, perf_mode, name=name, mask=mask)
+    if index is not None and rows == 1:  # `psum += ...` may then retarget the one matmul
         current().pending_matmul[out._view.storage] = index
     return out
 
@@ -885,6 +963,171 @@ def get_nc_sub_version() -> int:
     return 0
 
 
+class NkiInstruction:
+    """NKI's handle of an emitted instruction, for ``depends_on`` scheduling edges. nikki's
+    instructions keep program order, so edges change nothing; nisa calls return None, not handles."""
+
+    def depends_on(self, *producers) -> "NkiInstruction":
+        return self
+
+
+def __getattr__(name: str):
+    if name == "NKIObject":  # NKI also exports it here; defined in nki.language (imported lazily: a cycle)
+        from .language import NKIObject
+
+        return NKIObject
+    raise AttributeError(f"module 'nki.isa' has no attribute {name!r}")
+
+
+# --- data movement and selection added in NKI 0.2+ ----------------------------------------------
+
+_TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
+
+
+def dma_transpose(*args, **kwargs):
+    """``dma_transpose(dst, src, axes=None)``: dst = src with its dims permuted by `axes` (default
+    [1, 0], [2, 1, 0] or [3, 1, 2, 0] for 2-, 3- and 4-D), moved by the DMA engines. Legacy:
+    ``tile = dma_transpose(src, axes=None, dtype=...)``."""
+    if _legacy(kwargs, len(args) + ("src" in kwargs) < 2 and "dst" not in kwargs):
+        src = _check_tensor(args[0] if args else kwargs.pop("src"), "src")
+        dtype, axes = kwargs.pop("dtype", None), kwargs.pop("axes", None)
+        axes = _transpose_axes(src, axes)
+        out = _new_tile(tuple(src.shape[a] for a in axes), to_dtype(dtype) if dtype is not None else src.dtype)
+        _dma_transpose(out, src, axes, **kwargs)
+        return out
+    return _dma_transpose(*args, **kwargs)
+
+
+def _transpose_axes(src: NkiTensor, axes):
+    if axes is None:
+        if src.ndim not in _TRANSPOSE_AXES:
+            raise kernel_error_at(user_frame(3), f"dma_transpose of a {src.ndim}-D tensor needs axes=",
+                                  limit="default axes exist for 2-, 3- and 4-D tensors")
+        return _TRANSPOSE_AXES[src.ndim]
+    axes = tuple(int(a) for a in axes)
+    if sorted(axes) != list(range(src.ndim)):
+        raise kernel_error_at(user_frame(3), f"dma_transpose: axes {axes} is not a permutation of the {src.ndim} dims "
+                              "of src")
+    return axes
+
+
+def _dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown, oob_mode=oob_mode.error,
+                   name=None, mask=None):
+    dst, src = _check_tensor(dst, "dst"), _check_tensor(src, "src")
+    axes = _transpose_axes(src, axes)
+    moved = src.permute(axes)
+    if tuple(dst.shape) != tuple(moved.shape):
+        raise kernel_error_at(user_frame(2), f"dma_transpose: dst has shape {tuple(dst.shape)}, but src {tuple(src.shape)} "
+                              f"transposed by axes {axes} has shape {tuple(moved.shape)}",
+                              limit="dst has exactly the transposed shape of src, rank included",
+                              hint="reshape dst (or src) so the ranks and extents agree")
+    ops = _masked(mask, dst, moved)
+    if ops is not None:
+        _emit(_core.Opcode.dma_copy, ops, _core.Engine.dma, name, oob_skip=_oob_skip(oob_mode))
+
+
+def dma_compute(dst=None, srcs=None, reduce_op=None, scales=None, unique_indices=True, oob_mode=oob_mode.error,
+                name=None):
+    """dst = reduce_op(srcs[0] * scales[0], srcs[1] * scales[1], ...) computed in fp32 by the DMA
+    engines (1 to 4 sources, HBM or SBUF; nl.add and unit scales, as in NKI). A source that is dst
+    itself (read-modify-write, e.g. a scatter-add through a vector_offset) sees earlier elements'
+    writes, so repeated indices accumulate."""
+    from . import language as nl
+
+    dst = _check_tensor(dst, "dst")
+    sources = list(srcs) if isinstance(srcs, (list, tuple)) else [srcs]
+    if not 1 <= len(sources) <= 4:
+        raise kernel_error_at(user_frame(2), f"dma_compute: {len(sources)} sources; it combines 1 to 4",
+                              hint="add the tensors in several dma_compute calls")
+    sources = [_check_tensor(t, f"srcs[{i}]") for i, t in enumerate(sources)]
+    if scales is not None:
+        factors = [float(f) for f in (scales if isinstance(scales, (list, tuple)) else [scales])]
+        if any(f != 1.0 for f in factors):
+            _not_implemented(f"dma_compute(scales={factors}) (NKI supports only scales of 1.0)")
+    _emit(_core.Opcode.dma_compute, (dst, *sources), _core.Engine.dma, name,
+          op0=alu_op(reduce_op if reduce_op is not None else nl.add, "reduce_op"), oob_skip=_oob_skip(oob_mode))
+
+
+def nc_stream_shuffle(*args, **kwargs):
+    """``nc_stream_shuffle(dst, src, shuffle_mask)``: within each quadrant of 32 partitions, dst
+    partition i gets src partition shuffle_mask[i] (255 leaves it unmodified). Beta 1 spelled it
+    ``nc_stream_shuffle(src, dst, shuffle_mask)``: use keywords when porting."""
+    return _nc_stream_shuffle(*args, **kwargs)
+
+
+def _nc_stream_shuffle(dst, src, shuffle_mask, name=None, mask=None, dtype=None):
+    lanes = [int(v) for v in shuffle_mask]
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(src, "src"))
+    if ops is not None:
+        _emit(_core.Opcode.nc_stream_shuffle, ops, engine.vector, name, lanes=lanes)
+
+
+def nc_match_replace8(*args, **kwargs):
+    """``nc_match_replace8(dst, data, vals, imm, dst_idx=None)``: dst = data with the first
+    occurrence of each of the 8 values in vals replaced by imm; their positions go to dst_idx.
+    Legacy: ``tile = nc_match_replace8(data=, vals=, imm=, dst_idx=None)``."""
+    if _legacy(kwargs, len(args) < 4 and "dst" not in kwargs, args, "data"):
+        data = _check_tensor(kwargs.pop("data") if "data" in kwargs else args[0], "data")
+        dtype = kwargs.pop("dtype", None)
+        out = _new_tile(data.shape, to_dtype(dtype) if dtype is not None else data.dtype)
+        _nc_match_replace8(out, data, **kwargs)
+        return out
+    return _nc_match_replace8(*args, **kwargs)
+
+
+def _nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None, mask=None):
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"), _check_tensor(vals, "vals"))
+    if ops is not None:
+        _emit(_core.Opcode.nc_match_replace8, (*ops, float(imm), dst_idx), engine.vector, name)
+
+
+def range_select(dst=None, on_true_tile=None, comp_op0=None, comp_op1=None, bound0=None, bound1=None,
+                 reduce_cmd=reduce_cmd.idle, reduce_res=None, reduce_op=None, range_start=0, on_false_value=0.0,
+                 name=None, mask=None, dtype=None):
+    """dst[p, f] = on_true_tile[p, f] where (f + range_start) comp_op0 bound0[p] and (f + range_start)
+    comp_op1 bound1[p], else on_false_value; the results reduce (maximum) into reduce_res."""
+    from . import language as nl
+
+    if float(range_start) != int(range_start):
+        raise kernel_error_at(user_frame(2), f"range_select: range_start={range_start} is not an integer position")
+    attrs = {"op0": alu_op(comp_op0, "comp_op0"), "op1": alu_op(comp_op1, "comp_op1"),
+             "reduce_op": alu_op(reduce_op if reduce_op is not None else nl.maximum, "reduce_op"),
+             "reduce_cmd": _core_reduce_cmd(reduce_cmd), "offset": int(range_start),
+             "fill_value": float(on_false_value)}
+    if reduce_res is not None and int(reduce_cmd) == 0:
+        attrs["reduce_cmd"] = _core.ReduceCmd.reset_reduce
+    ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(on_true_tile, "on_true_tile"))
+    if ops is not None:
+        bound0, bound1, reduce_res = _masked_extras(mask, bound0, bound1, reduce_res)
+        _emit(_core.Opcode.range_select, (*ops, bound0, bound1, reduce_res), engine.vector, name, **attrs)
+
+
+def nc_n_gather(dst=None, data=None, indices=None, name=None):
+    """dst[p, j] = data[p, indices[p, j]], indexing each partition's flattened free elements (GpSimd)."""
+    _emit(_core.Opcode.nc_n_gather, (_check_tensor(dst, "dst"), _check_tensor(data, "data"),
+                                     _check_tensor(indices, "indices")), engine.gpsimd, name)
+
+
+def nonzero_with_count(dst=None, src=None, index_offset=0, padding_val=-1, name=None):
+    """On partitions 0, 16, ..., 112 (the first of each GpSimd core's 16): the positions of src's
+    nonzero elements plus index_offset, then padding_val, then their count as the last element."""
+    _emit(_core.Opcode.nonzero_with_count, (_check_tensor(dst, "dst"), _check_tensor(src, "src")), engine.gpsimd,
+          name, offset=int(index_offset), fill_value=float(padding_val))
+
+
+def core_barrier(data=None, cores=(0, 1), engine=engine.unknown, name=None):
+    """Waits until the NeuronCores `cores` have all reached this point, so that their writes to the
+    shared HBM tensor `data` are visible. A launch of one program instance is alone on nikki's
+    simulated core: nothing to wait for, the barrier has no effect. Instances of a grid run one
+    after another, so they cannot wait for each other: a barrier there raises NotImplementedError."""
+    from . import language as nl
+
+    _check_tensor(data, "data")
+    if nl.num_programs() > 1:
+        _not_implemented(f"core_barrier between the {nl.num_programs()} program instances of a launch (nikki runs "
+                         "them one after another)")
+
+
 # --- NKI instructions nikki does not implement yet --------------------------------------------
 
 def _unsupported_instruction(name: str):
@@ -900,11 +1143,9 @@ def _unsupported_instruction(name: str):
 # that code using them fails with a NotImplementedError naming the instruction, not an
 # AttributeError; they are deliberately not in __all__ (docs/api-coverage.md lists them).
 UNSUPPORTED = (
-    "nc_matmul_mx", "activate2", "tensor_scalar_cumulative", "range_select", "exponential", "quantize_mx",
-    "nc_stream_shuffle", "nc_match_replace8", "dropout", "rng", "rand2", "set_rng_seed", "rand_set_state",
-    "rand_get_state", "local_gather", "nc_n_gather", "sequence_bounds", "nonzero_with_count", "topk",
-    "dma_transpose", "dma_compute", "core_barrier", "sendrecv", "tensor_copy_dynamic_src",
-    "tensor_copy_dynamic_dst", "builtin_custom_op",
+    "nc_matmul_mx", "activate2", "tensor_scalar_cumulative", "exponential", "quantize_mx", "dropout", "rng", "rand2",
+    "set_rng_seed", "rand_set_state", "rand_get_state", "local_gather", "sequence_bounds", "topk",
+    "sendrecv", "tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "builtin_custom_op",
 )
 for _name in UNSUPPORTED:
     globals()[_name] = _unsupported_instruction(_name)
@@ -912,6 +1153,33 @@ del _name
 
 
 # --- helpers for legacy tile assignment and accumulation (used by NkiTensor) ------------------
+
+def _produce_in_place(dst: NkiTensor, value: NkiTensor) -> bool:
+    """``dst[...] = value`` where `value` is a fresh whole tile that only the last instruction
+    writes (created just before it) and nothing else refers to: that instruction writes dst
+    instead, saving the tile and a copy (Beta 1 kernels load and compute into slices of block
+    tensors this way). Same shape, dtype and memory only, so the result is bit for bit the copy's."""
+    ctx = current()
+    builder = ctx.builder
+    last = builder.num_instructions - 1
+    view = value._view
+    if (last < 0 or type(value) not in (NkiTensor, ComparisonTile) or dst.is_indirect() or value.is_indirect()
+            or value.shape != dst.shape or value.dtype != dst.dtype or value.buffer is not dst.buffer
+            or builder.storage_defined_at(view.storage) != last):
+        return False
+    written = builder.instruction_operand(last, 0)
+    if written is None or not written.same_as(view):
+        return False
+    target = dst._view.storage
+    for slot in range(1, 5):  # reading dst while writing it would change what the instruction computes
+        operand = builder.instruction_operand(last, slot)
+        if operand is not None and operand.storage == target:
+            return False
+    if builder.instruction_opcode(last) is _core.Opcode.nc_matmul:
+        ctx.pending_matmul.pop(view.storage, None)
+    builder.retarget(last, 0, dst._view)
+    return True
+
 
 def _assign(dst: NkiTensor, value: NkiTensor) -> None:
     """``dst[...] = value``: a DMA when either side is in HBM, otherwise an engine copy."""
@@ -963,3 +1231,12 @@ def _update_in_place(dst: NkiTensor, other, op: str) -> None:
             _tensor_tensor(dst, dst, other, alu)
     else:
         _tensor_scalar(dst, dst, alu, float(other))
+
+
+# --- nki.isa.constants ------------------------------------------------------------------------
+# NKI also publishes the instruction enums in a submodule (``from nki.isa.constants import oob_mode``).
+constants = _types.ModuleType("nikki.isa.constants", "The nki.isa enums (engine, reduce_cmd, dge_mode, oob_mode, ...).")
+for _name in ("engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine"):
+    setattr(constants, _name, globals()[_name])
+del _name
+sys.modules.setdefault("nikki.isa.constants", constants)

@@ -8,6 +8,7 @@ import functools
 import inspect
 import itertools
 import linecache
+import math
 import os
 import warnings
 
@@ -72,8 +73,10 @@ class _TensorArg:
 class Compiled:
     """One specialization of a kernel: a compiled program per SPMD program instance."""
 
-    def __init__(self, programs, output_specs, writable_inputs, results=None):
+    def __init__(self, programs, output_specs, writable_inputs, results=None, constants=()):
         self.programs = programs
+        # Arrays of nl.shared_constant, bound as the last inputs of every run.
+        self.constants = list(constants)
         self.output_specs = output_specs  # [(shape, dtype)] of the shared_hbm outputs
         self.writable_inputs = writable_inputs  # parameter indices the kernel may write
         # What the kernel returns, in order: ("output", k) is output_specs[k]; ("input", i) is
@@ -154,6 +157,17 @@ class Kernel:
         launched.__dict__.update(self.__dict__)
         launched.grid = tuple(grid)
         return launched  # shares the caches: the grid is part of the key
+
+    def with_schedule(self, schedule) -> "Kernel":
+        """NKI's extra ordering edges [(consumer, producers), ...] between named instructions. nikki
+        runs instructions with program-order semantics and keeps every dependency, so the edges
+        change no result; they are accepted and the kernel is returned (the timing estimate does not
+        model them)."""
+        for entry in schedule:
+            if not isinstance(entry, (tuple, list)) or len(entry) < 2:
+                raise TypeError(f"with_schedule: {entry!r} is not a (consumer, producer, ...) tuple of instruction "
+                                "names")
+        return self
 
     def with_target(self, target: str) -> "Kernel":
         """The same kernel compiled for another target ("trn1" or "trn2"); shares no cache entries."""
@@ -269,10 +283,11 @@ class Kernel:
         target = _resolve_target(self.target or self.options.get("platform_target"))
         sanitize = self.sanitizing()
         ids = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
-        programs, outputs = [], None
+        programs, outputs, constants = [], None, []
         instructions, max_instructions = 0, _core.max_instructions()
         for program_ids in ids:
             kernel, out_specs = self._trace(specs, target, grid, program_ids, sanitize)
+            traced_constants = self.__dict__.pop("_traced_constants", [])
             instructions += kernel.num_instructions
             if instructions > max_instructions:  # each program is held in memory until the launch ends
                 raise KernelError(f"the {len(ids)} program instances of kernel '{self.fn.__name__}' unroll into "
@@ -281,7 +296,7 @@ class Kernel:
                                   hint="launch fewer instances, trace a smaller problem, or loop at run time "
                                        "(nl.fori_loop), which traces the loop body once")
             if outputs is None:
-                outputs = out_specs
+                outputs, constants = out_specs, traced_constants
             elif out_specs != outputs:
                 raise self._error_at_return(f"kernel '{self.fn.__name__}': program instances {ids[0]} and "
                                             f"{program_ids} return different outputs",
@@ -289,8 +304,9 @@ class Kernel:
             programs.append(_core.compile(kernel, for_running, sanitize))
         _warn(programs)
         output_specs, results = outputs
+        in_out = {k for kind, k in results if kind == "input"}
         return Compiled(programs, output_specs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
-                                                 and i in self._mutable], results)
+                                                 and (i in self._mutable or i in in_out)], results, constants)
 
     def _classify(self, index, value):
         name = self._params[index].name if index < len(self._params) else f"arg{index}"
@@ -330,6 +346,7 @@ class Kernel:
                     call_args.append(spec)
             result = fn(*call_args)
         outputs = self._outputs(ctx, result, call_args)
+        self._traced_constants = ctx.constants  # taken by compile_for
         return ctx.builder.finish(), outputs
 
     def _error_at_return(self, summary: str, limit: str = "", hint: str = "", at_def: bool = False) -> KernelError:
@@ -359,8 +376,11 @@ class Kernel:
                 raise self._error_at_return(f"kernel '{self.fn.__name__}' returns {type(r).__name__}; kernels "
                                             "return tensors", hint="return the shared_hbm output tensors")
             info = ctx.builder.storage(r._view.storage)
-            whole = r._view.offset == 0 and r.shape == info["shape"] and r.is_contiguous() and not r.is_indirect()
-            param = next((i for i, a in enumerate(call_args) if i in self._mutable and isinstance(a, NkiTensor)
+            # The whole storage, possibly reshaped (a contiguous view of every element in order has
+            # the storage's bytes, so the caller's array simply takes the view's shape).
+            whole = (r._view.offset == 0 and r.size == math.prod(info["shape"]) and r.is_contiguous()
+                     and not r.is_indirect())
+            param = next((i for i, a in enumerate(call_args) if isinstance(a, NkiTensor)
                           and a._view.storage == r._view.storage), None)
             writable_input = info["role"] == "input" and param is not None
             if not whole or not (info["role"] == "output" or writable_input):
@@ -370,13 +390,14 @@ class Kernel:
                                             hint="allocate the output with nl.ndarray(shape, dtype, "
                                                  "buffer=nl.shared_hbm), write it and return it")
             if writable_input:
-                # A returned nt.mutable_tensor parameter (Beta 1 required returning written ones):
-                # it is written in place, and the call returns the caller's array itself.
+                # A returned parameter is an in-out tensor (as in NKI, annotated nt.mutable_tensor or
+                # not): it is written in place, and the call returns the caller's array itself.
+                ctx.builder.set_writable(r._view.storage)
                 kinds.append(("input", param))
                 continue
             ctx.builder.add_output(r._view.storage)
             returned.add(r._view.storage)
-            specs.append((info["shape"], to_dtype(info["dtype"])))
+            specs.append((tuple(r.shape), to_dtype(info["dtype"])))
             kinds.append(("output", len(specs) - 1))
         for storage in range(ctx.builder.num_storages):
             if storage not in returned and ctx.builder.storage(storage)["role"] == "output":
@@ -404,6 +425,8 @@ class Kernel:
                 keep.append(t)
                 in_ptrs.append(t.data_ptr())
                 torch_out = True
+        for constant in compiled.constants:
+            in_ptrs.append(constant.__array_interface__["data"][0] if constant.size else 0)
         outputs = []
         for shape, dt in compiled.output_specs:
             if torch_out:
@@ -523,16 +546,21 @@ def _is_mutable_annotation(annotation, fn_globals) -> bool:
     return annotation is mutable_tensor or getattr(annotation, "_nikki_mutable", False)
 
 
-_IGNORED_JIT_OPTIONS = ("compile_config", "specialization_config", "additional_compile_opt")
+# Options of NKI's compiler that have no meaning on a simulator: accepted and ignored.
+_IGNORED_JIT_OPTIONS = ("compile_config", "specialization_config", "additional_compile_opt", "debug_kernel",
+                        "show_compiler_tb", "experimental_flags", "enable_out_of_bound_check", "artifacts_dir",
+                        "save_neff_name", "save_trace_name", "kernel_return", "enable_simulator")
 
 
 def jit(fn=None, *, target=None, mode=None, platform_target=None, sanitize=None, **kwargs):
     """Decorates a kernel function: ``@nki.jit`` or ``@nki.jit(target="trn1")``.
 
     ``mode=`` is accepted and ignored (as in NKI 0.3+); nikki always runs on its simulated
-    NeuronCore. ``platform_target=`` is accepted as an alias of ``target=``. NKI 2.33's
-    ``compile_config=`` / ``specialization_config=`` are accepted and ignored; any other keyword is
-    an error, as misspelled options would otherwise be silently dropped.
+    NeuronCore. ``platform_target=`` is accepted as an alias of ``target=``. Compiler options
+    (NKI 2.33's ``compile_config=`` / ``specialization_config=``, ``debug_kernel=``,
+    ``show_compiler_tb=``, ``experimental_flags=``, ``additional_compile_opt=``, ...) are accepted
+    and ignored; any other keyword is an error, as misspelled options would otherwise be silently
+    dropped.
 
     ``sanitize=True`` (default: the NIKKI_SANITIZE environment variable) checks the kernel for
     what a sequential simulator hides: dependencies between iterations of an ``nl.affine_range``

@@ -15,11 +15,13 @@ import sys
 
 from . import _core
 from . import isa as _isa
+from .dtypes import PACKED_DTYPES as _PACKED_DTYPES
 from .dtypes import dtype as _dtype_cls
+from .dtypes import numpy_dtype as _numpy_dtype
 from .dtypes import to_dtype
 from .errors import is_internal_frame, kernel_error_at, user_frame
 from .ops import register_op
-from .tensor import DynSlice, MemoryRegion, NkiTensor, hbm, private_hbm, psum, region_of, sbuf, shared_hbm
+from .tensor import ComparisonTile, DynSlice, LoopReduction, MemoryRegion, NkiTensor, hbm, private_hbm, psum, region_of, sbuf, shared_hbm
 from .tracing import assigned_name, current, maybe_current
 
 # --- dtypes ---------------------------------------------------------------------------------
@@ -37,6 +39,11 @@ uint8 = to_dtype("uint8")
 uint16 = to_dtype("uint16")
 uint32 = to_dtype("uint32")
 bool_ = to_dtype("bool_")
+# NeuronCore-v4 MX types: named (kernels compare against them on every path), not modelled.
+float8_e4m3fn_x4 = _PACKED_DTYPES["float8_e4m3fn_x4"]
+float8_e5m2_x4 = _PACKED_DTYPES["float8_e5m2_x4"]
+float4_e2m1fn_x4 = _PACKED_DTYPES["float4_e2m1fn_x4"]
+float8_e8m0fnu = _PACKED_DTYPES["float8_e8m0fnu"]
 
 # --- memories -------------------------------------------------------------------------------
 __all_memories__ = (sbuf, psum, hbm, shared_hbm, private_hbm)
@@ -137,6 +144,31 @@ def empty_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTens
                    name)
 
 
+def shared_constant(constant, dtype=None) -> NkiTensor:
+    """A read-only shared_hbm tensor holding `constant` (a numpy array, or the path of a .npy
+    file), built into the compiled kernel; ``dtype=`` converts it (float64 / int64 arrays become
+    float32 / int32 otherwise)."""
+    import numpy as np
+
+    ctx = current("nl.shared_constant")
+    data = np.load(constant) if isinstance(constant, str) else np.asarray(constant)
+    if dtype is not None:
+        data = static_cast(data, dtype)
+    elif data.dtype == np.float64 or data.dtype == np.int64:
+        data = data.astype(np.float32 if data.dtype == np.float64 else np.int32)
+    data = np.ascontiguousarray(data)
+    from .dtypes import from_numpy
+
+    try:
+        dt = from_numpy(data.dtype)
+    except TypeError as err:
+        raise kernel_error_at(user_frame(2), f"nl.shared_constant: {err}") from None
+    name = assigned_name(sys._getframe(1)) or "constant"
+    view = ctx.builder.add_storage(name, hbm.core, dt.core, list(data.shape) or [1], "input", ctx.location(), None)
+    ctx.constants.append(data.reshape(data.shape or (1,)))
+    return NkiTensor(ctx, view)
+
+
 def shared_identity_matrix(n: int, dtype=None, dst=None) -> NkiTensor:
     """An n x n identity matrix in SBUF (uint8 by default)."""
     dt = to_dtype(dtype) if dtype is not None else uint8
@@ -171,13 +203,14 @@ tile_size = _TileSize()
 
 # --- iterators and control flow -------------------------------------------------------------
 
-def affine_range(start, stop=None, step=1):
+def affine_range(start, stop=None, step=1, directives=None):
     """A loop whose iterations do not depend on one another: NKI may reorder and overlap them.
 
     It unrolls at trace time (as in current NKI). When the kernel is sanitized
     (``nki.jit(sanitize=True)`` or ``NIKKI_SANITIZE=1``), its iterations are recorded and a
     dependency between two of them (one reads or overwrites what another wrote, beyond
-    accumulations such as ``psum += nl.matmul(...)``) is a KernelError.
+    accumulations such as ``psum += nl.matmul(...)``) is a KernelError. Beta 1's loop
+    ``directives=`` (e.g. ``nki.compiler.multi_buffer(2)``) are scheduling hints and change nothing.
     """
     values = range(start, stop, step) if stop is not None else range(start)
     ctx = maybe_current()
@@ -197,12 +230,12 @@ def _recorded_iterations(ctx, values: range, loc: int):
         ctx.builder.close_parallel_loop(loop)
 
 
-def sequential_range(start, stop=None, step=1):
+def sequential_range(start, stop=None, step=1, directives=None):
     """A loop whose iterations may depend on one another (run in order); unrolls at trace time."""
     return range(start, stop, step) if stop is not None else range(start)
 
 
-def static_range(start, stop=None, step=1):
+def static_range(start, stop=None, step=1, directives=None):
     """A loop unrolled at trace time, iterations in order."""
     return range(start, stop, step) if stop is not None else range(start)
 
@@ -318,7 +351,16 @@ def _per_partition(t: NkiTensor) -> bool:
     return t.ndim >= 2 and builtins.all(s == 1 for s in t.shape[1:])
 
 
+_COMPARISONS = frozenset(("equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and",
+                          "logical_or", "logical_xor"))
+
+
 def _binary_op(op: str, x, y, dtype=None, mask=None):
+    out = _binary_tile(op, x, y, dtype, mask)
+    return ComparisonTile(out._ctx, out._view) if op in _COMPARISONS else out
+
+
+def _binary_tile(op: str, x, y, dtype=None, mask=None):
     """x op y for tiles and numbers: tensor_tensor for two tiles of one shape, tensor_scalar for a
     number or a [P, 1] tile (with the operands reversed when needed)."""
     fn = globals()[op if op != "divide" else "multiply"]
@@ -332,20 +374,24 @@ def _binary_op(op: str, x, y, dtype=None, mask=None):
             y = 1.0 / float(y)
     # Comparisons and logical operators give 0/1 results: a bool_ tile unless dtype= says otherwise
     # (Beta 1's default, dtype=bool; write dtype=nl.float32 for NKI 0.3+'s input-dtype default).
-    comparison = op in ("equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "logical_and",
-                        "logical_or", "logical_xor")
+    comparison = op in _COMPARISONS
     if x_t and y_t and x.shape != y.shape:
         if _per_partition(y) and y.shape[0] == x.shape[0]:
             out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
-            _isa._tensor_scalar(out, x, fn, y, mask=mask)
+            _isa._tensor_scalar(out, x, fn, _scalar_operand(y, op), mask=mask)
             return out
         if _per_partition(x) and x.shape[0] == y.shape[0]:
             out = _result_tile(y.shape, _out_dtype(dtype, comparison, x, y))
-            _isa._tensor_scalar(out, y, fn, x, reverse0=True, mask=mask)
+            _isa._tensor_scalar(out, y, fn, _scalar_operand(x, op), reverse0=True, mask=mask)
             return out
         if x.size == y.size and x.shape[0] == y.shape[0]:
             out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
             _isa._tensor_tensor(out, x, y, fn, mask=mask)
+            return out
+        shape = _broadcast_shape(x.shape, y.shape)
+        if shape is not None:  # size-1 dims repeat as stride-0 views (Beta 1 broadcast like numpy)
+            out = _result_tile(shape, _out_dtype(dtype, comparison, x, y))
+            _isa._tensor_tensor(out, x.broadcast_to(shape), y.broadcast_to(shape), fn, mask=mask)
             return out
         raise kernel_error_at(user_frame(3), f"nl.{op}: shapes {x.shape} and {y.shape} do not broadcast",
                               limit="binary tile ops take equal shapes, or a [P, 1] tile against a [P, F] tile",
@@ -358,6 +404,23 @@ def _binary_op(op: str, x, y, dtype=None, mask=None):
     out = _result_tile(tile.shape, _out_dtype(dtype, comparison, tile))
     _isa._tensor_scalar(out, tile, fn, float(number), reverse0=reverse, mask=mask)
     return out
+
+
+_BITVEC = frozenset(("bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"))
+
+
+def _scalar_operand(t: NkiTensor, op: str) -> NkiTensor:
+    """A [P, 1] operand of an arithmetic tensor_scalar in the float32 the engines require of it."""
+    if op in _BITVEC or t.dtype == float32:
+        return t
+    return copy(t, dtype=float32)
+
+
+def _broadcast_shape(a: tuple, b: tuple):
+    """numpy's broadcast of two shapes of one rank, or None."""
+    if len(a) != len(b) or not builtins.all(m == n or m == 1 or n == 1 for m, n in zip(a, b)):
+        return None
+    return tuple(builtins.max(m, n) for m, n in zip(a, b))
 
 
 def _out_dtype(dtype, comparison: bool, *tiles) -> _dtype_cls:
@@ -513,23 +576,133 @@ def _unsupported(name: str):
     return fn
 
 
-cos = _unsupported("cos")
-tan = _unsupported("tan")
-ceil = _unsupported("ceil")
-floor = _unsupported("floor")
-trunc = _unsupported("trunc")
-fmod = _unsupported("fmod")
-mod = _unsupported("mod")
-abs_max = _unsupported("abs_max")
-abs_min = _unsupported("abs_min")
+
+
+# --- composites: functions the engines have no single instruction for -------------------------
+# Rounding goes through an int32 tile (engines truncate toward zero when they write integers);
+# magnitudes of 2**23 and more are integers already in fp32 and pass through unchanged.
+_FP32_INTEGRAL = float(2 ** 23)
+
+
+def _truncated(x, mask=None) -> NkiTensor:
+    """trunc(x) as an fp32 tile."""
+    x = _isa._check_tensor(x, "x")
+    as_int = _result_tile(x.shape, int32)
+    _isa._tensor_copy(as_int, x, mask=mask)
+    out = _result_tile(x.shape, float32)
+    _isa._tensor_copy(out, as_int, mask=mask)
+    if x.dtype.is_float:
+        integral = _result_tile(x.shape, uint8)
+        _isa._tensor_scalar(integral, x, abs, 0.0, op1=greater_equal, operand1=_FP32_INTEGRAL, mask=mask)
+        _isa.tensor_copy_predicated(out, x, integral, mask=mask)
+    return out
+
+
+def _rounded(x, dtype, mask, toward) -> NkiTensor:
+    """floor (toward=-1) or ceil (toward=+1) of x: trunc(x), moved one step where it passed x."""
+    x = _isa._check_tensor(x, "x")
+    t = _truncated(x, mask)
+    passed = _result_tile(x.shape, float32)
+    _isa._tensor_tensor(passed, t, x, greater if toward < 0 else less, mask=mask)
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._tensor_tensor(out, t, passed, subtract if toward < 0 else add, mask=mask)
+    return out
+
+
+def trunc(x, dtype=None, mask=None):
+    """x rounded toward zero (through an int32 tile on the Vector engine)."""
+    t = _truncated(x, mask)
+    return copy(t, dtype=dtype if dtype is not None else x.dtype, mask=mask)
+
+
+def floor(x, dtype=None, mask=None):
+    """The largest integer <= x."""
+    return _rounded(x, dtype, mask, -1)
+
+
+def ceil(x, dtype=None, mask=None):
+    """The smallest integer >= x."""
+    return _rounded(x, dtype, mask, +1)
+
+
+def _remainder(x, y, dtype, mask, rounding) -> NkiTensor:
+    """x - y * rounding(x / y), with x / y computed as x * (1 / y) (the engines have no divide)."""
+    quotient = _binary_tile("divide", x, y, dtype=float32, mask=mask)
+    whole = rounding(quotient, dtype=float32, mask=mask)
+    scaled = _binary_tile("multiply", whole, y, dtype=float32, mask=mask)
+    ref = x if isinstance(x, NkiTensor) else y
+    return _binary_tile("subtract", x, scaled, dtype=dtype if dtype is not None else ref.dtype, mask=mask)
+
+
+def fmod(x, y, dtype=None, mask=None):
+    """Remainder of x / y with the sign of x (C's fmod), as x - y * trunc(x * (1 / y)); NKI lists it
+    as simulation-only. The reciprocal rounds, so quotients within an ulp of an integer may differ
+    from an exact fmod."""
+    return _remainder(x, y, dtype, mask, trunc)
+
+
+def mod(x, y, dtype=None, mask=None):
+    """Remainder of x / y with the sign of y (Python's %), as x - y * floor(x * (1 / y)); see fmod."""
+    return _remainder(x, y, dtype, mask, floor)
+
+
+def cos(x, dtype=None, mask=None):
+    """cos(x) = sin(x + pi/2) on the Scalar engine (the bias add rounds x + pi/2 to fp32)."""
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._activation(out, sin, x, bias=math.pi / 2, mask=mask)
+    return out
+
+
+def tan(x, dtype=None, mask=None):
+    """tan(x) = sin(x) * (1 / cos(x))."""
+    return _binary_tile("multiply", sin(x, dtype=float32, mask=mask), reciprocal(cos(x, dtype=float32, mask=mask)),
+                        dtype=dtype if dtype is not None else x.dtype, mask=mask)
+
+
+def gather_flattened(data, indices, axis=0, dtype=None, mask=None):
+    """out[p, ...] = data[p, flat(indices[p, ...])]: each partition gathers from its own free
+    elements, flattened (nisa.nc_n_gather on GpSimd); out has the shape of indices."""
+    data, indices = _isa._check_tensor(data, "data"), _isa._check_tensor(indices, "indices")
+    gathered = _result_tile(indices.shape, data.dtype)
+    _isa.nc_n_gather(gathered, data, indices)
+    if dtype is None or to_dtype(dtype) == data.dtype:
+        return gathered
+    return copy(gathered, dtype=dtype)
+
+
+def _magnitudes(name: str, pick):
+    def fn(x, y, dtype=None, mask=None):
+        ref = x if isinstance(x, NkiTensor) else y
+        a = abs(x, dtype=float32, mask=mask) if isinstance(x, NkiTensor) else builtins.abs(float(x))
+        b = abs(y, dtype=float32, mask=mask) if isinstance(y, NkiTensor) else builtins.abs(float(y))
+        return _binary_tile(pick, a, b, dtype=dtype if dtype is not None else ref.dtype, mask=mask)
+
+    fn.__name__ = fn.__qualname__ = name
+    fn.__doc__ = f"{pick} of |x| and |y| (the NeuronCore-v4 {name} operator, computed with abs and {pick})."
+    return fn
+
+
+abs_max = _magnitudes("abs_max", "maximum")
+abs_min = _magnitudes("abs_min", "minimum")
+for _name in ("fmod", "mod", "abs_max", "abs_min"):
+    register_op(globals()[_name], alu=_name)
 rand = _unsupported("rand")
 random_seed = _unsupported("random_seed")
 dropout = _unsupported("dropout")
-gather_flattened = _unsupported("gather_flattened")
-shared_constant = _unsupported("shared_constant")
 atomic_rmw = _unsupported("atomic_rmw")
 all_reduce = _unsupported("all_reduce")
-loop_reduce = _unsupported("loop_reduce")
+
+
+def loop_reduce(x, op, loop_indices, dtype=None, mask=None):
+    """Beta 1: `x` reduced with `op` over the iterations of the loops whose indices are given, as
+    the value assigned to a tile (``acc[...] = nl.loop_reduce(psum, op=np.add, loop_indices=[k])``).
+    Loops unroll at trace time here, so the first iteration (every index 0) assigns x and later
+    ones fold x into the assigned tile with `op`."""
+    x = _isa._check_tensor(x, "x")
+    first = builtins.all(int(i) == 0 for i in (loop_indices if isinstance(loop_indices, (list, tuple))
+                                                 else [loop_indices]))
+    value = copy(x, dtype=dtype, mask=mask)
+    return value if first else LoopReduction(value._ctx, value._view, _isa.alu_op(op, "op"))
 
 
 # --- reductions -----------------------------------------------------------------------------
@@ -627,6 +800,20 @@ class _OperatorConstant:
 
 average = _OperatorConstant("average")
 register_op(average, alu="average")
+# Operators of nisa.activate2 (NeuronCore-v4, which nikki does not model): named, so kernels that
+# pick them on other paths import and run.
+prelu = _OperatorConstant("prelu")
+bypass = _OperatorConstant("bypass")
+
+
+def gemm_grid(*args, **kwargs):
+    """Beta 1's grid of the Tensor engine's tiles: not supported (NotImplementedError)."""
+    raise NotImplementedError("nl.gemm_grid is not supported by nikki yet (see docs/api-coverage.md)")
+
+
+def gemm_stationary_grid(*args, **kwargs):
+    """Beta 1's grid of the stationary matmul tiles: not supported (NotImplementedError)."""
+    raise NotImplementedError("nl.gemm_stationary_grid is not supported by nikki yet (see docs/api-coverage.md)")
 
 
 class _FloatLimits:
@@ -648,8 +835,38 @@ bfp16 = _FloatLimits("bfp16", float("-inf"))  # bit pattern 0xff80, as Beta 1 de
 
 
 class NKIObject:
-    """Base class NKI kernels derive their configuration classes from (a plain Python class here:
-    kernels are traced by Python, so any class works)."""
+    """Base class of the configuration classes NKI kernels pass around. As in NKI, a subclass that
+    declares annotated fields and no constructor of its own takes them as (keyword or positional)
+    arguments, every one optional: a field not given keeps its class default, or None."""
+
+    def __init__(self, *args, **kwargs):
+        fields = _annotated_fields(type(self))
+        if len(args) > len(fields):
+            raise TypeError(f"{type(self).__name__}() takes at most {len(fields)} positional arguments "
+                            f"({', '.join(fields) or 'no fields'}), {len(args)} given")
+        for name, value in zip(fields, args):
+            if name in kwargs:
+                raise TypeError(f"{type(self).__name__}() got multiple values for field '{name}'")
+            kwargs[name] = value
+        for name in fields:
+            if name not in kwargs and not hasattr(type(self), name):
+                setattr(self, name, None)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{n}={getattr(self, n, None)!r}" for n in _annotated_fields(type(self)))
+        return f"{type(self).__name__}({values})"
+
+
+def _annotated_fields(cls) -> list:
+    """Annotated field names of cls and its bases, base classes' first (dataclass order)."""
+    names: list = []
+    for klass in reversed(cls.__mro__):
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            if name not in names and "ClassVar" not in str(annotation):
+                names.append(name)
+    return names
 
 
 # --- composite operations -------------------------------------------------------------------
@@ -757,7 +974,13 @@ def where(condition, x, y, dtype=None, mask=None):
     condition = _isa._check_tensor(condition, "condition")
     ref = x if isinstance(x, NkiTensor) else y if isinstance(y, NkiTensor) else condition
     dt = to_dtype(dtype) if dtype is not None else (ref.dtype if ref is not condition else float32)
-    out = _result_tile(condition.shape, dt)
+    shape = condition.shape
+    for t in (x, y):  # operands broadcast against each other like numpy's (size-1 dims repeat)
+        if isinstance(t, NkiTensor):
+            shape = _broadcast_shape(shape, t.shape) or shape
+    condition, x, y = (t.broadcast_to(shape) if isinstance(t, NkiTensor) and t.shape != shape else t
+                       for t in (condition, x, y))
+    out = _result_tile(shape, dt)
     if isinstance(y, NkiTensor):
         _isa._tensor_copy(out, y, mask=mask)
     else:
@@ -781,6 +1004,62 @@ def expand_dims(x, axis):
 
 
 def static_cast(input_data, dtype):
-    """A copy of input_data converted to dtype."""
-    return copy(input_data, dtype=dtype)
+    """A copy of input_data converted to dtype: a new tile inside a kernel; outside one (Beta 1 test
+    code casts host arrays with it), a numpy array of the dtype's numpy type."""
+    if isinstance(input_data, NkiTensor):
+        return copy(input_data, dtype=dtype)
+    if type(input_data).__module__.startswith("torch"):
+        from .dtypes import torch_dtype
+
+        return input_data.to(torch_dtype(dtype))
+    import numpy as np
+
+    target = _numpy_dtype(dtype)
+    data = np.asarray(input_data)
+    if data.dtype.kind == "V" and data.dtype != target:
+        data = data.astype(np.float32)  # ml_dtypes' types (bfloat16, fp8) convert to each other through fp32
+    return data.astype(target)
+
+
+class _FloatInfo:
+    """Limits of a floating-point NKI dtype (``nl.finfo``), as numpy's finfo reports them."""
+
+    def __init__(self, dt, bits, eps, max_value, tiny):
+        self.dtype = dt
+        self.bits = bits
+        self.eps = eps
+        self.max = max_value
+        self.min = -max_value
+        self.tiny = self.smallest_normal = tiny
+
+    def __repr__(self) -> str:
+        return f"finfo(min={self.min}, max={self.max}, eps={self.eps}, dtype={self.dtype.name})"
+
+
+def finfo(dtype) -> _FloatInfo:
+    """Machine limits of a floating-point dtype (bits, eps, min, max, tiny); works outside kernels."""
+    import numpy as np
+
+    dt = to_dtype(dtype)
+    if not dt.is_float:
+        raise TypeError(f"nl.finfo: {dt.name} is not a floating-point dtype; use nl.iinfo")
+    if dt.name == "tfloat32":  # 1 sign, 8 exponent, 10 mantissa bits held in fp32
+        return _FloatInfo(dt, 19, 2.0 ** -10, float((2 - 2.0 ** -10) * 2.0 ** 127), float(2.0 ** -126))
+    try:
+        import ml_dtypes
+
+        info = ml_dtypes.finfo(_numpy_dtype(dt))
+    except ImportError:  # pragma: no cover - ml_dtypes is a dependency
+        info = np.finfo(_numpy_dtype(dt))
+    return _FloatInfo(dt, int(info.bits), float(info.eps), float(info.max), float(info.tiny))
+
+
+def iinfo(dtype):
+    """Machine limits of an integer dtype (numpy's iinfo of its numpy type); works outside kernels."""
+    import numpy as np
+
+    dt = to_dtype(dtype)
+    if dt.is_float:
+        raise TypeError(f"nl.iinfo: {dt.name} is not an integer dtype; use nl.finfo")
+    return np.iinfo(_numpy_dtype(dt) if dt.name != "bool_" else np.uint8)
 

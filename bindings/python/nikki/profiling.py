@@ -16,6 +16,7 @@ import numpy as np
 
 from . import _core
 from .errors import KernelError, kernel_error_at, user_frame
+from .entry import DecoratedKernel, as_kernel
 from .kernel import Kernel
 
 __all__ = ["Profile", "estimate", "profile", "benchmark", "BenchmarkResult"]
@@ -156,7 +157,7 @@ def _merge_traces(traces, profiles) -> str:
 
 
 def _as_kernel(kernel, target=None) -> Kernel:
-    k = kernel if isinstance(kernel, Kernel) else Kernel(kernel)
+    k = as_kernel(kernel)
     if target is not None:
         k = k.with_target(target)
     return k
@@ -187,36 +188,33 @@ def profile(func=None, working_directory=None, save_neff_name="file.neff", save_
     a text summary and a timeline PNG. All timings are estimates of nikki's model."""
 
     def wrap(fn):
-        k = _as_kernel(fn)
+        return DecoratedKernel(_as_kernel(fn), _profile)
 
-        @functools.wraps(k.fn)
-        def run(*args, **kw):
-            if not working_directory or not os.path.isabs(working_directory):
-                raise kernel_error_at(user_frame(2), "nki.profile needs working_directory= as an absolute path")
-            os.makedirs(working_directory, exist_ok=True)
-            out = k(*args, **kw)
-            prof = estimate(k, *args, **kw)
-            base = os.path.splitext(save_trace_name)[0]
-            files = {
-                "neff": os.path.join(working_directory, save_neff_name),
-                "trace": os.path.join(working_directory, base + ".json"),
-                "summary": os.path.join(working_directory, base + "_summary.txt"),
-                "timeline": os.path.join(working_directory, base + "_timeline.png"),
-            }
-            for path in files.values():
-                if os.path.exists(path) and not overwrite:
-                    raise kernel_error_at(user_frame(2), f"nki.profile: {path} exists",
-                                          hint="pass overwrite=True or use another working_directory")
-            with open(files["neff"], "wb") as f:
-                f.write(prof._programs[0].serialize())
-            prof.save_trace(files["trace"])
-            with open(files["summary"], "w") as f:
-                f.write(prof.summary())
-            prof.save_timeline(files["timeline"])
-            run.profile = prof
-            return out
-
-        return run
+    def _profile(k, args, kw, run):
+        if not working_directory or not os.path.isabs(working_directory):
+            raise kernel_error_at(user_frame(2), "nki.profile needs working_directory= as an absolute path")
+        os.makedirs(working_directory, exist_ok=True)
+        out = k(*args, **kw)
+        prof = estimate(k, *args, **kw)
+        base = os.path.splitext(save_trace_name)[0]
+        files = {
+            "neff": os.path.join(working_directory, save_neff_name),
+            "trace": os.path.join(working_directory, base + ".json"),
+            "summary": os.path.join(working_directory, base + "_summary.txt"),
+            "timeline": os.path.join(working_directory, base + "_timeline.png"),
+        }
+        for path in files.values():
+            if os.path.exists(path) and not overwrite:
+                raise kernel_error_at(user_frame(2), f"nki.profile: {path} exists",
+                                      hint="pass overwrite=True or use another working_directory")
+        with open(files["neff"], "wb") as f:
+            f.write(prof._programs[0].serialize())
+        prof.save_trace(files["trace"])
+        with open(files["summary"], "w") as f:
+            f.write(prof.summary())
+        prof.save_timeline(files["timeline"])
+        run.profile = prof
+        return out
 
     return wrap if func is None else wrap(func)
 
@@ -254,19 +252,16 @@ def benchmark(kernel=None, warmup=10, iters=100, save_neff_name=None, save_trace
     ``fn.benchmark_result.nc_latency.get_latency_percentile(50)`` is the estimate in microseconds."""
 
     def wrap(fn):
-        k = _as_kernel(fn)
+        return DecoratedKernel(_as_kernel(fn), _benchmark)
 
-        @functools.wraps(k.fn)
-        def run(*args, **kw):
-            compiled, prof = _estimate(k, args, kw)
-            run.benchmark_result = BenchmarkResult(prof, warmup, iters)
-            if save_trace_name:
-                prof.save_trace(os.path.splitext(save_trace_name)[0] + ".json")
-            print(f"nikki: {k.fn.__name__}: {prof.total_us:.3f} us per run (ESTIMATE for {prof.target})",
-                  file=sys.stderr)
-            outs = [np.full(shape, np.nan if dt.is_float else 0, dtype=dt.numpy) for shape, dt in compiled.output_specs]
-            return outs[0] if len(outs) == 1 else tuple(outs)
-
-        return run
+    def _benchmark(k, args, kw, run):
+        compiled, prof = _estimate(k, args, kw)
+        run.benchmark_result = BenchmarkResult(prof, warmup, iters)
+        if save_trace_name:
+            prof.save_trace(os.path.splitext(save_trace_name)[0] + ".json")
+        print(f"nikki: {k.fn.__name__}: {prof.total_us:.3f} us per run (ESTIMATE for {prof.target})",
+              file=sys.stderr)
+        outs = [np.full(shape, np.nan if dt.is_float else 0, dtype=dt.numpy) for shape, dt in compiled.output_specs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
 
     return wrap if kernel is None else wrap(kernel)

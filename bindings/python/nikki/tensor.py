@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from . import _core
 from .dtypes import BY_CORE_INDEX as _DTYPE_BY_INDEX
 from .dtypes import dtype as _dtype_cls
@@ -44,6 +46,9 @@ def region_of(buffer) -> MemoryRegion:
     """Normalizes a buffer argument; NKI rejects string names, so nikki does too."""
     if isinstance(buffer, MemoryRegion):
         return buffer
+    allocated = getattr(buffer, "region", None)  # a direct allocation (nki.compiler.sbuf.mod_alloc(...))
+    if isinstance(allocated, MemoryRegion):
+        return allocated
     if isinstance(buffer, str):
         raise kernel_error_at(user_frame(2), f"buffer={buffer!r}: string buffer names are not supported",
                               hint=f"pass the memory region object, e.g. buffer=nl.{buffer}")
@@ -156,10 +161,10 @@ class NkiTensor:
     def __len__(self) -> int:
         return self.shape[0]
 
-    def __bool__(self):
-        raise kernel_error_at(user_frame(2), "Cannot evaluate truth value of a multi-element tensor",
-                              hint="tensor values exist only at run time; use nl.where / masks, or "
-                                   "compare shapes instead")
+    def __bool__(self) -> bool:
+        # A tensor is a compile-time object: `if t:` asks whether one was given (NKI kernels test
+        # optional tensor parameters that way). Comparison tiles refuse (see ComparisonTile).
+        return True
 
     __hash__ = object.__hash__
 
@@ -205,7 +210,14 @@ class NkiTensor:
         try:
             view = self._view.subscript(subs, self.buffer.is_on_chip)
         except ViewError as err:
-            raise _view_error(err, self.name) from None
+            error = _view_error(err, self.name)
+            if not runtime and "out-of-bound" in err.what:
+                from . import index_expr  # a legacy mask= may trim the slices into bounds
+
+                lazy = index_expr.overhanging_slices(self, key, error)
+                if lazy is not None:
+                    return lazy
+            raise error from None
         if runtime:
             if len(runtime) > 1:
                 raise kernel_error_at(user_frame(2), "only one subscript of a view may be a runtime index",
@@ -229,10 +241,17 @@ class NkiTensor:
         """Legacy assignment ``t[...] = value``: copies value (a tile or a scalar) into t[key]."""
         from . import isa
 
+        # A tile no name refers to (`t[i] = nl.load(...)`: references from the caller's stack, this
+        # frame and getrefcount's argument) may be written in place by the instruction producing it.
+        temporary = sys.getrefcount(value) <= 3
         dst = self[key]
-        if isinstance(value, NkiTensor):
+        if isinstance(value, LoopReduction):
+            isa._tensor_tensor(dst, dst, value, value.op)
+        elif isinstance(value, NkiTensor):
             if dst._view.same_as(value._view):
                 return  # `t[i] += x` writes in place, then assigns t[i] to itself
+            if temporary and isa._produce_in_place(dst, value):
+                return
             isa._assign(dst, value)
         else:
             isa._assign_scalar(dst, value)
@@ -281,8 +300,15 @@ class NkiTensor:
     def squeeze_dim(self, dim: int) -> "NkiTensor":
         return self._derive("squeeze_dim", dim)
 
-    def reshape(self, *shape) -> "NkiTensor":
-        """Same elements with a new shape (no copy; merged dims must be contiguous)."""
+    def reshape(self, *shape, **kwargs) -> "NkiTensor":
+        """Same elements with a new shape (no copy; merged dims must be contiguous): ``t.reshape(a, b)``,
+        ``t.reshape((a, b))`` or ``t.reshape(shape=(a, b))``."""
+        if "shape" in kwargs:
+            if shape:
+                raise TypeError("reshape() got the shape both positionally and as shape=")
+            shape = (kwargs.pop("shape"),)
+        if kwargs:
+            raise TypeError(f"reshape() got an unexpected keyword argument '{next(iter(kwargs))}'")
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
         return self._derive("reshape", [int(s) for s in shape])
@@ -298,6 +324,34 @@ class NkiTensor:
         return self._derive("reinterpret", to_dtype(dtype).core)
 
     reinterpret_cast = view
+
+    def assert_shape(self, shape) -> "NkiTensor":
+        """Beta 1: raises unless the tensor has `shape`; returns the tensor."""
+        if tuple(self.shape) != tuple(shape):
+            raise kernel_error_at(user_frame(2), f"tensor '{self.name}' has shape {tuple(self.shape)}, not "
+                                  f"{tuple(shape)}", limit="assert_shape checks the shape exactly")
+        return self
+
+    def astype(self, dtype) -> "NkiTensor":
+        """Beta 1: a copy converted to `dtype` (a new SBUF tile)."""
+        from . import language as nl
+
+        return nl.copy(self, dtype=dtype)
+
+    def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
+        """NKI 0.5's einops-style view: not supported yet (NotImplementedError)."""
+        raise NotImplementedError("NkiTensor.rearrange is not supported by nikki yet; compose reshape, permute and "
+                                  "flatten_dims views instead (see docs/api-coverage.md)")
+
+    def vector_select(self, dim, vector_offset):
+        """NKI 0.5's per-partition dynamic select: not supported yet (NotImplementedError)."""
+        raise NotImplementedError("NkiTensor.vector_select is not supported by nikki yet; use "
+                                  ".ap(vector_offset=...) in nisa.dma_copy (see docs/api-coverage.md)")
+
+    def indirect(self, index, num_elem=None):
+        """Tensor indirection of NeuronCore-v4 compute instructions: not supported (NotImplementedError)."""
+        raise NotImplementedError("NkiTensor.indirect (tensor indirection, NeuronCore-v4) is not supported by nikki "
+                                  "(see docs/api-coverage.md)")
 
     def ap(self, pattern, offset=None, scalar_offset=None, vector_offset=None, indirect_dim: int = 0,
            dtype=None) -> "NkiTensor":
@@ -447,3 +501,26 @@ class NkiTensor:
 
         isa._update_in_place(self, other, "multiply")
         return self
+
+
+class LoopReduction(NkiTensor):
+    """A later iteration's ``nl.loop_reduce`` value: assigning it (``t[...] = value``) folds it into
+    t with the reduction's operator instead of overwriting t."""
+
+    __slots__ = ("op",)
+
+    def __init__(self, ctx, view, op):
+        super().__init__(ctx, view)
+        self.op = op
+
+
+class ComparisonTile(NkiTensor):
+    """The 0/1 tile of a comparison (``a < b``): unlike other tensors, its truth value is a run-time
+    value, so ``if a < b:`` is an error rather than always true."""
+
+    __slots__ = ()
+
+    def __bool__(self):
+        raise kernel_error_at(user_frame(2), "Cannot evaluate truth value of a multi-element tensor",
+                              hint="a comparison of tiles is computed at run time; use nl.where / masks, or "
+                                   "compare shapes instead")

@@ -30,6 +30,8 @@ class TraceContext:
         # index -> NkiTensor of fresh PSUM tiles produced by a legacy functional nc_matmul, so
         # `psum[...] += nisa.nc_matmul(...)` can accumulate in place.
         self.pending_matmul: dict = {}
+        # numpy arrays of nl.shared_constant tensors, in the order of their (input) storages
+        self.constants: list = []
 
     def location(self, depth: int = 2) -> int:
         """Interned location of the user's line that is calling into nikki."""

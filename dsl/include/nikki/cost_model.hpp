@@ -197,7 +197,12 @@ inline double formula_cycles(const Kernel& k, const Instruction& inst) {
     case Opcode::max8:
     case Opcode::nc_find_index8: return n;
     case Opcode::iota:
-    case Opcode::affine_select: return gpsimd_start + n;
+    case Opcode::affine_select:
+    // No published formulas: like iota, the GpSimd start-up plus one element per cycle.
+    case Opcode::nc_n_gather:
+    case Opcode::nonzero_with_count: return gpsimd_start + n;
+    // nc_match_replace8 scans each row once per value, like nc_find_index8 ("N cycles").
+    case Opcode::nc_match_replace8: return n;
     case Opcode::tensor_partition_reduce:
       // No published formula: one pass over the free elements of every partition group of the
       // 8 GpSimd cores (docs/performance-model.md, assumption A4).

@@ -83,6 +83,12 @@ enum class Opcode : uint8_t {
   max8,
   nc_find_index8,
   tensor_partition_reduce,
+  nc_stream_shuffle,
+  nc_match_replace8,
+  range_select,
+  nc_n_gather,
+  nonzero_with_count,
+  dma_compute,
   register_move,
   register_load,
   register_store,
@@ -164,6 +170,16 @@ inline constexpr std::array<OpcodeSpec, kNumOpcodes> kOpcodeSpecs = [] {
   set(Opcode::nc_find_index8, {"nc_find_index8", Engine::vector, 3, {W("dst"), R("data"), R("vals")}});
   set(Opcode::tensor_partition_reduce,
       {"tensor_partition_reduce", Engine::gpsimd, 2, {W("dst"), R("data")}});
+  set(Opcode::nc_stream_shuffle, {"nc_stream_shuffle", Engine::vector, 2, {W("dst"), R("src")}});
+  set(Opcode::nc_match_replace8,
+      {"nc_match_replace8", Engine::vector, 5, {W("dst"), R("data"), R("vals"), Imm("imm"), WO("dst_idx")}});
+  set(Opcode::range_select,
+      {"range_select", Engine::vector, 5,
+       {W("dst"), R("on_true_tile"), RS("bound0"), RS("bound1"), WO("reduce_res")}});
+  set(Opcode::nc_n_gather, {"nc_n_gather", Engine::gpsimd, 3, {W("dst"), R("data"), R("indices")}});
+  set(Opcode::nonzero_with_count, {"nonzero_with_count", Engine::gpsimd, 2, {W("dst"), R("src")}});
+  set(Opcode::dma_compute,
+      {"dma_compute", Engine::dma, 5, {W("dst"), R("srcs[0]"), RO("srcs[1]"), RO("srcs[2]"), RO("srcs[3]")}});
   set(Opcode::register_move,
       {"register_move", Engine::sync, 2,
        {SlotSpec{"dst", Access::write, kReg, false}, SlotSpec{"src", Access::read, kReg | kImm, false}}, true});
@@ -182,6 +198,9 @@ inline constexpr std::array<OpcodeSpec, kNumOpcodes> kOpcodeSpecs = [] {
 
 inline constexpr const OpcodeSpec& opcode_spec(Opcode op) { return kOpcodeSpecs[static_cast<int>(op)]; }
 inline constexpr std::string_view opcode_name(Opcode op) { return opcode_spec(op).name; }
+
+/** @brief nc_stream_shuffle's shuffle_mask entry that leaves a destination lane unmodified. */
+inline constexpr int32_t kShuffleKeepLane = 255;
 
 /** @brief One operand: absent, a tensor view, an immediate or a register. */
 struct Operand {
@@ -243,6 +262,9 @@ struct Attributes {
   int64_t step = 1;                 // loop_begin
   int32_t jump = -1;                // loop_begin -> its loop_end, loop_end -> its loop_begin
   std::string text;                 // device_print prefix
+  double fill_value = 0.0;          // range_select on_false_value, nonzero_with_count padding_val
+  std::vector<int32_t> lanes;       // nc_stream_shuffle: source partition of each quadrant lane (255: keep)
+  bool oob_skip = false;            // dma_copy / dma_compute: skip runtime out-of-bound elements
 };
 
 /** @brief One instruction: opcode, engine, operands (by slot), attributes, source line. */

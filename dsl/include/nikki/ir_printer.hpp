@@ -138,6 +138,31 @@ inline std::string attributes(const Instruction& inst) {
       }
       break;
     case Opcode::tensor_partition_reduce: add("op", std::string(alu_op_name(a.op0))); break;
+    case Opcode::nc_stream_shuffle: {
+      std::string lanes = "[";
+      for (size_t i = 0; i < a.lanes.size(); ++i) lanes += fmt::format("{}{}", i ? ", " : "", a.lanes[i]);
+      add("shuffle_mask", lanes + "]");
+      break;
+    }
+    case Opcode::range_select:
+      add("comp_op0", std::string(alu_op_name(a.op0)));
+      add("comp_op1", std::string(alu_op_name(a.op1)));
+      if (a.offset) add("range_start", fmt::to_string(a.offset));
+      add("on_false_value", fmt::to_string(a.fill_value));
+      if (a.reduce_cmd != ReduceCmd::idle) {
+        add("reduce_op", std::string(alu_op_name(a.reduce_op)));
+        add("reduce_cmd", std::string(reduce_cmd_name(a.reduce_cmd)));
+      }
+      break;
+    case Opcode::nonzero_with_count:
+      if (a.offset) add("index_offset", fmt::to_string(a.offset));
+      add("padding_val", fmt::to_string(a.fill_value));
+      break;
+    case Opcode::dma_compute:
+      add("reduce_op", std::string(alu_op_name(a.op0)));
+      flag("oob_skip", a.oob_skip);
+      break;
+    case Opcode::dma_copy: flag("oob_skip", a.oob_skip); break;
     case Opcode::loop_begin: add("step", fmt::to_string(a.step)); break;
     case Opcode::device_print: add("prefix", fmt::format("\"{}\"", a.text)); break;
     default: break;

@@ -123,6 +123,19 @@ inline void dma_copy(const Tensor& dst, const Tensor& src, Loc loc = Loc::curren
   detail::Emitter(Opcode::dma_copy, dst, loc).tensor(0, dst).tensor(1, src).emit();
 }
 
+/** @brief dst = srcs[0] + srcs[1] + ... (1 to 4 sources, in fp32) inside the DMA engines; a source
+ * may be dst itself (read-modify-write). */
+inline void dma_compute(const Tensor& dst, const std::vector<Tensor>& srcs, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::dma_compute, dst, loc);
+  if (srcs.empty() || srcs.size() > size_t(kMaxSlots - 1))
+    throw KernelError(fmt::format("dma_compute: {} sources; it combines 1 to {}", srcs.size(), kMaxSlots - 1),
+                      SourceLocation::from(loc));
+  e.attrs().op0 = AluOp::add;
+  e.tensor(0, dst);
+  for (size_t i = 0; i < srcs.size(); ++i) e.tensor(int(i) + 1, srcs[i]);
+  e.emit();
+}
+
 /** @brief Element-wise copy on an engine (bit-exact when dtypes match). */
 inline void tensor_copy(const Tensor& dst, const Tensor& src, Engine engine = unknown_engine,
                         Loc loc = Loc::current()) {
@@ -366,6 +379,62 @@ inline void max8(const Tensor& dst, const Tensor& src, Loc loc = Loc::current())
 /** @brief Index of the first occurrence of each of the 8 values `vals` in each partition of `data`. */
 inline void nc_find_index8(const Tensor& dst, const Tensor& data, const Tensor& vals, Loc loc = Loc::current()) {
   detail::Emitter(Opcode::nc_find_index8, dst, loc).tensor(0, dst).tensor(1, data).tensor(2, vals).emit();
+}
+
+/** @brief dst = data with the first occurrence of each of the 8 values `vals` replaced by `imm`;
+ * their positions go to `dst_idx` when given. */
+inline void nc_match_replace8(const Tensor& dst, const Tensor& data, const Tensor& vals, double imm,
+                              const std::optional<Tensor>& dst_idx = std::nullopt, Loc loc = Loc::current()) {
+  detail::Emitter(Opcode::nc_match_replace8, dst, loc)
+      .tensor(0, dst).tensor(1, data).tensor(2, vals).imm(3, imm).tensor(4, dst_idx).emit();
+}
+
+/** @brief Within each quadrant of 32 partitions, dst partition i = src partition shuffle_mask[i]
+ * (kShuffleKeepLane leaves it unmodified). */
+inline void nc_stream_shuffle(const Tensor& dst, const Tensor& src, std::vector<int32_t> shuffle_mask,
+                              Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::nc_stream_shuffle, dst, loc);
+  e.attrs().lanes = std::move(shuffle_mask);
+  e.tensor(0, dst).tensor(1, src).emit();
+}
+
+/** @brief Optional parameters of range_select. */
+struct RangeSelectOptions {
+  std::optional<Tensor> reduce_res;
+  ReduceCmd reduce_cmd = ReduceCmd::idle;
+  nl::Op reduce_op = nl::maximum;
+  int64_t range_start = 0;
+  double on_false_value = 0.0;
+};
+
+/** @brief dst[p, f] = on_true[p, f] where (f + range_start) comp_op0 bound0[p] and comp_op1
+ * bound1[p], else on_false_value; optionally reduced into reduce_res (NeuronCore-v3+). */
+inline void range_select(const Tensor& dst, const Tensor& on_true_tile, const nl::Op& comp_op0, const nl::Op& comp_op1,
+                         const Scalar& bound0, const Scalar& bound1, const RangeSelectOptions& o = {},
+                         Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::range_select, dst, loc);
+  e.attrs().op0 = e.alu(comp_op0, "comp_op0");
+  e.attrs().op1 = e.alu(comp_op1, "comp_op1");
+  e.attrs().reduce_op = e.alu(o.reduce_op, "reduce_op");
+  e.attrs().reduce_cmd = o.reduce_res && o.reduce_cmd == ReduceCmd::idle ? ReduceCmd::reset_reduce : o.reduce_cmd;
+  e.attrs().offset = o.range_start;
+  e.attrs().fill_value = o.on_false_value;
+  e.tensor(0, dst).tensor(1, on_true_tile).scalar(2, bound0).scalar(3, bound1).tensor(4, o.reduce_res).emit();
+}
+
+/** @brief dst[p, j] = data[p, indices[p, j]] within each partition's flattened free elements (GpSimd). */
+inline void nc_n_gather(const Tensor& dst, const Tensor& data, const Tensor& indices, Loc loc = Loc::current()) {
+  detail::Emitter(Opcode::nc_n_gather, dst, loc).tensor(0, dst).tensor(1, data).tensor(2, indices).emit();
+}
+
+/** @brief On partitions 0, 16, ..., 112: the positions (+ index_offset) of src's nonzero elements,
+ * padding_val for the rest, and the count last (GpSimd, NeuronCore-v3+). */
+inline void nonzero_with_count(const Tensor& dst, const Tensor& src, int64_t index_offset = 0,
+                               int64_t padding_val = -1, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::nonzero_with_count, dst, loc);
+  e.attrs().offset = index_offset;
+  e.attrs().fill_value = double(padding_val);
+  e.tensor(0, dst).tensor(1, src).emit();
 }
 
 }  // namespace nikki::isa

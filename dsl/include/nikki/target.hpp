@@ -74,6 +74,7 @@ struct TargetConfig {
    *  the whole device memory. 32 GiB (Trn1) / 96 GiB (Trn2) [CHIP]. */
   int64_t hbm_bytes_per_chip;
   uint32_t cores_per_chip;            // NeuronCores sharing that HBM: 2 (Trn1), 8 (Trn2) [CHIP]
+  uint32_t gpsimd_core_partitions;    // each of the 8 GpSimd cores serves 16 partitions [ARCH]
 
   // --- instruction limits ---------------------------------------------------------------
   uint32_t gemm_stationary_fmax;  // stationary free size <= 128 [TS TC#3]
@@ -125,6 +126,7 @@ inline constexpr TargetConfig kTrn1 = {
     .partition_quadrant = 32,
     .hbm_bytes_per_chip = int64_t(32) << 30,
     .cores_per_chip = 2,
+    .gpsimd_core_partitions = 16,
     .gemm_stationary_fmax = 128,
     .gemm_moving_fmax = 512,
     .bn_stats_fmax = 512,
@@ -166,6 +168,7 @@ inline constexpr TargetConfig kTrn2 = {
     .partition_quadrant = 32,
     .hbm_bytes_per_chip = int64_t(96) << 30,
     .cores_per_chip = 8,
+    .gpsimd_core_partitions = 16,
     .gemm_stationary_fmax = 128,
     .gemm_moving_fmax = 512,
     .bn_stats_fmax = 512,
