@@ -531,10 +531,56 @@ def test_bn_aggr_of_several_chunks(rng):
     np.testing.assert_allclose(mv[:, 1], a.astype(np.float64).var(1), rtol=1e-4)
 
 
+def test_bn_stats_and_bn_aggr_nan_results_are_canonical(rng, monkeypatch):
+    """Rows with infinities and NaNs of both signs: every NaN statistic is 0x7fc00000, as ALU
+    results are, so the reference interpreter and the native routines agree bit for bit (which
+    NaN an IEEE operation passes on depends on the compiler's operand order)."""
+    def k(a):
+        stats = nl.ndarray((a.shape[0], 6), nl.float32, buffer=nl.sbuf)
+        nisa.bn_stats(dst=stats, data=load(a))
+        mv = nl.ndarray((a.shape[0], 2), nl.float32, buffer=nl.sbuf)
+        nisa.bn_aggr(dst=mv, data=stats)
+        return store(stats), store(mv)
+
+    _check_canonical_nans_on_both_executors(k, [_specials(rng, 128, 12)], monkeypatch)
+
+
+def _specials(rng, *shape):
+    """fp32 values drawn from infinities, NaNs of both signs and two numbers."""
+    return rng.choice(np.array([np.inf, -np.inf, np.nan, -np.nan, 1.0, -2.0], np.float32), size=shape)
+
+
+def _check_canonical_nans_on_both_executors(kernel_fn, inputs, monkeypatch):
+    """Runs kernel_fn on the reference interpreter and on the native executor: every NaN output is
+    0x7fc00000 and the outputs agree bit for bit."""
+    results = {}
+    for executor in ("interp", "native"):
+        monkeypatch.setenv("NIKKI_EXECUTOR", executor)
+        out = nki.jit(kernel_fn)(*inputs)  # a new kernel object compiles for this executor
+        results[executor] = out if isinstance(out, tuple) else (out,)
+    for interp, native in zip(results["interp"], results["native"]):
+        assert np.isnan(interp).any()
+        nan_bits = interp.view(np.uint32)[np.isnan(interp)]
+        assert (nan_bits == 0x7FC00000).all(), sorted({hex(b) for b in nan_bits})
+        np.testing.assert_array_equal(interp.view(np.uint32), native.view(np.uint32))
+
+
 # --- Tensor engine ----------------------------------------------------------------------------
 
 def _mm_ref(at, b):
     return at.astype(np.float64).T @ b.astype(np.float64)
+
+
+def test_nc_matmul_nan_results_are_canonical(rng, monkeypatch):
+    """Infinities and NaNs of both signs in both operands, a first matmul and an accumulating
+    one: NaN sums are 0x7fc00000 on both executors."""
+    def k(a, b):
+        acc = nl.ndarray((a.shape[1], b.shape[1]), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc, load(a), load(b))
+        nisa.nc_matmul(acc, load(b[:, 0:a.shape[1]]), load(a[:, 0:1]).broadcast_to((a.shape[0], b.shape[1])))
+        return store(acc)
+
+    _check_canonical_nans_on_both_executors(k, [_specials(rng, 32, 40), _specials(rng, 32, 48)], monkeypatch)
 
 
 @pytest.mark.parametrize("accumulate", [None, True, False])
