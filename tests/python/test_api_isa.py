@@ -263,19 +263,35 @@ def _np_act(name, x):
     return table[name]
 
 
-@pytest.mark.parametrize("name", ["copy", "exp", "tanh", "sigmoid", "relu", "gelu", "silu", "square", "softplus",
-                                  "erf", "sin", "arctan", "sign", "abs", "gelu_apprx_tanh"])
-def test_activation_functions_current(rng, name):
-    op = getattr(nl, name)
-
+def _activation_kernel(op):
+    """A kernel applying activation function `op` to its input (float32 out)."""
     @nki.jit
     def k(a):
         d = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=d, op=op, data=load(a))
         return store(d)
 
+    return k
+
+
+@pytest.mark.parametrize("name", ["copy", "exp", "tanh", "sigmoid", "relu", "gelu", "silu", "square", "softplus",
+                                  "erf", "sin", "arctan", "sign", "abs", "gelu_apprx_tanh"])
+def test_activation_functions_current(rng, name):
     a = f32(rng, 128, 64, lo=-3.0, hi=3.0)
-    np.testing.assert_allclose(k(a), _np_act(name, a), rtol=2e-7, atol=1e-30)
+    np.testing.assert_allclose(_activation_kernel(getattr(nl, name))(a), _np_act(name, a), rtol=2e-7, atol=1e-30)
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_dx"])
+def test_gelu_negative_tail_keeps_its_relative_accuracy(name):
+    """gelu and gelu_dx at x <= -5, where 1 + erf(x / sqrt 2) cancels: within 2 fp32 ulps of the
+    float64 formula written with erfc (tiny results, not 0)."""
+    a = -np.linspace(5.0, 12.0, 64, dtype=np.float32).reshape(1, 64)
+    x = a[0].astype(np.float64)
+    phi_tail = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in x])  # Φ(x) without cancellation
+    ref = x * phi_tail if name == "gelu" else phi_tail + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    got = _activation_kernel(getattr(nl, name))(a)[0].astype(np.float64)
+    assert (got != 0).all()
+    np.testing.assert_allclose(got, ref, rtol=2 * 2.0 ** -23)  # 2 ulps: libm's erfc, one fp32 rounding
 
 
 def test_activation_bias_scale_and_reduce(rng):
