@@ -13,9 +13,11 @@ from .case import Case, ExpectedError
 from .gen_python import PythonKernelGen, fmt_num
 
 
-def _alloc_line(g: PythonKernelGen, shape, dtype: str, buffer: str, name: str | None = None) -> tuple[str, int]:
-    name = name or g.fresh("bad")
-    line = g.emit(f"{name} = nl.ndarray({tuple(shape)}, dtype=nl.{dtype}, buffer=nl.{buffer})")
+def _alloc_line(g: PythonKernelGen, shape, dtype: str, buffer: str, address=None) -> tuple[str, int]:
+    """Emits an allocation (at `address` when given); returns its name and body line."""
+    name = g.fresh("bad")
+    at = f", address={tuple(address)}" if address else ""
+    line = g.emit(f"{name} = nl.ndarray({tuple(shape)}, dtype=nl.{dtype}, buffer=nl.{buffer}{at})")
     return name, line
 
 
@@ -355,6 +357,31 @@ def fault_unary_operand(g):
     op = g.rng.choice(["abs", "square", "relu", "reciprocal"])
     return _bad_statement(g, f"nisa.tensor_scalar({{dst}}, {{a}}, nl.{op}, {fmt_num(g.rng.choice([1.0, 2.5]))})",
                           r"is unary", "unary operator with a nonzero operand")
+
+
+def fault_placed_tiles_overlap(g):
+    top = g.lim["sbuf_fmax_bytes"] - 4096
+    first, _ = _alloc_line(g, (32, 64), "float32", "sbuf", address=(0, top))
+    second, at = _alloc_line(g, (32, 64), "float32", "sbuf", address=(0, top + g.rng.choice([4, 128])))
+    g.emit(f"nisa.memset({first}, 1.0)")
+    g.emit(f"nisa.memset({second}, 2.0)")
+    sink = g.alloc((32, 64), "float32")
+    g.emit(f"nisa.tensor_tensor({sink.name}, {first}, {second}, nl.add)")
+    return ExpectedError(r"overlaps tensor", (at,), "address= tiles overlapping while both are live")
+
+
+def fault_placed_psum_off_bank(g):
+    offset = g.rng.choice([4, 1024, g.lim["psum_bank_fmax_bytes"] + 8])
+    name, at = _alloc_line(g, (16, 8), "float32", "psum", address=(0, offset))
+    use = g.emit(f"nisa.memset({name}, 0.0)")
+    return ExpectedError(r"bank boundary", (at, use), "address= PSUM tile not at a bank start")
+
+
+def fault_placed_past_the_end(g):
+    end = g.lim["sbuf_fmax_bytes"]
+    name, at = _alloc_line(g, (8, 64), "float32", "sbuf", address=(0, end - g.rng.choice([4, 64])))
+    use = g.emit(f"nisa.memset({name}, 0.0)")
+    return ExpectedError(r"past the end", (at, use), "address= tile past the end of SBUF")
 
 
 FAULTS = [v for k, v in sorted(globals().items()) if k.startswith("fault_")]

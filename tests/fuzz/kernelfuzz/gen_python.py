@@ -44,6 +44,7 @@ MATMUL_NARROW = ("bfloat16", "float16", "float8_e4m3", "float8_e5m2")
 SIZES = (1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 32, 33, 64, 100, 127, 128, 129, 255, 256, 512)
 ACT_FUNCS = tuple(ref.ACTIVATIONS)
 PREDICATE_DTYPES = ("uint8", "uint16", "uint32", "bool_")
+PLACED_ZONE_BYTES = 4096  # bytes per partition of each address= tile's zone (64 x 4-byte elements fit)
 
 
 def target_limits(target: str) -> dict:
@@ -178,6 +179,7 @@ class PythonKernelGen:
         self.output_vals: list[Val] = []
         self.names = itertools.count()
         self.psum_banks = 0
+        self.placed = 0  # tiles placed with address= (each in its own zone at the top of SBUF)
         self.features: set[str] = set()
         # engine accumulators (numerics.md "Accumulators"): one fp32 per partition
         # an SPMD launch (kernel[2]) now and then: every instance writes its own block of the outputs
@@ -312,8 +314,7 @@ class PythonKernelGen:
             name = self.find_input((f, p), src_dtype)
             expr = self.rng.choice([f"{name}.permute((1, 0))", f"{name}[:, :].permute((1, 0))"])
             vals = self.input_vals[name].v.T
-            self.features.add("dma_transposed")
-        else:  # a 3-D input read through a runtime-free integer index and a slice
+        else:  # one plane of a 3-D input (an integer subscript drops its dim)
             depth = self.rng.choice([2, 3])
             name = self.find_input((depth, p, f), src_dtype)
             k = self.rng.randrange(depth)
@@ -1430,6 +1431,23 @@ class PythonKernelGen:
         View(tile, "", lambda v: v[:keep]).write(Val.exact(self.input_vals[name].v[r0:r0 + keep, c0:c0 + f]))
         self.features.add("legacy_index_masked" if mask else "legacy_index")
 
+    def step_placed_tile(self) -> None:
+        """A tile at an address the kernel chooses (address=(partition, byte)): in a zone at the top
+        of SBUF that the generator hands out without overlaps; nikki places the others around it."""
+        q = self.lim["partition_quadrant"]
+        p = self.partitions(q) if self.chance(0.7) else self.pmax
+        p0 = self.rng.choice(self.partition_starts(p, self.pmax))
+        f = self.size(64)
+        dtype = self.rng.choice(["float32", "bfloat16", "int32"])
+        self.placed += 1
+        zone = self.lim["sbuf_fmax_bytes"] - self.placed * PLACED_ZONE_BYTES
+        name = self.fresh("t")
+        self.emit(f"{name} = nl.ndarray(({p}, {f}), dtype=nl.{dtype}, buffer=nl.sbuf, address=({p0}, {zone}))")
+        tile = Tile(name, "sbuf", dtype, (p, f))
+        self.tiles.append(tile)
+        self.dma_into(self.whole(tile), dtype)
+        self.features.add("placed_tile")
+
     def step_device_print(self) -> None:
         """nl.device_print of a tile: runs on the sequencer, between the engines' instructions."""
         src = self.any_source()
@@ -1464,7 +1482,7 @@ class PythonKernelGen:
         ("step_scan", 2), ("step_copy_predicated", 2), ("step_select_reduce", 2), ("step_max8", 2),
         ("step_partition_reduce", 2), ("step_register_offset", 2), ("step_register_store", 1), ("step_loop", 2),
         ("step_gather", 2), ("step_legacy_ops", 4), ("step_multibuffer", 1), ("step_overlap", 1),
-        ("step_device_print", 0.3), ("step_legacy_index", 1),
+        ("step_device_print", 0.3), ("step_legacy_index", 1), ("step_placed_tile", 0.5),
     )
 
     def pick_step(self) -> str:
