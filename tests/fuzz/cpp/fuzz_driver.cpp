@@ -988,7 +988,8 @@ Outcome run_case(uint64_t seed, bool print_only, std::vector<std::string>& featu
   }
   jit::Program program;
   try {
-    program = jit::compile(std::move(kernel), jit::CompileOptions{.native = true});
+    // every case is a new kernel: the disk cache would only fill up
+    program = jit::compile(std::move(kernel), jit::CompileOptions{.native = true, .disk_cache = false});
   } catch (const KernelError& e) {
     return judge_error(e, g, "compiling");
   }
