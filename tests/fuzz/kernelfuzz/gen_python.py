@@ -776,6 +776,8 @@ class PythonKernelGen:
         else:
             yerr = np.where(coefficients_inexact | (x.err > 0), np.inf, yerr)
         dst.write(ref.rounded(y32, yerr, dst.tile.dtype))
+        if reduce_res is not None and cmd == "idle":  # a reduce_res makes an idle command reset_reduce
+            cmd = "reset_reduce"
         self.accumulate(self.act_acc, cmd, y32, yerr, p, reduce_res, identity=0.0)
         self.features.add(f"activation_{func}")
         if cmd != "idle":
