@@ -105,6 +105,7 @@ class Gen {
   const std::vector<std::string>& code() const { return code_; }
   const std::optional<Fault>& fault() const { return fault_; }
   const std::vector<std::string>& features() const { return features_; }
+  int outputs() const { return outs_; }
 
   /** Inputs: three 2-D tensors of random dtypes and sizes, and an int32 index vector. */
   std::vector<TensorSpec> input_specs() {
@@ -738,12 +739,14 @@ class Gen {
     isa::register_load(loaded, holder.t);
     isa::Register moved = isa::register_alloc();
     isa::register_move(moved, loaded);
-    line(fmt::format("isa::Register loaded = isa::register_alloc(); isa::register_load(loaded, {});", holder.name));
-    line("isa::Register moved = isa::register_alloc(); isa::register_move(moved, loaded);");
+    const int n = regs_++;
+    line(fmt::format("isa::Register loaded{} = isa::register_alloc(); isa::register_load(loaded{}, {});", n, n,
+                     holder.name));
+    line(fmt::format("isa::Register moved{} = isa::register_alloc(); isa::register_move(moved{}, loaded{});", n, n, n));
     Tile& t3 = alloc(1, cols, in.dtype(), Buffer::sbuf);
     isa::dma_copy(t3.t, in.ap({{in.shape()[1], 1}, {1, cols}}, ApOptions{.scalar_offset_register = moved.id}));
-    line(fmt::format("isa::dma_copy({}, {}.ap({{{{{}, 1}}, {{1, {}}}}}, ApOptions{{.scalar_offset_register = moved.id}}));",
-                     t3.name, name, in.shape()[1], cols));
+    line(fmt::format("isa::dma_copy({}, {}.ap({{{{{}, 1}}, {{1, {}}}}}, ApOptions{{.scalar_offset_register = moved{}.id}}));",
+                     t3.name, name, in.shape()[1], cols, n));
     t3.initialized = true;
     note("register_load_move");
     // a gather: one row of in0 per partition, chosen by the index input
@@ -927,7 +930,9 @@ std::string reproducer(uint64_t seed, const Gen& g, const std::vector<TensorSpec
                      dtype_code(specs[i].dtype), specs[i].name);
   s += "},\n    [&](const std::vector<Tensor>& in) {\n";
   for (const std::string& l : g.code()) s += "      " + l + "\n";
-  s += "      return std::vector<Tensor>{/* out0, ... */};\n    });\n";
+  std::string outs;
+  for (int i = 0; i < g.outputs(); ++i) outs += fmt::format("{}out{}", i ? ", " : "", i);
+  s += "      return std::vector<Tensor>{" + outs + "};\n    });\n";
   if (g.fault()) s += fmt::format("// expected: KernelError containing \"{}\" ({})\n", g.fault()->pattern,
                                   g.fault()->what);
   return s;
