@@ -14,7 +14,7 @@
 // failure; crashes and hangs are caught by the harness that runs this program
 // (tests/fuzz/kernelfuzz/harness.py).
 #include <algorithm>
-#include <chrono>
+#include <atomic>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -25,7 +25,6 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -1072,8 +1071,10 @@ void sabotage(uint64_t seed) {
   const std::string how = env, at = ":" + std::to_string(seed);
   if (how.size() < at.size() || how.compare(how.size() - at.size(), at.size(), at) != 0) return;
   if (how.starts_with("crash")) std::raise(SIGSEGV);
-  if (how.starts_with("hang"))
-    for (;;) std::this_thread::sleep_for(std::chrono::hours(1));
+  if (how.starts_with("hang")) {  // spinning, as an executor that never finishes would
+    std::atomic<uint64_t> spin{0};
+    for (;;) spin.fetch_add(1, std::memory_order_relaxed);
+  }
 }
 
 }  // namespace

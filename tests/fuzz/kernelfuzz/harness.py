@@ -25,7 +25,39 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
 FUZZ_DIR = Path(__file__).resolve().parents[1]
-DEFAULT_TIMEOUT = 120.0  # seconds per case: a cold start compiles LLVM code for several configurations
+DEFAULT_TIMEOUT = 120.0  # CPU seconds per case: a cold start compiles LLVM code for several configurations
+# A case also times out after this many times its CPU budget in wall time: a deadlock uses no CPU.
+WALL_FACTOR = 20
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) a process has used so far."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class CaseClock:
+    """The time limit of one case: `budget` seconds of the process's CPU time, so that a campaign at
+    low priority on a busy machine does not mistake waiting for the CPU for a hang, and
+    WALL_FACTOR times that in wall time, for hangs that wait instead of spinning."""
+
+    def __init__(self, pid: int, budget: float):
+        self.pid = pid
+        self.budget = budget
+        self.cpu0 = cpu_seconds(pid)
+        self.wall0 = time.monotonic()
+
+    def expired(self) -> bool:
+        return (cpu_seconds(self.pid) - self.cpu0 > self.budget or
+                time.monotonic() - self.wall0 > WALL_FACTOR * self.budget)
+
+    def describe(self) -> str:
+        return (f"no answer within {self.budget:.0f} CPU seconds (or {WALL_FACTOR * self.budget:.0f} s): "
+                f"{cpu_seconds(self.pid) - self.cpu0:.0f} CPU s in {time.monotonic() - self.wall0:.0f} s")
 
 
 @dataclass
@@ -112,17 +144,22 @@ class Worker:
         self.proc.stdin.write(json.dumps(obj) + "\n")
         self.proc.stdin.flush()
 
-    def receive(self, deadline: float) -> dict | str:
-        """The next reply, "timeout" or "died"."""
+    def clock(self, budget: float) -> CaseClock:
+        return CaseClock(self.proc.pid, budget)
+
+    def receive(self, clock: CaseClock, wait: float = 1.0) -> dict | str:
+        """The next reply; "timeout" when the case's clock has run out, "idle" when nothing came
+        within `wait` seconds, "died" when the process ended."""
         fd = self.proc.stdout.fileno()
         while "\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if clock.expired():
                 return "timeout"
             sel = selectors.DefaultSelector()
             sel.register(fd, selectors.EVENT_READ)
-            ready = sel.select(min(left, 1.0))
+            ready = sel.select(min(wait, 1.0))
             sel.close()
+            if not ready and wait < 1.0:
+                return "idle"
             if not ready:
                 if self.proc.poll() is not None:
                     return "died"
@@ -195,24 +232,24 @@ class PythonCampaign:
         report = Report("python", progress_every=self.progress_every)
         pending = list(seeds)[::-1]
         workers = [self.new_worker() for _ in range(min(self.jobs, len(pending)))]
-        state = {}  # worker -> (seed, source, expect, deadline)
+        state = {}  # worker -> [seed, source, expect, clock]
         try:
             while pending or state:
                 for w in workers:
                     if w not in state and pending:
                         seed = pending.pop()
                         w.send({"op": "case", "seed": seed})
-                        state[w] = [seed, "", None, time.monotonic() + self.timeout]
+                        state[w] = [seed, "", None, w.clock(self.timeout)]
                 for i, w in enumerate(workers):
                     if w not in state:
                         continue
-                    seed, source, expect, deadline = state[w]
-                    msg = w.receive(min(deadline, time.monotonic() + 0.05))
-                    if msg == "timeout" and time.monotonic() < deadline:
+                    seed, source, expect, clock = state[w]
+                    msg = w.receive(clock, wait=0.05)
+                    if msg == "idle":
                         continue
                     if isinstance(msg, str):  # died or hung: the case failed, the worker is replaced
                         kind = "crash" if msg == "died" else "timeout"
-                        why = w.death() if msg == "died" else f"no answer within {self.timeout:.0f} s"
+                        why = w.death() if msg == "died" else clock.describe()
                         detail = f"the worker {why} while running the case\n{w.stderr_tail()}"
                         w.kill()
                         workers[i] = self.new_worker()
@@ -270,7 +307,7 @@ class PythonCampaign:
             nonlocal worker
             text = "\n".join(candidate)
             worker.send({"op": "source", "seed": seed, "source": text, "expect": expect})
-            msg = worker.receive(time.monotonic() + self.timeout)
+            msg = worker.receive(worker.clock(self.timeout))
             if isinstance(msg, str):
                 worker.kill()
                 worker = self.new_worker()
@@ -355,14 +392,14 @@ class CppCampaign:
             env.setdefault("NIKKI_COMPILE_THREADS", "1")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env)
         current, current_valid, done, buffer = None, True, 0, []
-        deadline = time.monotonic() + self.timeout
+        clock = CaseClock(proc.pid, self.timeout)
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ)
-        hung = False
+        hung = ""
         while True:
-            if not sel.select(timeout=max(0.0, min(1.0, deadline - time.monotonic()))):
-                if time.monotonic() >= deadline:
-                    hung = True
+            if not sel.select(timeout=1.0):
+                if clock.expired():
+                    hung = clock.describe()
                     proc.kill()
                     break
                 continue
@@ -376,7 +413,7 @@ class CppCampaign:
             seed, what = int(m.group(1)), m.group(2)
             if what == "begin":
                 current, current_valid, buffer = seed, m.group(3) != "invalid", [line]
-                deadline = time.monotonic() + self.timeout
+                clock = CaseClock(proc.pid, self.timeout)
                 continue
             done += 1
             if what == "FAIL":
@@ -391,7 +428,7 @@ class CppCampaign:
         if current is None:
             return done, None
         kind = "timeout" if hung else "crash"
-        why = f"no answer within {self.timeout:.0f} s" if hung else f"the driver died (status {code})"
+        why = hung or f"the driver died (status {code})"
         self.record(report, current, kind, why + "\n" + "".join(buffer[-40:]))
         with self.lock:
             report.count(current_valid, False, self.log)
