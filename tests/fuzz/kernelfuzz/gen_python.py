@@ -19,7 +19,7 @@ import random
 import numpy as np
 
 from . import reference as ref
-from .case import Case, ExpectedError
+from .case import Case
 from .data import draw
 from .reference import Val
 

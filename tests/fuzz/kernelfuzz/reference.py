@@ -24,8 +24,6 @@ import numpy as np
 import scipy.special
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16", "tfloat32", "float8_e4m3", "float8_e4m3fn", "float8_e5m2")
-INT_DTYPES = ("int8", "int16", "int32", "uint8", "uint16", "uint32")
-ALL_DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool_",)
 
 _NUMPY = {
     "float32": np.dtype(np.float32), "tfloat32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
@@ -198,12 +196,6 @@ def alu(op: str, a, b) -> np.ndarray:
     return np.asarray(r, dtype=np.float32)
 
 
-def alu_is_exact(op: str) -> bool:
-    """Operators whose fp32 result the reference computes bit for bit."""
-    return op in ARITH_OPS or op in COMPARE_OPS or op in LOGICAL_OPS or op in ("abs", "negative", "square", "relu",
-                                                                                "reciprocal")
-
-
 def bitvec(op: str, a: np.ndarray, b: np.ndarray, name: str) -> np.ndarray:
     """Bitvec operator on integer stored values of dtype `name` (same dtype both sides), written
     back wrapping to the dtype's width."""
@@ -267,9 +259,6 @@ ACTIVATIONS = {
 }
 # Functions computed exactly in fp32 (a copy, or one operation on the fma'd input).
 EXACT_ACTIVATIONS = ("copy", "relu", "sign", "abs")
-# Functions whose domain excludes part of the reals: inputs are kept inside it.
-POSITIVE_DOMAIN = ("log", "sqrt", "rsqrt")
-NONZERO_DOMAIN = ("reciprocal",)
 
 
 def fma32(x32: np.ndarray, scale, bias) -> tuple[np.ndarray, np.ndarray]:
@@ -319,10 +308,6 @@ class Val:
     def exact(v) -> "Val":
         v = np.asarray(v, dtype=np.float64)
         return Val(v, np.zeros(v.shape))
-
-    @property
-    def is_exact(self) -> bool:
-        return not np.any(self.err)
 
     def copy(self) -> "Val":
         return Val(self.v.copy(), self.err.copy())
