@@ -6,10 +6,11 @@ from them. Operations whose result is defined bit for bit and cheap to recompute
 conversions, fp32 add / subtract / multiply / maximum / minimum, comparisons, selections, iota,
 exact integer sums) keep the bound at zero, so the comparison is exact. Operations nikki defines
 only up to rounding (transcendental activation functions, matmul and reduction sums in a different
-order, statistics) give a bound justified by the dtype: ulps of fp32 for the computation plus half
-an ulp of the destination dtype for the final rounding. A value derived from an inexact one through
+order, statistics) give a bound justified by the dtype: ulps of fp32 for the computation plus an
+ulp of the destination dtype for the final rounding. An element derived from an inexact one through
 an operation whose error does not propagate simply (a comparison, a conversion to an integer, a
-transcendental function) is not modelled: ``Val`` is None and only the executors are compared.
+transcendental function) is not modelled: its bound is infinite, and only the executors are
+compared there.
 
 Nothing here calls nikki: dtype layouts come from ml_dtypes, the rest from the documentation.
 """
