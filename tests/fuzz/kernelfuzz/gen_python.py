@@ -42,6 +42,7 @@ TILE_DTYPES = (["float32"] * 8 + ["bfloat16"] * 3 + ["float16"] * 2 + ["float8_e
                "float8_e5m2", "tfloat32", "int32", "int32", "int8", "int16", "uint8", "uint16", "uint32"])
 MATMUL_NARROW = ("bfloat16", "float16", "float8_e4m3", "float8_e5m2")
 SIZES = (1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 32, 33, 64, 100, 127, 128, 129, 255, 256, 512)
+WIDE_SIZES = (1000, 2048, 4096)
 ACT_FUNCS = tuple(ref.ACTIVATIONS)
 PREDICATE_DTYPES = ("uint8", "uint16", "uint32", "bool_")
 PLACED_ZONE_BYTES = 4096  # bytes per partition of each address= tile's zone (64 x 4-byte elements fit)
@@ -180,6 +181,7 @@ class PythonKernelGen:
         self.names = itertools.count()
         self.psum_banks = 0
         self.placed = 0  # tiles placed with address= (each in its own zone at the top of SBUF)
+        self.sbuf_bytes = 0  # bytes per partition of every SBUF tile allocated so far
         self.features: set[str] = set()
         # engine accumulators (numerics.md "Accumulators"): one fp32 per partition
         # an SPMD launch (kernel[2]) now and then: every instance writes its own block of the outputs
@@ -219,6 +221,12 @@ class PythonKernelGen:
         options = [s for s in SIZES if low <= s <= cap]
         return self.rng.choice(options) if options else cap
 
+    def free_size(self) -> int:
+        """A free size for element-wise work: mostly up to 512, now and then a few thousand (long
+        rows, pairwise sums past 128 elements) while the kernel's SBUF stays well below capacity."""
+        wide = [s for s in WIDE_SIZES if self.sbuf_bytes + 3 * 4 * s < self.lim["sbuf_fmax_bytes"] // 2]
+        return self.rng.choice(wide) if wide and self.chance(0.1) else self.size(512)
+
     def partitions(self, cap: int | None = None) -> int:
         cap = min(cap or self.pmax, self.pmax)
         return self.rng.choice([p for p in (1, 2, 3, 7, 16, 32, 33, 64, 100, 127, self.pmax) if p <= cap] or [cap])
@@ -250,6 +258,8 @@ class PythonKernelGen:
         self.tiles.append(tile)
         if buffer == "psum":
             self.psum_banks += self.banks(shape, dtype)
+        else:
+            self.sbuf_bytes += tile.free * ref.numpy_dtype(dtype).itemsize
         return tile
 
     def banks(self, shape, dtype) -> int:
@@ -282,6 +292,9 @@ class PythonKernelGen:
             a = next((d for d in (2, 3, 4, 5) if free % d == 0), None)
             if a:
                 shape = (partitions, a, free // a)
+                b = next((d for d in (2, 3) if (free // a) % d == 0), None)
+                if b and free // a > b and self.chance(0.4):  # the most free dims an access has
+                    shape = (partitions, a, b, free // a // b)
         tile = self.alloc(shape, dtype, "sbuf")
         self.dma_into(self.whole(tile), src_dtype)
         return tile
@@ -337,11 +350,12 @@ class PythonKernelGen:
             self.emit(f"{dst.tile.name} = nl.load({expr}, dtype=nl.{dst.tile.dtype})")
         dst.write(val)
 
-    def find_input(self, shape: tuple, dtype: str) -> str:
-        for name, dt, shp, *_ in self.inputs:
-            if dt == dtype and shp == tuple(shape):
+    def find_input(self, shape: tuple, dtype: str, domain: str | None = None) -> str:
+        """An input of this shape and dtype (and data domain, when given), new if none exists."""
+        for name, dt, shp, dom, _ in self.inputs:
+            if dt == dtype and shp == tuple(shape) and domain in (None, dom):
                 return name
-        return self.new_input(shape, dtype)
+        return self.new_input(shape, dtype, domain)
 
     def store_output(self, tile: Tile) -> None:
         """Returns a tile's contents through a shared_hbm output (DMA, nl.store or assignment;
@@ -390,6 +404,15 @@ class PythonKernelGen:
             return None
         p0 = self.rng.choice(starts)
         ps = f"{p0}:{p0 + partitions}"
+        if len(tile.shape) == 4:
+            if free != tile.free:
+                return None
+            if self.chance(0.4) and not writable:
+                self.features.add("view_4d_permuted")
+                return View(tile, f"{tile.name}[{ps}].permute((0, 3, 1, 2))",
+                            lambda v: v[p0:p0 + partitions].transpose(0, 3, 1, 2), False)
+            self.features.add("view_4d")
+            return View(tile, f"{tile.name}[{ps}]", lambda v: v[p0:p0 + partitions])
         if len(tile.shape) == 3:
             a, b = tile.shape[1], tile.shape[2]
             if a * b == free:
@@ -463,7 +486,7 @@ class PythonKernelGen:
             v = self.view(t, p, f)
             if v is not None:
                 return v
-        free = self.size(min(max_free or 512, 512))
+        free = min(self.free_size(), max_free or self.free_size())
         return self.source_view(self.partitions(), free, dtypes, buffers)
 
     def two_sources(self, partitions: int, free: int) -> tuple[View, View]:
@@ -486,7 +509,7 @@ class PythonKernelGen:
         dtype = dtype or self.tile_dtype()
         existing = [t for t in self.tiles if t.partitions >= partitions and t.free >= free and t not in exclude
                     and t.dtype == dtype and (psum_ok or t.buffer == "sbuf")]
-        if existing and self.chance(0.2):
+        if existing and self.chance(0.3):
             v = self.view(self.rng.choice(existing), partitions, free, writable=True)
             if v is not None and v.writable:
                 return v
@@ -567,7 +590,7 @@ class PythonKernelGen:
         return ops
 
     def step_tensor_tensor(self) -> None:
-        p, f = self.partitions(), self.size(512)
+        p, f = self.partitions(), self.free_size()
         a, b = self.two_sources(p, f)
         ints = not ref.is_float(a.tile.dtype) and not ref.is_float(b.tile.dtype)
         op = self.rng.choice(self.alu_ops([a.tile.dtype, b.tile.dtype] if ints else ["float32"]))
@@ -627,7 +650,7 @@ class PythonKernelGen:
         return Val.exact(r.astype(np.float64))
 
     def step_tensor_scalar(self) -> None:
-        p, f = self.partitions(), self.size(512)
+        p, f = self.partitions(), self.free_size()
         data = self.source_view(p, f)
         ints = not ref.is_float(data.tile.dtype)
         bitvec = ints and self.chance(0.3)
@@ -696,7 +719,7 @@ class PythonKernelGen:
         self.features.add(f"tensor_scalar_{op0}")
 
     def step_scalar_tensor_tensor(self) -> None:
-        p, f = self.partitions(), self.size(512)
+        p, f = self.partitions(), self.free_size()
         data, other = self.two_sources(p, f)
         op0, op1 = self.rng.choice(ref.ARITH_OPS), self.rng.choice(ref.ARITH_OPS)
         s_expr, s = self.scalar_operand(p, [2.0, -1.0, 0.5, 3.0])
@@ -716,7 +739,7 @@ class PythonKernelGen:
         self.features.add("scalar_tensor_tensor")
 
     def step_activation(self) -> None:
-        p, f = self.partitions(), self.size(512)
+        p, f = self.partitions(), self.free_size()
         data = self.source_view(p, f)
         func = self.rng.choice(ACT_FUNCS)
         dst = self.dest(p, f, exclude=(data.tile,))
@@ -813,7 +836,7 @@ class PythonKernelGen:
 
     def step_tensor_reduce(self) -> None:
         p = self.partitions()
-        data = self.any_source(max_free=2048)
+        data = self.any_source(max_free=max(WIDE_SIZES))
         p = data.partitions
         ndim = len(data.shape)
         ints = not ref.is_float(data.tile.dtype)
@@ -878,7 +901,7 @@ class PythonKernelGen:
         return ref.rounded(r32, err, dtype)
 
     def step_tensor_scalar_reduce(self) -> None:
-        p, f = self.partitions(), self.size(512)
+        p, f = self.partitions(), self.free_size()
         data = self.source_view(p, f)
         op0 = self.rng.choice(list(ref.ARITH_OPS) + ["abs", "square"])
         reduce_op = self.rng.choice(["add", "multiply", "maximum", "minimum"])
@@ -1006,7 +1029,7 @@ class PythonKernelGen:
         return ref.rounded(ref.read32(x.v), x.err, dtype)
 
     def step_reciprocal(self) -> None:
-        p, f = self.partitions(), self.size(512)
+        p, f = self.partitions(), self.free_size()
         data = self.source_view(p, f)
         dst = self.dest(p, f, exclude=(data.tile,))
         self.emit(f"nisa.reciprocal({dst.expr}, {data.expr})" if self.chance(0.7) else
@@ -1071,7 +1094,7 @@ class PythonKernelGen:
             self.features.add("bn_aggr")
 
     def step_scan(self) -> None:
-        p, f = self.partitions(), self.size(512)
+        p, f = self.partitions(), self.free_size()
         d0, d1 = self.two_sources(p, f)
         op0, op1 = self.rng.choice(ref.ARITH_OPS), self.rng.choice(ref.ARITH_OPS)
         init_expr, init = self.scalar_operand(p, [0.0, 1.0, -2.0])
@@ -1287,46 +1310,76 @@ class PythonKernelGen:
         self.features.add("register_store")
 
     def step_loop(self) -> None:
-        """A runtime loop (nl.fori_loop or nl.dynamic_range) accumulating rows read at the counter."""
+        """A runtime loop (nl.fori_loop or nl.dynamic_range) whose body reads the row at the counter
+        and folds it into state kept across iterations: an SBUF accumulator (tensor_tensor), the
+        Scalar engine's accumulator (activation, reduce_cmd=reduce) or a PSUM tile (nc_matmul)."""
         rows, cols = self.rng.choice([2, 5, 9]), self.size(128)
-        name = self.find_input((rows, cols), "float32")
+        name = self.find_input((rows, cols), "float32", "int")
         lo = self.rng.randint(0, rows - 1)
         hi = self.rng.randint(lo, rows)
         step = self.rng.choice([1, 1, 2])
-        op = self.rng.choice(["add", "maximum", "multiply", "subtract"])
-        acc = self.alloc((1, cols), "float32", "sbuf")
-        init = self.rng.choice([0.0, 1.0])
-        self.emit(f"nisa.memset({acc.name}, {fmt_num(init)})")
+        kind = self.rng.choice(["sbuf", "sbuf", "activation", "matmul"])
         bound_hi = str(hi)
         if self.chance(0.4):
             bound_hi = self.register(hi)
             self.features.add("loop_register_bound")
-        row = self.fresh("row")
-        counter = self.fresh("i")
+        row, counter = self.fresh("row"), self.fresh("i")
+        # the state and the body's last lines; `row` holds the counter's row inside the body
+        if kind == "sbuf":
+            op = self.rng.choice(["add", "maximum", "multiply", "subtract"])
+            state = self.alloc((1, cols), "float32", "sbuf")
+            init = self.rng.choice([0.0, 1.0])
+            self.emit(f"nisa.memset({state.name}, {fmt_num(init)})")
+            body = [f"nisa.tensor_tensor({state.name}, {state.name}, {row}, nl.{op})"]
+        elif kind == "activation":
+            state = self.alloc((1, 1), "float32", "sbuf")
+            zero = self.fresh("zero")  # an activation resets partition 0's accumulator first
+            self.emit(f"{zero} = nl.zeros((1, 1), dtype=nl.float32, buffer=nl.sbuf)")
+            self.emit(f"nisa.activation(dst={zero}, op=nl.copy, data={zero}, reduce_op=nl.add, "
+                      f"reduce_res={state.name}, reduce_cmd=nisa.reduce_cmd.reset)")
+            out = self.fresh("act")
+            body = [f"{out} = nl.ndarray((1, {cols}), dtype=nl.float32, buffer=nl.sbuf)",
+                    f"nisa.activation(dst={out}, op=nl.copy, data={row}, reduce_op=nl.add, reduce_res={state.name}, "
+                    f"reduce_cmd=nisa.reduce_cmd.reduce)"]
+        else:
+            m = self.rng.choice([1, 3, 8])
+            ones = self.alloc((1, m), "float32", "sbuf")
+            self.emit(f"nisa.memset({ones.name}, 1.0)")
+            state = self.alloc((m, cols), "float32", "psum")
+            body = [f"nisa.nc_matmul({state.name}, {ones.name}, {row})"]
+        load_row = [f"{row} = nl.ndarray((1, {cols}), dtype=nl.float32, buffer=nl.sbuf)"]
         form = self.rng.choice(["fori", "dynamic"])
         if form == "fori":
-            body = self.fresh("body")
-            self.emit(f"def {body}({counter}):")
-            self.indent += 1
-            self.emit(f"{row} = nl.ndarray((1, {cols}), dtype=nl.float32, buffer=nl.sbuf)")
-            self.emit(f"nisa.dma_copy(dst={row}, src={name}.ap([[{cols}, 1], [1, {cols}]], scalar_offset={counter}))")
-            self.emit(f"nisa.tensor_tensor({acc.name}, {acc.name}, {row}, nl.{op})")
-            self.indent -= 1
-            self.emit(f"nl.fori_loop({lo}, {bound_hi}, {body}{', step=' + str(step) if step != 1 else ''})")
+            fn = self.fresh("body")
+            self.emit(f"def {fn}({counter}):")
+            load_row.append(f"nisa.dma_copy(dst={row}, src={name}.ap([[{cols}, 1], [1, {cols}]], scalar_offset={counter}))")
         else:
             self.emit(f"for {counter} in nl.dynamic_range({lo}, {bound_hi}, {step}):")
-            self.indent += 1
-            self.emit(f"{row} = nl.ndarray((1, {cols}), dtype=nl.float32, buffer=nl.sbuf)")
-            self.emit(f"nisa.dma_copy(dst={row}, src={name}[nl.ds({counter}, 1), :])")
-            self.emit(f"nisa.tensor_tensor({acc.name}, {acc.name}, {row}, nl.{op})")
-            self.indent -= 1
-        value = Val.exact(np.full((1, cols), init))
-        for i in range(lo, hi, step):
-            r = Val(self.input_vals[name].v[i:i + 1].copy(), np.zeros((1, cols)))
-            r32 = ref.alu(op, ref.read32(value.v), ref.read32(r.v))
-            value = Val(r32.astype(np.float64), arith_error(op, value, r, r32))
-        self.whole(acc).write(value)
-        self.features.add(f"loop_{form}")
+            load_row.append(f"nisa.dma_copy(dst={row}, src={name}[nl.ds({counter}, 1), :])")
+        self.indent += 1
+        for line in load_row + body:
+            self.emit(line)
+        self.indent -= 1
+        if form == "fori":
+            self.emit(f"nl.fori_loop({lo}, {bound_hi}, {fn}{', step=' + str(step) if step != 1 else ''})")
+        rows_read = [Val(self.input_vals[name].v[i:i + 1].copy(), np.zeros((1, cols))) for i in range(lo, hi, step)]
+        if kind == "sbuf":
+            value = Val.exact(np.full((1, cols), init))
+            for r in rows_read:
+                r32 = ref.alu(op, ref.read32(value.v), ref.read32(r.v))
+                value = Val(r32.astype(np.float64), arith_error(op, value, r, r32))
+            self.whole(state).write(value)
+        elif kind == "activation":
+            self.accumulate(self.act_acc, "reset", None, None, 1, self.whole(state), identity=0.0)
+            for r in rows_read:
+                self.accumulate(self.act_acc, "reduce", ref.read32(r.v), r.err, 1, self.whole(state), identity=0.0)
+        else:
+            total = Val.exact(np.zeros((m, cols)))  # the first matmul overwrites the sentinel
+            for r in rows_read:
+                total = Val.exact(total.v + np.ones((m, 1)) @ r.v)  # small integers: exact
+            if rows_read:
+                self.whole(state).write(total)
+        self.features.add(f"loop_{form}_{kind}")
 
     def step_gather(self) -> None:
         """Indirect DMA: rows of an HBM table gathered by an index tile (vector_offset)."""
