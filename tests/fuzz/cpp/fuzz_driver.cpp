@@ -112,7 +112,8 @@ class Gen {
                                    DType::float8_e4m3, DType::int32, DType::int8, DType::uint8};
     std::vector<TensorSpec> specs;
     for (int i = 0; i < 3; ++i) {
-      Shape s{range(1, t_->num_partitions + 40), range(1, 300)};
+      // the last one sometimes wide enough for rows of thousands of elements
+      Shape s{range(1, t_->num_partitions + 40), i == 2 && chance(0.2) ? range(512, 4200) : range(1, 300)};
       specs.push_back(spec(s, dtypes[pick(std::size(dtypes))], fmt::format("in{}", i)));
     }
     specs.push_back(spec({int64_t(t_->num_partitions), 1}, DType::int32, "idx"));
@@ -180,6 +181,14 @@ class Gen {
       if (p <= cap) options.push_back(p);
     return options.empty() ? cap : choose(options);
   }
+  /** A free size for element-wise work: mostly up to 512, now and then a few thousand while the
+   * kernel's SBUF stays well below capacity. */
+  int64_t free_size() {
+    std::vector<int64_t> wide;
+    for (int64_t s : {1000, 2048, 4096})
+      if (sbuf_bytes_ + 3 * 4 * s < int64_t(t_->sbuf_bytes_per_partition) / 2) wide.push_back(s);
+    return !wide.empty() && chance(0.1) ? choose(wide) : size(512);
+  }
   int64_t size(int64_t cap, int64_t low = 1) {
     std::vector<int64_t> options;
     for (int64_t s : {1, 2, 3, 5, 8, 13, 16, 31, 33, 64, 100, 128, 255, 512})
@@ -210,6 +219,7 @@ class Gen {
   // --- tiles ----------------------------------------------------------------------------------
   Tile& alloc(int64_t p, int64_t f, DType d, Buffer b) {
     if (b == Buffer::psum) psum_banks_ += banks(f, d);
+    else sbuf_bytes_ += f * dtype_size(d);
     std::string name = fmt::format("t{}", tiles_.size());
     Tensor t = nl::ndarray({p, f}, d, b);
     line(fmt::format("Tensor {} = nl::ndarray({{{}, {}}}, nl::{}, {});", name, p, f, dtype_code(d), buffer_code(b)));
@@ -398,7 +408,7 @@ class Gen {
   }
 
   void tensor_tensor() {
-    const int64_t p = partitions(), f = size(512);
+    const int64_t p = partitions(), f = free_size();
     View a = source(p, f);
     View b = source(p, f, {}, a.tile->buffer == Buffer::psum);
     const nl::Op& op = arith_op();
@@ -413,7 +423,7 @@ class Gen {
   }
 
   void tensor_scalar() {
-    const int64_t p = partitions(), f = size(512);
+    const int64_t p = partitions(), f = free_size();
     View x = source(p, f);
     View d = dest(p, f, tile_dtype());
     if (is_integer(x.tile->dtype) && x.tile->dtype == d.tile->dtype && d.tile != x.tile && chance(0.4)) {
@@ -452,7 +462,7 @@ class Gen {
   }
 
   void scalar_tensor_tensor() {
-    const int64_t p = partitions(), f = size(512);
+    const int64_t p = partitions(), f = free_size();
     View x = source(p, f);
     View y = source(p, f, {}, x.tile->buffer == Buffer::psum);
     View d = dest(p, f, tile_dtype());
@@ -472,7 +482,7 @@ class Gen {
         &nl::erf, &nl::log, &nl::sqrt, &nl::rsqrt, &nl::reciprocal, &nl::sin, &nl::arctan, &nl::sign, &nl::abs,
         &nl::square, &nl::gelu_apprx_tanh, &nl::gelu_dx, &nl::silu_dx, &nl::erf_dx, &nl::gelu_apprx_sigmoid,
         &nl::gelu_apprx_sigmoid_dx};
-    const int64_t p = partitions(), f = size(512);
+    const int64_t p = partitions(), f = free_size();
     View x = source(p, f);
     View d = dest(p, f, tile_dtype());
     const nl::Op& func = *choose(funcs);
@@ -513,7 +523,7 @@ class Gen {
   }
 
   void tensor_reduce() {
-    const int64_t p = partitions(), f = size(512);
+    const int64_t p = partitions(), f = free_size();
     View x = source(p, f);
     static const std::vector<const nl::Op*> ops = {&nl::add, &nl::maximum, &nl::minimum, &nl::multiply,
                                                    &nl::subtract, &nl::logical_and};
@@ -587,7 +597,7 @@ class Gen {
   }
 
   void tensor_copy() {
-    const int64_t p = partitions(), f = size(512);
+    const int64_t p = partitions(), f = free_size();
     View x = source(p, f);
     View d = dest(p, f, tile_dtype());
     Engine e = Engine::unknown;
@@ -644,7 +654,7 @@ class Gen {
   }
 
   void scan() {
-    const int64_t p = partitions(), f = size(512);
+    const int64_t p = partitions(), f = free_size();
     View a = source(p, f);
     View b = source(p, f, {}, a.tile->buffer == Buffer::psum);
     View d = dest(p, f, tile_dtype());
@@ -766,12 +776,34 @@ class Gen {
   }
 
   /** A device loop accumulating the rows of an input read at the loop counter. */
+  /** A device loop whose body reads the input row at the counter and folds it into state kept
+   * across iterations: an SBUF tile, the Scalar engine's accumulator (activation with
+   * reduce_cmd=reduce into reduce_res) or a PSUM tile (automatic matmul accumulation). */
   void loop() {
     auto& [in, name] = inputs_[pick(3)];
     const int64_t rows = in.shape()[0], cols = std::min<int64_t>(in.shape()[1], 128);
-    Tile& acc = alloc(1, cols, DType::float32, Buffer::sbuf);
-    isa::memset(acc.t, 0.0);
-    line(fmt::format("isa::memset({}, 0.0);", acc.name));
+    const int kind = int(pick(3));
+    const int64_t m = range(1, 8);
+    Tile& state = kind == 0 ? alloc(1, cols, DType::float32, Buffer::sbuf)
+                  : kind == 1 ? alloc(1, 1, DType::float32, Buffer::sbuf)
+                              : alloc(m, cols, DType::float32, Buffer::psum);
+    Tile* ones = nullptr;
+    if (kind == 0) {
+      isa::memset(state.t, 0.0);
+      line(fmt::format("isa::memset({}, 0.0);", state.name));
+    } else if (kind == 1) {  // reset partition 0's accumulator first
+      Tile& zero = alloc(1, 1, DType::float32, Buffer::sbuf);
+      isa::memset(zero.t, 0.0);
+      isa::activation(zero.t, nl::copy, zero.t,
+                      {.reduce_op = nl::add, .reduce_res = state.t, .reduce_cmd = ReduceCmd::reset});
+      line(fmt::format("isa::memset({0}, 0.0); isa::activation({0}, nl::copy, {0}, {{.reduce_op = nl::add, "
+                       ".reduce_res = {1}, .reduce_cmd = ReduceCmd::reset}});",
+                       zero.name, state.name));
+    } else {
+      ones = &alloc(1, m, DType::float32, Buffer::sbuf);
+      isa::memset(ones->t, 1.0);
+      line(fmt::format("isa::memset({}, 1.0);", ones->name));
+    }
     const int64_t lo = range(0, rows - 1), hi = range(lo, std::min<int64_t>(rows, lo + 6)), step = range(1, 2);
     const bool reg_bound = chance(0.4);
     isa::RegisterOrInt upper = hi;
@@ -781,23 +813,45 @@ class Gen {
       note("loop_register_bound");
     }
     const int64_t stride = in.shape()[1];
-    Tile* accp = &acc;
-    Tensor src = in;
     const DType d = in.dtype();
+    std::vector<std::string> body = {
+        fmt::format("Tensor row = nl::ndarray({{1, {}}}, nl::{}, nl::sbuf);", cols, dtype_code(d)),
+        fmt::format("isa::dma_copy(row, {}.ap({{{{{}, 1}}, {{1, {}}}}}, ApOptions{{.scalar_offset_register = i.id}}));",
+                    name, stride, cols)};
     nl::fori_loop(lo, upper, [&](isa::Register i) {
       Tensor row = nl::ndarray({1, cols}, d, Buffer::sbuf);
-      isa::dma_copy(row, src.ap({{stride, 1}, {1, cols}}, ApOptions{.scalar_offset_register = i.id}));
-      isa::tensor_tensor(accp->t, accp->t, row, nl::add);
+      isa::dma_copy(row, in.ap({{stride, 1}, {1, cols}}, ApOptions{.scalar_offset_register = i.id}));
+      if (kind == 0) {
+        isa::tensor_tensor(state.t, state.t, row, nl::add);
+        body.push_back(fmt::format("isa::tensor_tensor({0}, {0}, row, nl::add);", state.name));
+      } else if (kind == 1) {
+        Tensor out = nl::ndarray({1, cols}, DType::float32, Buffer::sbuf);
+        isa::activation(out, nl::copy, row,
+                        {.reduce_op = nl::add, .reduce_res = state.t, .reduce_cmd = ReduceCmd::reduce});
+        body.push_back(fmt::format("Tensor out = nl::ndarray({{1, {}}}, nl::float32, nl::sbuf);", cols));
+        body.push_back(fmt::format("isa::activation(out, nl::copy, row, {{.reduce_op = nl::add, .reduce_res = {}, "
+                                   ".reduce_cmd = ReduceCmd::reduce}});",
+                                   state.name));
+      } else {  // float32 rows pair with the float32 ones tile; other dtypes go through a copy
+        Tensor mv = row;
+        if (d != DType::float32) {
+          mv = nl::ndarray({1, cols}, DType::float32, Buffer::sbuf);
+          isa::tensor_copy(mv, row);
+          body.push_back(fmt::format("Tensor mv = nl::ndarray({{1, {}}}, nl::float32, nl::sbuf); "
+                                     "isa::tensor_copy(mv, row);", cols));
+        }
+        isa::nc_matmul(state.t, ones->t, mv);
+        body.push_back(fmt::format("isa::nc_matmul({}, {}, {});", state.name, ones->name,
+                                   d != DType::float32 ? "mv" : "row"));
+      }
     }, step);
-    line(fmt::format("nl::fori_loop({}, {}, [&](isa::Register i) {{", lo, reg_bound ? fmt::format("bound{}", regs_++)
-                                                                                      : std::to_string(hi)));
-    line(fmt::format("  Tensor row = nl::ndarray({{1, {}}}, nl::{}, nl::sbuf);", cols, dtype_code(d)));
-    line(fmt::format("  isa::dma_copy(row, {}.ap({{{{{}, 1}}, {{1, {}}}}}, ApOptions{{.scalar_offset_register = i.id}}));",
-                     name, stride, cols));
-    line(fmt::format("  isa::tensor_tensor({}, {}, row, nl::add);", acc.name, acc.name));
+    line(fmt::format("nl::fori_loop({}, {}, [&](isa::Register i) {{", lo,
+                     reg_bound ? fmt::format("bound{}", regs_++) : std::to_string(hi)));
+    for (const std::string& l : body) line("  " + l);
     line(fmt::format("}}, {});", step));
-    acc.initialized = true;
-    note("fori_loop");
+    state.initialized = kind != 2 || hi > lo;  // a PSUM state no iteration wrote holds the sentinel
+    static const char* kinds[] = {"loop_sbuf", "loop_activation_accumulator", "loop_psum_matmul"};
+    note(kinds[kind]);
   }
 
   // --- faults ---------------------------------------------------------------------------------
@@ -908,6 +962,7 @@ class Gen {
   std::vector<std::string> features_;
   std::optional<Fault> fault_;
   int64_t psum_banks_ = 0;
+  int64_t sbuf_bytes_ = 0;  // bytes per partition of every SBUF tile allocated so far
   int outs_ = 0;
   int regs_ = 0;
 };
