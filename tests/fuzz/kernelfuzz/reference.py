@@ -103,7 +103,7 @@ def store(x32, name: str) -> np.ndarray:
     with np.errstate(invalid="ignore"):
         t = np.trunc(x32.astype(np.float64))
     t = np.where(np.isnan(t), 0.0, t)
-    return np.clip(t, lo, hi)
+    return np.clip(t, lo, hi) + 0.0  # an integer has no -0: trunc(-0.5) stores 0
 
 
 def store_integer(values, name: str) -> np.ndarray:
@@ -113,7 +113,7 @@ def store_integer(values, name: str) -> np.ndarray:
     if is_float(name):
         return store(v.astype(np.float32), name)
     lo, hi = int_range(name)
-    return np.clip(v, lo, hi)
+    return np.clip(v, lo, hi) + 0.0
 
 
 def read32(v: np.ndarray) -> np.ndarray:
