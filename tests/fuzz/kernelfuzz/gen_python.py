@@ -1503,6 +1503,75 @@ class PythonKernelGen:
         self.dma_into(self.whole(tile), dtype)
         self.features.add("placed_tile")
 
+    def step_nl_composite(self) -> None:
+        """nki.language functions built from several instructions: where, mean, softmax, matmul."""
+        kind = self.rng.choice(["where", "mean", "softmax", "matmul"])
+        name = self.fresh("r")
+        if kind == "matmul":
+            k, m, n = self.partitions(), self.size(64), self.size(self.lim["psum_bank_fmax"])
+            if not self.psum_fits((m, n), "float32") or not self.psum_fits((k, m), "float32"):
+                return self.step_tensor_copy()
+            dtype = self.rng.choice(["float32", "bfloat16"])
+            y = self.source_view(k, n, dtypes=[dtype], buffers=("sbuf",))
+            x = self.source_view(m, k, dtypes=[dtype], buffers=("sbuf",))
+            if len(x.shape) != 2 or self.chance(0.5):  # x given as x.T [K, M] (nl.transpose takes 2-D x)
+                x = self.source_view(k, m, dtypes=[dtype], buffers=("sbuf",))
+                self.emit(f"{name} = nl.matmul({x.expr}, {y.expr}, transpose_x=True)")
+                xt = x.read()
+            else:  # x [M, K] is transposed first (through PSUM beyond 32 x 32)
+                self.emit(f"{name} = nl.matmul({x.expr}, {y.expr})")
+                xt = Val(x.read().v.T.copy(), x.read().err.T.copy())
+                self.psum_banks += self.banks((k, m), dtype)
+            self.psum_banks += self.banks((m, n), "float32")
+            tile = Tile(name, "psum", "float32", (m, n))
+            tile.val = self.matmul_val(xt, y.read())
+            self.features.add(f"nl_matmul_{'transposed' if 'transpose_x' in self.body[-1] else 'plain'}")
+        else:
+            p, f = self.partitions(), self.size(256, low=2)
+            x = self.source_view(p, f, dtypes=list(NUMERIC_FLOATS), buffers=("sbuf",))
+            if kind == "softmax" and len(x.shape) != 2:  # softmax normalizes the last free axis only
+                kind = "mean"
+            xv = x.read()
+            x32 = ref.read32(xv.v)
+            if kind == "where":
+                cond = self.predicate(p, f)
+                k = self.rng.choice([0.0, -1.0, 2.5])
+                self.emit(f"{name} = nl.where({cond.expr}, {x.expr}, {fmt_num(k)})")
+                c = cond.read()
+                other = ref.store(np.full(x32.shape, k, dtype=np.float32), x.tile.dtype)
+                val = Val(np.where(c.v != 0, xv.v, other),
+                          np.where(c.err > 0, np.inf, np.where(c.v != 0, xv.err, 0.0)))
+                shape = cond.shape  # nl.where's result has the condition's shape
+            elif kind == "mean":
+                self.emit(f"{name} = nl.mean({x.expr}, axis=1)" if len(x.shape) == 2 else
+                          f"{name} = nl.mean({x.expr}, axis={tuple(range(1, len(x.shape)))})")
+                total = x32.astype(np.float64).sum(axis=1, keepdims=True)
+                exact = np.all(x32 == np.round(x32)) and np.all(np.abs(x32).sum(axis=1) < 2 ** 24)
+                sum_err = 0.0 if exact else f * 2.0 ** -23 * np.abs(x32).astype(np.float64).sum(axis=1, keepdims=True)
+                s32 = total.astype(np.float32)
+                m32 = (s32 * np.float32(1.0 / f)).astype(np.float32)  # times the fp32 immediate 1 / count
+                val = ref.rounded(m32, np.where(sum_err > 0, sum_err / f + ref.ulp(m32, "float32"), 0.0),
+                                  x.tile.dtype)
+                val.err = np.where(np.all(np.isfinite(x32), axis=1, keepdims=True) & ~xv.err.any(axis=1, keepdims=True),
+                                   val.err, np.inf)
+                shape = (p, 1)
+            else:
+                self.emit(f"{name} = nl.softmax({x.expr}, axis=-1)")
+                x64 = x32.astype(np.float64)
+                shifted = x64 - x64.max(axis=1, keepdims=True)
+                e = np.exp(shifted)
+                y = e / e.sum(axis=1, keepdims=True)
+                # fp32 rounds x - max (exp turns that into |x - max| ulps), exp, the sum, the reciprocal
+                bound = y * (f + 16 + np.abs(shifted)) * 2.0 ** -23 + 2.0 ** -140
+                finite = np.all(np.isfinite(x32), axis=1, keepdims=True) & ~xv.err.any(axis=1, keepdims=True)
+                val = ref.rounded(y.astype(np.float32), np.where(finite, bound, np.inf), x.tile.dtype)
+                shape = (p, f)
+            tile = Tile(name, "sbuf", x.tile.dtype, shape)
+            tile.val = Val(val.v.reshape(shape), val.err.reshape(shape))
+            self.features.add(f"nl_{kind}")
+        tile.init[...] = True
+        self.tiles.append(tile)
+
     def step_device_print(self) -> None:
         """nl.device_print of a tile: runs on the sequencer, between the engines' instructions."""
         src = self.any_source()
@@ -1537,7 +1606,7 @@ class PythonKernelGen:
         ("step_scan", 2), ("step_copy_predicated", 2), ("step_select_reduce", 2), ("step_max8", 2),
         ("step_partition_reduce", 2), ("step_register_offset", 2), ("step_register_store", 1), ("step_loop", 2),
         ("step_gather", 2), ("step_legacy_ops", 4), ("step_multibuffer", 1), ("step_overlap", 1),
-        ("step_device_print", 0.3), ("step_legacy_index", 1), ("step_placed_tile", 0.5),
+        ("step_device_print", 0.3), ("step_legacy_index", 1), ("step_placed_tile", 0.5), ("step_nl_composite", 2),
     )
 
     def pick_step(self) -> str:
