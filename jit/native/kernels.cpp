@@ -183,7 +183,7 @@ NK_INLINE void apply_reduce_cmd(ReduceCmd cmd, AluOp op, float identity, float& 
     case ReduceCmd::load_reduce:
       if (has_partial) acc = alu_apply(op, acc, partial);
       break;
-    case ReduceCmd::reset_reduce: acc = has_partial ? partial : identity; break;
+    case ReduceCmd::reset_reduce: acc = has_partial ? canonical_nan(partial) : identity; break;
   }
 }
 

@@ -352,7 +352,8 @@ class Machine {
     }
   }
 
-  /** Applies a reduce command to per-partition accumulators given this instruction's partial results. */
+  /** Applies a reduce command to per-partition accumulators given this instruction's partial results
+   * (a NaN partial, summed with raw IEEE adds, is stored as the canonical NaN, as alu_apply gives). */
   static void apply_reduce_cmd(ReduceCmd cmd, AluOp op, float identity, std::vector<float>& acc, int64_t p,
                                float partial, bool has_partial) {
     switch (cmd) {
@@ -362,7 +363,7 @@ class Machine {
       case ReduceCmd::load_reduce:
         if (has_partial) acc[p] = alu_apply(op, acc[p], partial);
         break;
-      case ReduceCmd::reset_reduce: acc[p] = has_partial ? partial : identity; break;
+      case ReduceCmd::reset_reduce: acc[p] = has_partial ? canonical_nan(partial) : identity; break;
     }
   }
 

@@ -561,6 +561,20 @@ def test_bn_stats_and_bn_aggr_nan_results_are_canonical(rng, monkeypatch):
     _check_canonical_nans_on_both_executors(k, [_specials(rng, 128, 12)], monkeypatch)
 
 
+def test_activation_accumulator_nan_is_canonical(rng, monkeypatch):
+    """Rows whose activation sums meet inf + -inf or a NaN: the accumulator, and so reduce_res,
+    holds 0x7fc00000 on both executors."""
+    def k(a):
+        x = load(a)
+        y = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
+        total = nl.ndarray((a.shape[0], 1), nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=y, op=nl.copy, data=x, reduce_op=nl.add, reduce_res=total,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        return store(total)
+
+    _check_canonical_nans_on_both_executors(k, [_specials(rng, 128, 9)], monkeypatch)
+
+
 def _specials(rng, *shape):
     """fp32 values drawn from infinities, NaNs of both signs and two numbers."""
     return rng.choice(np.array([np.inf, -np.inf, np.nan, -np.nan, 1.0, -2.0], np.float32), size=shape)
