@@ -1175,8 +1175,9 @@ int main(int argc, char** argv) {
                   feats.c_str());
     } else {
       ++failed;
-      std::printf("case %llu FAIL %s %s%s\n%s\n", static_cast<unsigned long long>(s), o.kind.c_str(),
-                  invalid ? "invalid" : "valid", feats.c_str(), o.detail.c_str());
+      // the detail first: the harness reports the lines a case printed up to its verdict
+      std::printf("%s\ncase %llu FAIL %s %s%s\n", o.detail.c_str(), static_cast<unsigned long long>(s),
+                  o.kind.c_str(), invalid ? "invalid" : "valid", feats.c_str());
     }
     std::fflush(stdout);
   }

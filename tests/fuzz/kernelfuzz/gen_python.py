@@ -1194,6 +1194,8 @@ class PythonKernelGen:
         p = self.partitions()
         n = self.size(1024, low=self.lim["max8_min_elems"])
         src = self.source_view(p, n, buffers=("sbuf",))
+        if len(src.shape) > 3:  # max8 and nc_find_index8 read at most two free dims
+            src = self.whole(self.load_tile(p, n, flat=True))
         dst = self.dest(p, 8, self.rng.choice(["float32", src.tile.dtype if src.tile.dtype != "tfloat32" else
                                                 "float32"]), psum_ok=False, exclude=(src.tile,))
         self.emit(f"nisa.max8(dst={dst.expr}, src={src.expr})")

@@ -254,7 +254,7 @@ class PythonCampaign:
                         w.kill()
                         workers[i] = self.new_worker()
                         del state[w]
-                        self.record(report, seed, kind, detail, source, expect, exception_type="")
+                        self.record(report, seed, kind, detail, source, expect, signature="")
                         report.count(expect is None, False, self.log)
                         continue
                     if msg["event"] == "source":
@@ -265,7 +265,7 @@ class PythonCampaign:
                         report.features[feat] = report.features.get(feat, 0) + 1
                     if not msg["ok"]:
                         self.record(report, seed, msg["kind"], msg["detail"], source, expect,
-                                    exception_type=msg.get("exception_type", ""))
+                                    signature=msg.get("signature", ""))
                     report.count(expect is None, msg["ok"], self.log)
         finally:
             for w in workers:
@@ -275,14 +275,14 @@ class PythonCampaign:
         return report
 
     def record(self, report: Report, seed: int, kind: str, detail: str, source: str, expect,
-               exception_type: str) -> None:
+               signature: str) -> None:
         if not source:  # the worker died or hung before it sent the kernel: generate it again
             from .worker import generate
 
             source = generate(seed).source
         failure = Failure(seed, "python", kind, detail, source)
         if self.reduce and source and kind not in ("reference", "generator"):
-            failure.reduced = self.reduce_source(source, expect, kind, exception_type, seed)
+            failure.reduced = self.reduce_source(source, expect, kind, signature, seed)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             path = self.out_dir / f"python_seed{seed}_{kind}.py"
@@ -292,11 +292,11 @@ class PythonCampaign:
         self.log(failure.report())
 
     # --- reduction ---------------------------------------------------------------------------
-    def reduce_source(self, source: str, expect, kind: str, exception_type: str, seed: int,
+    def reduce_source(self, source: str, expect, kind: str, signature: str, seed: int,
                       budget_s: float = 120.0) -> str:
-        """Removes kernel lines one at a time while the variant still fails the same way (same
-        failure kind and, for exceptions, type). Statements that open a block are removed with
-        their block."""
+        """Removes kernel lines one at a time while the variant still fails the same way (the same
+        failure kind and, for exceptions, the same `signature`: type and message). Statements
+        that open a block are removed with their block."""
         lines = source.split("\n")
         start = next(i for i, l in enumerate(lines) if l.startswith("def kernel(")) + 1
         end = next(i for i in range(start, len(lines)) if lines[i].startswith("    return "))
@@ -314,8 +314,7 @@ class PythonCampaign:
                 return kind == ("crash" if msg == "died" else "timeout")
             if msg["ok"]:
                 return False
-            same_type = not exception_type or msg.get("exception_type") == exception_type
-            return msg["kind"] == kind and same_type
+            return msg["kind"] == kind and msg.get("signature", "") == signature
 
         try:
             i = end - 1

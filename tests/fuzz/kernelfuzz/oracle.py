@@ -17,7 +17,7 @@ import importlib.util
 import os
 import re
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,13 +38,20 @@ class Outcome:
     ok: bool
     kind: str = ""  # mismatch | reference | unexpected_error | other_exception | missing_error | wrong_error | ...
     detail: str = ""
-    exception_type: str = ""
+    signature: str = ""  # what identifies the same failure in a reduced kernel (exceptions: type and message)
     configs: int = 0
-    extra: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return {"ok": self.ok, "kind": self.kind, "detail": self.detail, "exception_type": self.exception_type,
+        return {"ok": self.ok, "kind": self.kind, "detail": self.detail, "signature": self.signature,
                 "configs": self.configs}
+
+
+def signature(err: BaseException) -> str:
+    """An exception's type and first message line, without the numbers and quoted names that
+    change when a kernel is reduced."""
+    text = getattr(err, "summary", "") or str(err)
+    first = text.strip().split("\n")[0] if text.strip() else ""
+    return f"{type(err).__name__}: " + re.sub(r"'[^']*'|\d+", "#", first)
 
 
 def load_module(source: str, path: str):
@@ -140,7 +147,7 @@ def judge(case: Case, path: str, seed: int) -> Outcome:
         inputs = module.make_inputs()
     except Exception as err:
         return Outcome(False, "generator", f"the generated module does not load: {_describe(err)}",
-                       type(err).__name__)
+                       signature(err))
     configs = _configs(VALID_CONFIGS if case.valid else INVALID_CONFIGS, seed)
     pristine = [a.copy() for a in inputs]
     results, alive = [], []
@@ -155,7 +162,7 @@ def judge(case: Case, path: str, seed: int) -> Outcome:
             good, why = check_error(err, case.error, path)
             if not good:
                 kind = "wrong_error" if "KernelError" in type(err).__name__ else "other_exception"
-                return Outcome(False, kind, f"{label}: {why}\n{_describe(err)}", type(err).__name__)
+                return Outcome(False, kind, f"{label}: {why}\n{_describe(err)}", signature(err))
             results.append(None)
             continue
         if err is not None:
@@ -164,8 +171,8 @@ def judge(case: Case, path: str, seed: int) -> Outcome:
             if isinstance(err, nikki.KernelError):
                 good, why = check_error(err, None, path)
                 detail = f"{label}: a valid kernel raised KernelError{'' if good else ' (' + why + ')'}:\n{err}"
-                return Outcome(False, "unexpected_error", detail, type(err).__name__)
-            return Outcome(False, "other_exception", f"{label}: {_describe(err)}", type(err).__name__)
+                return Outcome(False, "unexpected_error", detail, signature(err))
+            return Outcome(False, "other_exception", f"{label}: {_describe(err)}", signature(err))
         for i, (a, b) in enumerate(zip(args, pristine)):
             if a.tobytes() != b.tobytes():
                 return Outcome(False, "input_modified", f"{label}: input {i} was modified by the kernel")

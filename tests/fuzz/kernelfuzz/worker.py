@@ -86,7 +86,7 @@ def main() -> None:
                 features = []
         except Exception:
             send({"event": "result", "seed": seed, "ok": False, "kind": "generator",
-                  "detail": "the fuzzer itself failed:\n" + traceback.format_exc(), "exception_type": "",
+                  "detail": "the fuzzer itself failed:\n" + traceback.format_exc(), "signature": "",
                   "configs": 0, "features": []})
             continue
         send({"event": "result", "seed": seed, **outcome.as_dict(), "features": features})
