@@ -9,7 +9,8 @@
 #include <fmt/format.h>
 
 #include "harness.hpp"
-#include "nikki/kernels/softmax.hpp"
+#include "nikki/kernels/matmul/matmul.hpp"
+#include "nikki/kernels/softmax/softmax.hpp"
 
 namespace {
 

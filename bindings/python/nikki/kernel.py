@@ -15,6 +15,7 @@ import numpy as np
 from . import _core
 from .dtypes import from_numpy, from_torch, numpy_dtype, to_dtype, torch_dtype
 from .spec import TensorSpec
+from .specialization_cache import SpecializationCache
 from .errors import KernelError, is_internal_frame, kernel_error_at, user_frame, without_internal_frames
 from .tensor import NkiTensor, shared_hbm
 from .tracing import TraceContext
@@ -23,6 +24,32 @@ __all__ = ["Kernel", "jit"]
 
 # Callables told of every kernel launch as (kernel, compiled), e.g. by `nikki profile`.
 launch_observers: list = []
+
+# The most program instances an SPMD grid may have (docs/decisions.md): each instance is traced,
+# compiled and run on its own (milliseconds for the smallest kernel, far more for real ones) and
+# keeps its program in memory until the launch ends; NIKKI_MAX_GRID_PROGRAMS raises the limit.
+DEFAULT_MAX_GRID_PROGRAMS = 4096
+
+
+def max_grid_programs() -> int:
+    """The grid limit: NIKKI_MAX_GRID_PROGRAMS when set to a positive integer, else the default."""
+    value = os.environ.get("NIKKI_MAX_GRID_PROGRAMS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_GRID_PROGRAMS
+
+
+def _check_grid(grid: tuple, frame) -> None:
+    """A KernelError at `frame` when the grid has more program instances than the limit."""
+    programs = 1
+    for g in grid:
+        programs *= g
+    limit = max_grid_programs()
+    if programs > limit:
+        raise kernel_error_at(frame, f"launch grid {list(grid)} has {programs} program instances, more than "
+                              f"nikki runs ({limit})",
+                              limit=f"nikki traces, compiles and runs every SPMD instance separately, one after "
+                                    f"another; at most {limit} instances (NIKKI_MAX_GRID_PROGRAMS)",
+                              hint="launch fewer instances that each do more work (loop over the tiles inside "
+                                   "the kernel with nl.affine_range), or raise NIKKI_MAX_GRID_PROGRAMS")
 
 
 def _is_torch(x) -> bool:
@@ -54,6 +81,17 @@ class Compiled:
     def text(self, locations: bool = True) -> str:
         return "\n".join(p.text(locations) for p in self.programs)
 
+    def memory_bytes(self) -> int:
+        """Approximate bytes held by the compiled programs (what the in-memory cache counts)."""
+        return _COMPILED_OVERHEAD_BYTES + sum(p.memory_bytes for p in self.programs)
+
+
+# What a cache entry costs beyond its programs' own estimate: the key, the Compiled object and its
+# lists, the Python wrappers of the programs. Measured with tracemalloc, rounded up.
+_COMPILED_OVERHEAD_BYTES = 4096
+# An entry of the traced-outputs cache: the key and a few tuples of shapes and dtypes.
+_OUTPUTS_ENTRY_BYTES = 1024
+
 
 def _resolve_target(target) -> str:
     name = target or os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or _core.default_target()
@@ -84,7 +122,10 @@ class Kernel:
             p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self._params)
         self._mutable = {i for i, p in enumerate(self._params)
                          if _is_mutable_annotation(p.annotation, getattr(fn, "__globals__", {}))}
-        self._cache: dict = {}
+        # Compiled specializations and traced output specs by specialization key, both counted
+        # against the process-wide budget of nikki.set_cache_limit.
+        self._cache = SpecializationCache()
+        self._outputs_cache = SpecializationCache()
         for p in self._params:
             if p.kind is p.KEYWORD_ONLY:
                 raise kernel_error_at(user_frame(2), f"kernel '{fn.__name__}': keyword-only parameter '{p.name}' is "
@@ -95,18 +136,19 @@ class Kernel:
         for g in grid:
             if not isinstance(g, int) or g < 1:
                 raise kernel_error_at(user_frame(2), f"launch grid {grid} must be positive integers")
+        _check_grid(grid, user_frame(2))
         launched = Kernel.__new__(Kernel)
         launched.__dict__.update(self.__dict__)
         launched.grid = tuple(grid)
-        launched._cache = self._cache
-        return launched
+        return launched  # shares the caches: the grid is part of the key
 
     def with_target(self, target: str) -> "Kernel":
         """The same kernel compiled for another target ("trn1" or "trn2"); shares no cache entries."""
         k = Kernel.__new__(Kernel)
         k.__dict__.update(self.__dict__)
         k.target = target
-        k._cache = {}
+        k._cache = SpecializationCache()
+        k._outputs_cache = SpecializationCache()
         return k
 
     def __repr__(self) -> str:
@@ -139,7 +181,9 @@ class Kernel:
         if self.grid:
             return self.grid
         lnc = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
-        return (int(lnc),) if lnc and lnc.isdigit() and int(lnc) > 1 else ()
+        grid = (int(lnc),) if lnc and lnc.isdigit() and int(lnc) > 1 else ()
+        _check_grid(grid, user_frame(2))
+        return grid
 
     def _call(self, args, kwargs):
         values = self._bind(args, kwargs)
@@ -148,7 +192,7 @@ class Kernel:
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self.compile_for(values, grid)
-            self._cache[key] = compiled
+            self._cache.put(key, compiled, compiled.memory_bytes())
         return self._launch(compiled, values)
 
     def _key(self, values) -> tuple:
@@ -172,7 +216,7 @@ class Kernel:
         """(output_specs, results) of a bound call, as :class:`Compiled` has them, from tracing
         alone (no compiling); cached per specialization. Frameworks use it for shape inference."""
         key = self._key(values)
-        cache = self.__dict__.setdefault("_outputs_cache", {})
+        cache = self._outputs_cache
         found = cache.get(key)
         if found is None:
             compiled = self._cache.get(key)
@@ -183,7 +227,7 @@ class Kernel:
                 target = _resolve_target(self.target or self.options.get("platform_target"))
                 grid = self._grid()
                 _kernel, found = self._trace(specs, target, grid, tuple(0 for _ in grid))
-            cache[key] = found
+            cache.put(key, found, _OUTPUTS_ENTRY_BYTES)
         return found
 
     def output_specs(self, *args, **kwargs) -> list:
@@ -206,8 +250,16 @@ class Kernel:
         target = _resolve_target(self.target or self.options.get("platform_target"))
         ids = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
         programs, outputs = [], None
+        instructions, max_instructions = 0, _core.max_instructions()
         for program_ids in ids:
             kernel, out_specs = self._trace(specs, target, grid, program_ids)
+            instructions += kernel.num_instructions
+            if instructions > max_instructions:  # each program is held in memory until the launch ends
+                raise KernelError(f"the {len(ids)} program instances of kernel '{self.fn.__name__}' unroll into "
+                                  f"more than {max_instructions} instructions together",
+                                  limit=_core.instruction_limit_text(max_instructions),
+                                  hint="launch fewer instances, trace a smaller problem, or loop at run time "
+                                       "(nl.fori_loop), which traces the loop body once")
             if outputs is None:
                 outputs = out_specs
             elif out_specs != outputs:
@@ -315,6 +367,7 @@ class Kernel:
         if launch_observers:
             for observe in launch_observers:
                 observe(self, compiled)
+        _check_host_memory(self, compiled, values)
         in_ptrs, keep, write_back, torch_out = [], [], [], False
         for i, v in enumerate(values):
             if isinstance(v, np.ndarray):
@@ -343,10 +396,55 @@ class Kernel:
         # them with the uninitialized-memory sentinels, later ones must keep earlier writes.
         for index, program in enumerate(compiled.programs):
             program.run(in_ptrs, out_ptrs, index == 0)
+            if len(compiled.programs) > 1:
+                program.release_executor()  # hold one simulated core at a time, not one per instance
         for original, copy in write_back:
             original[...] = copy
         results = [outputs[k] if kind == "output" else values[k] for kind, k in compiled.results]
         return results[0] if len(results) == 1 else tuple(results)
+
+
+def _host_available_bytes():
+    """Memory the host can still give this process (MemAvailable), or None when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _bytes_text(nbytes: int) -> str:
+    for unit, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if nbytes >= unit:
+            return f"{nbytes / unit:.1f} {name}"
+    return f"{nbytes} B"
+
+
+def _check_host_memory(kernel, compiled: Compiled, values) -> None:
+    """A KernelError, before anything is allocated or copied, when the launch's host buffers (the
+    outputs, and contiguous copies of strided or broadcast inputs) need more memory than the host
+    has available. The verifier has already held every HBM tensor to the device's capacity."""
+    needs = []
+    for i, v in enumerate(values):
+        if isinstance(v, np.ndarray) and not v.flags.c_contiguous:
+            needs.append((v.nbytes, f"a contiguous copy of argument '{kernel._params[i].name}'"))
+        elif _is_torch(v) and not v.is_contiguous():
+            needs.append((v.numel() * v.element_size(), f"a contiguous copy of argument '{kernel._params[i].name}'"))
+    for k, (shape, dt) in enumerate(compiled.output_specs):
+        needs.append((int(np.prod(shape, dtype=np.int64)) * dt.itemsize, f"output {k} {tuple(shape)}"))
+    total = sum(n for n, _ in needs)
+    available = _host_available_bytes() if total else None
+    if available is None or total <= available:
+        return
+    largest = ", ".join(f"{what}: {_bytes_text(n)}" for n, what in sorted(needs, key=lambda x: -x[0])[:3])
+    raise KernelError(f"kernel '{kernel.fn.__name__}' needs {_bytes_text(total)} of host memory for its launch "
+                      f"({largest}), but only {_bytes_text(available)} is available",
+                      limit="nikki runs on this host's memory: outputs, and strided or broadcast inputs, which "
+                            "are copied into contiguous arrays before the run",
+                      hint="pass contiguous inputs (a broadcast array is copied in full), or run on smaller tensors")
 
 
 def _def_line(code) -> int:
