@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 
 PYTHON ?= python3
 
-.PHONY: all setup configure build develop test test-cpp test-python sweep demo clean
+.PHONY: all setup configure build develop test test-cpp test-python fuzz sweep demo clean
 
 all: build
 
@@ -31,8 +31,15 @@ develop: build
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# tests/fuzz runs a bounded fuzz campaign (a few hundred generated kernels per front end).
 test-python: build
-	PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest tests/python -q
+	BUILD=$(BUILD) PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest tests/python tests/fuzz -q
+
+# The fuzzer at full size: 10^5 generated kernels per front end, from seed NIKKI_FUZZ_SEED (default
+# 0); reproducers of failures land in $(BUILD)/fuzz-failures.
+fuzz: build
+	BUILD=$(BUILD) NIKKI_FUZZ_CASES=100000 PYTHONPATH=$(CURDIR)/bindings/python \
+		$(PYTHON) -m pytest tests/fuzz -q -s
 
 test: test-cpp test-python
 

@@ -132,6 +132,19 @@ py::dict tile_sizes(const TargetConfig& t) {
   return d;
 }
 
+/** The verifier's access rules that nl.tile_size does not name (tests generate kernels from them). */
+py::dict access_limits(const TargetConfig& t) {
+  py::dict d;
+  d["partition_quadrant"] = t.partition_quadrant;
+  d["vector_transpose_max"] = t.vector_transpose_max;
+  d["max_free_elems_sbuf"] = t.max_free_elems_sbuf;
+  d["max_free_elems_psum"] = t.max_free_elems_psum;
+  d["max_access_dims"] = t.max_access_dims;
+  d["max8_min_elems"] = t.max8_min_elems;
+  d["max8_max_elems"] = t.max8_max_elems;
+  return d;
+}
+
 py::dict storage_info(const Storage& s) {
   py::dict d;
   d["name"] = s.name;
@@ -192,6 +205,7 @@ PYBIND11_MODULE(_core, m) {
     d["core"] = std::string(t.core);
     d["generation"] = t.generation;
     d["tile_size"] = tile_sizes(t);
+    d["limits"] = access_limits(t);
     return d;
   });
   m.def("default_target", [] { return std::string(target_config(default_target()).name); });

@@ -183,7 +183,7 @@ NK_INLINE void apply_reduce_cmd(ReduceCmd cmd, AluOp op, float identity, float& 
     case ReduceCmd::load_reduce:
       if (has_partial) acc = alu_apply(op, acc, partial);
       break;
-    case ReduceCmd::reset_reduce: acc = has_partial ? partial : identity; break;
+    case ReduceCmd::reset_reduce: acc = has_partial ? canonical_nan(partial) : identity; break;
   }
 }
 
@@ -973,7 +973,7 @@ NK_ENTRY void nk_bn_stats(const OpDesc* d, const OpArgs* args) {
         for (int64_t l = 0; l < lanes; ++l) {
           const float out[6] = {count[0], mean[0][l], m2[0][l], count[1], mean[1][l], m2[1][l]};
           iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
-            if (k < 6) store(d, 0, address(d, a, 0, p0 + l, o1, o2, o3, o4), out[k]);
+            if (k < 6) store(d, 0, address(d, a, 0, p0 + l, o1, o2, o3, o4), canonical_nan(out[k]));
           });
         }
       });
@@ -1007,7 +1007,7 @@ NK_ENTRY void nk_bn_aggr(const OpDesc* d, const OpArgs* args) {
     ++f;
   });
   for (int64_t p = 0; p < P; ++p) {
-    const float out[2] = {mean[p], n[p] > 0 ? m2[p] / n[p] : __builtin_nanf("")};
+    const float out[2] = {canonical_nan(mean[p]), n[p] > 0 ? canonical_nan(m2[p] / n[p]) : __builtin_nanf("")};
     iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
       if (k < 2) store(d, 0, address(d, a, 0, p, o1, o2, o3, o4), out[k]);
     });
@@ -1170,7 +1170,9 @@ NK_INLINE void store16(float* p, v16 v) { std::memcpy(p, &v, sizeof(v)); }
  * nc_matmul: dst[m, n] (+)= sum over k of stationary[k, m] * moving[k, n]. Each output element is a
  * chain of fused multiply-adds in increasing k from 0 (as in the interpreter), computed 16 columns
  * at a time with 8 x 32 register tiles over operands first converted to fp32. The result then
- * overwrites or accumulates into PSUM per the accumulate mode and the per-word "written" flags.
+ * overwrites or accumulates into PSUM per the accumulate mode and the per-word "written" flags; a
+ * NaN result is the canonical NaN, as in the reference (which NaN the fma chain passes on depends
+ * on the compiler's operand order).
  */
 /**
  * nc_matmul in transpose mode (is_transpose): where moving column n is a unit vector (a single 1,
@@ -1199,7 +1201,7 @@ NK_INLINE void matmul_transpose_mode(const OpDesc* d, const OpArgs* a) {
         const float x = load(d, 1, address(d, a, 1, k, m, 0, 0, 0)), y = load(d, 2, address(d, a, 2, k, n, 0, 0, 0));
         if (x != 0.0f && y != 0.0f) partial = __builtin_fmaf(x, y, partial);
       }
-      store(d, 0, out, partial);
+      store(d, 0, out, canonical_nan(partial));
     }
   }
 }
@@ -1248,7 +1250,7 @@ NK_ENTRY void nk_matmul(const OpDesc* d, const OpArgs* args) {
       uint8_t* out = address(d, a, 0, m, n, 0, 0, 0);
       uint8_t& written = a->psum_written[m * a->psum_flag_pitch + (out - a->base[0] - m * d->view[0].stride[0]) / 4];
       const bool accumulate = mode == Accumulate::accumulate || (mode == Accumulate::automatic && written);
-      store(d, 0, out, accumulate ? load(d, 0, out) + C[m * N + n] : C[m * N + n]);
+      store(d, 0, out, canonical_nan(accumulate ? load(d, 0, out) + C[m * N + n] : C[m * N + n]));
       written = 1;
     }
 }

@@ -56,9 +56,11 @@ class Verifier {
     for (StorageId id = 0; id < k_.storages.size(); ++id) check_storage(id);
     check_hbm_total();
     std::vector<bool> written(k_.storages.size(), false);
+    std::vector<bool> register_set(k_.num_registers, false);
     int loop_depth = 0;
     for (const Instruction& inst : k_.instructions) {
       check_instruction(inst);
+      check_registers_set(inst, register_set);
       for (int s = 0; s < inst.spec().num_slots; ++s)
         if (inst.operands[s].is_tensor() && inst.access(s) != Access::read) written[inst.operands[s].ap.storage] = true;
       if (inst.opcode == Opcode::loop_begin) ++loop_depth;
@@ -90,6 +92,28 @@ class Verifier {
                        buffer_name(storage_of(ap).buffer), info(ap.dtype).short_name, shape_of(ap));
   }
   std::string target_name() const { return fmt::format("{} ({})", t_.name, t_.core); }
+
+  // --- registers ----------------------------------------------------------------------------
+  /** A register read (an operand, a loop bound or a runtime offset) must follow, in program order,
+   * an instruction that sets it: registers hold no defined value before. Registers set inside a
+   * runtime loop count as set after it. */
+  void check_registers_set(const Instruction& inst, std::vector<bool>& set) const {
+    auto require = [&](RegisterId r, const std::string& role) {
+      internal_check(r >= 0 && r < k_.num_registers, "register id out of range");
+      if (!set[r])
+        fail(inst, fmt::format("register r{} ({}) is read but never set before this instruction", r, role),
+             "a register has no value until an instruction writes it",
+             "give it a value first: nisa.register_alloc(value), nisa.register_move or nisa.register_load");
+    };
+    for (int s = 0; s < inst.spec().num_slots; ++s) {
+      const Operand& o = inst.operands[s];
+      if (o.is_reg() && inst.access(s) != Access::write) require(o.reg, slot_name(inst, s));
+      if (o.is_tensor() && o.ap.indirection && o.ap.indirection->scalar_register >= 0)
+        require(o.ap.indirection->scalar_register, fmt::format("the runtime offset of {}", slot_name(inst, s)));
+    }
+    for (int s = 0; s < inst.spec().num_slots; ++s)
+      if (inst.operands[s].is_reg() && inst.access(s) != Access::read) set[inst.operands[s].reg] = true;
+  }
 
   // --- storages -----------------------------------------------------------------------------
   void check_storage(StorageId id) {

@@ -617,7 +617,8 @@ class Machine {
     }
   }
 
-  /** Applies a reduce command to per-partition accumulators given this instruction's partial results. */
+  /** Applies a reduce command to per-partition accumulators given this instruction's partial results
+   * (a NaN partial, summed with raw IEEE adds, is stored as the canonical NaN, as alu_apply gives). */
   static void apply_reduce_cmd(ReduceCmd cmd, AluOp op, float identity, std::vector<float>& acc, int64_t p,
                                float partial, bool has_partial) {
     switch (cmd) {
@@ -627,7 +628,7 @@ class Machine {
       case ReduceCmd::load_reduce:
         if (has_partial) acc[p] = alu_apply(op, acc[p], partial);
         break;
-      case ReduceCmd::reset_reduce: acc[p] = has_partial ? partial : identity; break;
+      case ReduceCmd::reset_reduce: acc[p] = has_partial ? canonical_nan(partial) : identity; break;
     }
   }
 
@@ -743,14 +744,14 @@ class Machine {
             const float a = st.get(kk, m), b = mv.get(kk, n);
             if (a != 0.0f && b != 0.0f) partial = std::fma(a, b, partial);
           }
-          dst.set(m, n, partial);
+          dst.set(m, n, canonical_nan(partial));
           continue;
         }
         for (int64_t kk = 0; kk < K; ++kk) partial = std::fma(st.get(kk, m), mv.get(kk, n), partial);
         uint8_t* out = dst.at(m, n);
         uint8_t& written = psum_written[(out - psum) / 4];
         const bool accumulate = mode == Accumulate::accumulate || (mode == Accumulate::automatic && written);
-        dst.set(m, n, accumulate ? dst.get(m, n) + partial : partial);
+        dst.set(m, n, canonical_nan(accumulate ? dst.get(m, n) + partial : partial));
         written = 1;
       }
   }
@@ -819,7 +820,7 @@ class Machine {
         m2[lane] += delta * (x - mean[lane]);
       }
       const float out[6] = {count[0], mean[0], m2[0], count[1], mean[1], m2[1]};
-      for (int i = 0; i < 6; ++i) dst.set(p, i, out[i]);
+      for (int i = 0; i < 6; ++i) dst.set(p, i, canonical_nan(out[i]));
     }
   }
 
@@ -837,8 +838,8 @@ class Machine {
         m2 += m2b + delta * delta * (n * nb / total);
         n = total;
       }
-      dst.set(p, 0, mean);
-      dst.set(p, 1, n > 0 ? m2 / n : std::numeric_limits<float>::quiet_NaN());
+      dst.set(p, 0, canonical_nan(mean));
+      dst.set(p, 1, n > 0 ? canonical_nan(m2 / n) : std::numeric_limits<float>::quiet_NaN());
     }
   }
 

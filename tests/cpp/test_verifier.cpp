@@ -1810,6 +1810,34 @@ TEST_CASE("verify: registers do not access PSUM") {
   check_compiles(kernel_error(k(nl::sbuf), X));
 }
 
+TEST_CASE("verify: registers are set before they are read") {
+  int line = 0;
+  // how: 0 reads an unset register as a runtime offset, 1 as a loop bound, 2 copies it; 3 sets it first
+  auto k = [&](int how) {
+    return [&, how](Tensor x) {
+      Tensor t = sb({1, 512}, nl::float32, "t");
+      isa::Register r = isa::register_alloc();
+      if (how == 3) isa::register_move(r, 2);
+      if (how == 2) {
+        isa::Register copy = isa::register_alloc();
+        line = __LINE__; isa::register_move(copy, r);
+      }
+      if (how == 1) {
+        line = __LINE__; nl::fori_loop(0, r, [&](isa::Register) { isa::dma_copy(t, x(Slice{0, 1}, nl::all)); });
+      } else {
+        const int at = __LINE__; isa::dma_copy(t, x.ap({{512, 1}, {1, 512}}, ApOptions{.scalar_offset_register = r.id}));
+        if (how != 2) line = at;
+      }
+      return store(t);
+    };
+  };
+  CHECK_ERROR(kernel_error(k(0), X), line, "dma_copy: register r0 (the runtime offset of src) is read but never set",
+              "a register has no value until an instruction writes it", "nisa.register_alloc(value)");
+  CHECK_ERROR(kernel_error(k(1), X), line, "loop_begin: register r0 (upper) is read but never set");
+  CHECK_ERROR(kernel_error(k(2), X), line, "register_move: register r0 (src) is read but never set");
+  check_compiles(kernel_error(k(3), X));
+}
+
 TEST_CASE("verify: runtime loops count up with a positive step") {
   int line = 0;
   auto traced = [&](int64_t step) {

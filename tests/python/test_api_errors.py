@@ -378,6 +378,13 @@ def v_predicate_dtype(a):
     return store(t)
 
 
+def v_register_never_set(a):
+    row = nisa.register_alloc()
+    t = nl.ndarray((1, 8), nl.float32)
+    nisa.dma_copy(dst=t, src=a.ap([[8, 1], [1, 8]], scalar_offset=row))  # E:v_register_unset
+    return store(t)
+
+
 @pytest.mark.parametrize("kernel,tag,fragments", [
     (v_partitions, "v_partitions", ["number of partitions 256", "exceeds the architecture limit of 128",
                                     "pmax = 128"]),
@@ -391,6 +398,8 @@ def v_predicate_dtype(a):
     (v_ap_out_of_bounds, "v_ap_oob", ["out-of-bound access for tensor 'a'"]),
     (v_never_written, "v_never_written", ["output tensor 'out' is never written"]),
     (v_predicate_dtype, "v_predicate", ["predicate has dtype float32", "uint8"]),
+    (v_register_never_set, "v_register_unset", ["register r0 (the runtime offset of src) is read but never set",
+                                                  "nisa.register_alloc(value)"]),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_verifier_errors(kernel, tag, fragments):
     check_error(raises(kernel), tag, *fragments)

@@ -263,19 +263,35 @@ def _np_act(name, x):
     return table[name]
 
 
-@pytest.mark.parametrize("name", ["copy", "exp", "tanh", "sigmoid", "relu", "gelu", "silu", "square", "softplus",
-                                  "erf", "sin", "arctan", "sign", "abs", "gelu_apprx_tanh"])
-def test_activation_functions_current(rng, name):
-    op = getattr(nl, name)
-
+def _activation_kernel(op):
+    """A kernel applying activation function `op` to its input (float32 out)."""
     @nki.jit
     def k(a):
         d = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
         nisa.activation(dst=d, op=op, data=load(a))
         return store(d)
 
+    return k
+
+
+@pytest.mark.parametrize("name", ["copy", "exp", "tanh", "sigmoid", "relu", "gelu", "silu", "square", "softplus",
+                                  "erf", "sin", "arctan", "sign", "abs", "gelu_apprx_tanh"])
+def test_activation_functions_current(rng, name):
     a = f32(rng, 128, 64, lo=-3.0, hi=3.0)
-    np.testing.assert_allclose(k(a), _np_act(name, a), rtol=2e-7, atol=1e-30)
+    np.testing.assert_allclose(_activation_kernel(getattr(nl, name))(a), _np_act(name, a), rtol=2e-7, atol=1e-30)
+
+
+@pytest.mark.parametrize("name", ["gelu", "gelu_dx"])
+def test_gelu_negative_tail_keeps_its_relative_accuracy(name):
+    """gelu and gelu_dx at x <= -5, where 1 + erf(x / sqrt 2) cancels: within 2 fp32 ulps of the
+    float64 formula written with erfc (tiny results, not 0)."""
+    a = -np.linspace(5.0, 12.0, 64, dtype=np.float32).reshape(1, 64)
+    x = a[0].astype(np.float64)
+    phi_tail = np.array([0.5 * math.erfc(-v / math.sqrt(2)) for v in x])  # Φ(x) without cancellation
+    ref = x * phi_tail if name == "gelu" else phi_tail + x * np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+    got = _activation_kernel(getattr(nl, name))(a)[0].astype(np.float64)
+    assert (got != 0).all()
+    np.testing.assert_allclose(got, ref, rtol=2 * 2.0 ** -23)  # 2 ulps: libm's erfc, one fp32 rounding
 
 
 def test_activation_bias_scale_and_reduce(rng):
@@ -531,10 +547,70 @@ def test_bn_aggr_of_several_chunks(rng):
     np.testing.assert_allclose(mv[:, 1], a.astype(np.float64).var(1), rtol=1e-4)
 
 
+def test_bn_stats_and_bn_aggr_nan_results_are_canonical(rng, monkeypatch):
+    """Rows with infinities and NaNs of both signs: every NaN statistic is 0x7fc00000, as ALU
+    results are, so the reference interpreter and the native routines agree bit for bit (which
+    NaN an IEEE operation passes on depends on the compiler's operand order)."""
+    def k(a):
+        stats = nl.ndarray((a.shape[0], 6), nl.float32, buffer=nl.sbuf)
+        nisa.bn_stats(dst=stats, data=load(a))
+        mv = nl.ndarray((a.shape[0], 2), nl.float32, buffer=nl.sbuf)
+        nisa.bn_aggr(dst=mv, data=stats)
+        return store(stats), store(mv)
+
+    _check_canonical_nans_on_both_executors(k, [_specials(rng, 128, 12)], monkeypatch)
+
+
+def test_activation_accumulator_nan_is_canonical(rng, monkeypatch):
+    """Rows whose activation sums meet inf + -inf or a NaN: the accumulator, and so reduce_res,
+    holds 0x7fc00000 on both executors."""
+    def k(a):
+        x = load(a)
+        y = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
+        total = nl.ndarray((a.shape[0], 1), nl.float32, buffer=nl.sbuf)
+        nisa.activation(dst=y, op=nl.copy, data=x, reduce_op=nl.add, reduce_res=total,
+                        reduce_cmd=nisa.reduce_cmd.reset_reduce)
+        return store(total)
+
+    _check_canonical_nans_on_both_executors(k, [_specials(rng, 128, 9)], monkeypatch)
+
+
+def _specials(rng, *shape):
+    """fp32 values drawn from infinities, NaNs of both signs and two numbers."""
+    return rng.choice(np.array([np.inf, -np.inf, np.nan, -np.nan, 1.0, -2.0], np.float32), size=shape)
+
+
+def _check_canonical_nans_on_both_executors(kernel_fn, inputs, monkeypatch):
+    """Runs kernel_fn on the reference interpreter and on the native executor: every NaN output is
+    0x7fc00000 and the outputs agree bit for bit."""
+    results = {}
+    for executor in ("interp", "native"):
+        monkeypatch.setenv("NIKKI_EXECUTOR", executor)
+        out = nki.jit(kernel_fn)(*inputs)  # a new kernel object compiles for this executor
+        results[executor] = out if isinstance(out, tuple) else (out,)
+    for interp, native in zip(results["interp"], results["native"]):
+        assert np.isnan(interp).any()
+        nan_bits = interp.view(np.uint32)[np.isnan(interp)]
+        assert (nan_bits == 0x7FC00000).all(), sorted({hex(b) for b in nan_bits})
+        np.testing.assert_array_equal(interp.view(np.uint32), native.view(np.uint32))
+
+
 # --- Tensor engine ----------------------------------------------------------------------------
 
 def _mm_ref(at, b):
     return at.astype(np.float64).T @ b.astype(np.float64)
+
+
+def test_nc_matmul_nan_results_are_canonical(rng, monkeypatch):
+    """Infinities and NaNs of both signs in both operands, a first matmul and an accumulating
+    one: NaN sums are 0x7fc00000 on both executors."""
+    def k(a, b):
+        acc = nl.ndarray((a.shape[1], b.shape[1]), nl.float32, buffer=nl.psum)
+        nisa.nc_matmul(acc, load(a), load(b))
+        nisa.nc_matmul(acc, load(b[:, 0:a.shape[1]]), load(a[:, 0:1]).broadcast_to((a.shape[0], b.shape[1])))
+        return store(acc)
+
+    _check_canonical_nans_on_both_executors(k, [_specials(rng, 32, 40), _specials(rng, 32, 48)], monkeypatch)
 
 
 @pytest.mark.parametrize("accumulate", [None, True, False])

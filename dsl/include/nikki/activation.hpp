@@ -12,8 +12,8 @@
 // fma, so no compiler's contraction choice can change a rounding). Their relative error in double
 // is below about 2^-40, far below fp32's 2^-24, so the fp32 result is the correctly rounded value
 // of the exact formula except when that value lies within about 2^-40 (relative) of a point halfway
-// between two floats: then it may be the other neighbour (error below 0.5 + 2^-16 ulp). erf (gelu,
-// gelu_dx, erf), sin and arctan still call libm (almost always correctly rounded in fp32, not
+// between two floats: then it may be the other neighbour (error below 0.5 + 2^-16 ulp). erf, erfc
+// (gelu, gelu_dx), sin and arctan still call libm (almost always correctly rounded in fp32, not
 // vectorized). docs/numerics.md tabulates the measured errors; tests/cpp/test_activation.cpp bounds
 // them.
 //
@@ -312,10 +312,10 @@ inline float activation_apply(ActFunc f, float xf) {
       y = s;
       break;
     case ActFunc::relu: return std::isnan(xf) ? xf : (xf > 0 ? xf : 0.0f);
-    case ActFunc::gelu: y = 0.5 * x * (1.0 + std::erf(x / kSqrt2)); break;
-    case ActFunc::gelu_dx:
-      y = std::fma(x * kInvSqrt2Pi, exp_d(-0.5 * x * x), 0.5 * (1.0 + std::erf(x / kSqrt2)));
-      break;
+    // 1 + erf(x / sqrt 2) = erfc(-x / sqrt 2): the same value without the cancellation of
+    // 1 + erf < 0 (a relative error of 1% at x = -8, and 0 instead of -1e-18 at x = -9)
+    case ActFunc::gelu: y = 0.5 * x * std::erfc(-x / kSqrt2); break;
+    case ActFunc::gelu_dx: y = std::fma(x * kInvSqrt2Pi, exp_d(-0.5 * x * x), 0.5 * std::erfc(-x / kSqrt2)); break;
     case ActFunc::gelu_apprx_tanh:
       // 0.5 x (1 + tanh(u)) = x s(2u): the same value without the cancellation of 1 + tanh(u) < 0
       sigmoid_d(2.0 * kSqrt2OverPi * std::fma(kGeluTanhCubic * x * x, x, x), s, c);

@@ -21,11 +21,12 @@ namespace nikki {
 
 inline float alu_apply_raw(AluOp op, float a, float b);
 
+/** @brief `r`, with any NaN replaced by the canonical quiet NaN 0x7fc00000. Every instruction
+ * that computes in fp32 outside alu_apply (statistics, ...) writes its results through it. */
+inline float canonical_nan(float r) { return r != r ? NAN : r; }
+
 /** @brief fp32 result of arithmetic operator `op` on (a, b); unary operators ignore b. */
-inline float alu_apply(AluOp op, float a, float b) {
-  const float r = alu_apply_raw(op, a, b);
-  return r != r ? NAN : r;
-}
+inline float alu_apply(AluOp op, float a, float b) { return canonical_nan(alu_apply_raw(op, a, b)); }
 
 /** @brief alu_apply before NaN canonicalization. */
 inline float alu_apply_raw(AluOp op, float a, float b) {
