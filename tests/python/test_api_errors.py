@@ -266,7 +266,7 @@ def k_ap_vector_dim(a):
 
 @pytest.mark.parametrize("kernel,tag,fragments", [
     (k_register_truth, "register_truth", ["a register's value is only known at run time", "nl.fori_loop"]),
-    (k_bad_operand, "bad_operand", ["unsupported operand 'one'"]),
+    (k_bad_operand, "bad_operand", ["operand0 must be a number, got 'one'"]),
     (k_bad_engine, "bad_engine", ["engine=42 is not an engine"]),
     (k_not_a_tensor, "not_a_tensor", ["dst must be a tensor, got int"]),
     (k_op1_without_operand1, "op1_alone", ["op1 and operand1 must be given together"]),
