@@ -9,15 +9,17 @@ its body there.
 from __future__ import annotations
 
 import inspect
-import math
 
 from . import _core
+from .arguments import argument_error, check_bool, check_int, check_real, is_real
 from .dtypes import to_dtype
 from .errors import KernelError
 from .kernel import Kernel, _TensorArg
 from .tensor import NkiTensor
 
 __all__ = ["LibraryKernel", "library_kernels"]
+
+_EXACT_INT_LIMIT = 2 ** 53
 
 
 class LibraryKernel(Kernel):
@@ -77,17 +79,18 @@ class LibraryKernel(Kernel):
             if name not in self.param_kinds:
                 continue
             kind = self.param_kinds[name]
-            if value is None and kind == "float?":
+            what = f"kernel '{self.name}': parameter '{name}'"
+            if kind == "bool":
+                out[name] = float(check_bool(value, what))
+            elif kind == "int":
+                # the registry takes parameters as doubles, which hold integers exactly up to 2**53
+                out[name] = float(check_int(value, what, -_EXACT_INT_LIMIT, _EXACT_INT_LIMIT))
+            elif value is None and kind == "float?":
                 out[name] = None
-                continue
-            ok = isinstance(value, bool) if kind == "bool" else (
-                isinstance(value, int) and not isinstance(value, bool) if kind == "int" else
-                isinstance(value, (int, float)) and not isinstance(value, bool))
-            if not ok or (kind != "bool" and not math.isfinite(float(value))):
-                raise KernelError(f"kernel '{self.name}': parameter '{name}' must be "
-                                  f"{'a bool' if kind == 'bool' else 'an int' if kind == 'int' else 'a finite number'}"
-                                  f"{' or None' if kind == 'float?' else ''}, got {value!r}")
-            out[name] = float(value)
+            elif kind == "float?" and not is_real(value):
+                raise argument_error(what, "a finite number or None", value)
+            else:
+                out[name] = check_real(value, what, finite=True)
         return out
 
     def _trace(self, specs, target, grid, program_ids):

@@ -20,6 +20,7 @@ import textwrap
 import torch
 
 from . import library as _library
+from .arguments import argument_error, check_bool, check_int, check_real, check_shape
 from .dtypes import torch_dtype
 from .kernel import Kernel
 from .spec import TensorSpec
@@ -241,9 +242,35 @@ def _register_library_autograd(op, forward, backward_op) -> None:
 
 # --- PyTorch-style functions ----------------------------------------------------------------------
 
+def _tensor(x, what: str, min_dim: int = 1) -> torch.Tensor:
+    """`x` if it is a dense torch tensor of at least `min_dim` dims; else a KernelError naming the
+    argument `what` (e.g. "nikki.torch.softmax: x")."""
+    if not isinstance(x, torch.Tensor):
+        hint = "convert it with torch.from_numpy(x)" if type(x).__module__ == "numpy" else "pass a torch.Tensor"
+        raise argument_error(what, "a torch.Tensor", x, hint=hint)
+    if x.layout is not torch.strided:
+        raise argument_error(what, "a dense (strided) torch.Tensor", x, hint="convert it with .to_dense()")
+    if x.dim() < min_dim:
+        raise argument_error(what, f"a tensor of at least {min_dim} dim{'s' if min_dim > 1 else ''}", x,
+                             got=f"a {x.dim()}-d tensor")
+    return x
+
+
+def _optional_tensor(x, what: str, shape: tuple):
+    """`x` when None or a tensor of exactly `shape`; else a KernelError naming the argument."""
+    if x is None:
+        return None
+    _tensor(x, what)
+    if tuple(x.shape) != shape:
+        raise argument_error(what, f"None or a tensor of shape {shape}", x)
+    return x
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` with nikki's matmul kernel: a [..., M, K] (leading dims flattened into M) and
     b [K, N]. Differentiable: the gradients run the same kernel on transposed operands."""
+    _tensor(a, "nikki.torch.matmul: a")
+    _tensor(b, "nikki.torch.matmul: b")
     if a.dim() < 2 or b.dim() != 2:
         raise ValueError(f"nikki.torch.matmul takes a [..., M, K] and b [K, N], got {tuple(a.shape)} and "
                          f"{tuple(b.shape)}")
@@ -278,6 +305,8 @@ _AUTOGRAD_RULES = {"matmul": _register_matmul_autograd}
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``torch.softmax(x, dim)`` with nikki's softmax kernel (any rank; rows along `dim`)."""
+    _tensor(x, "nikki.torch.softmax: x")
+    dim = check_int(dim, "nikki.torch.softmax: dim", -x.dim(), x.dim() - 1)
     moved = x.movedim(dim, -1)
     out = library_op("softmax")(moved.reshape(-1, moved.shape[-1]).contiguous())
     return out.reshape(moved.shape).movedim(-1, dim)
@@ -286,22 +315,29 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` with nikki's layernorm kernel (statistics with bn_stats / bn_aggr)."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    _tensor(x, "nikki.torch.layer_norm: x")
+    shape = check_shape(normalized_shape, "nikki.torch.layer_norm: normalized_shape", max(x.dim(), 1))
     if tuple(x.shape[len(x.shape) - len(shape):]) != shape:
         raise ValueError(f"nikki.torch.layer_norm: normalized_shape {shape} does not match the trailing "
                          f"dimensions of x {tuple(x.shape)}")
+    weight = _optional_tensor(weight, "nikki.torch.layer_norm: weight", shape)
+    bias = _optional_tensor(bias, "nikki.torch.layer_norm: bias", shape)
+    eps = check_real(eps, "nikki.torch.layer_norm: eps", finite=True)
     h = math.prod(shape)
     weight = torch.ones(h, dtype=x.dtype) if weight is None else weight.reshape(h)
     bias = torch.zeros(h, dtype=x.dtype) if bias is None else bias.reshape(h)
-    out, _mean, _rstd = library_op("layernorm")(x.reshape(-1, h).contiguous(), weight, bias, eps=float(eps))
+    out, _mean, _rstd = library_op("layernorm")(x.reshape(-1, h).contiguous(), weight, bias, eps=eps)
     return out.reshape(x.shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """``F.rms_norm(x, (H,), weight, eps)`` over the last dimension with nikki's rmsnorm kernel."""
+    _tensor(x, "nikki.torch.rms_norm: x")
     h = x.shape[-1]
+    weight = _optional_tensor(weight, "nikki.torch.rms_norm: weight", (h,))
+    eps = check_real(eps, "nikki.torch.rms_norm: eps", finite=True)
     weight = torch.ones(h, dtype=x.dtype) if weight is None else weight
-    out, _rstd = library_op("rmsnorm")(x.reshape(-1, h).contiguous(), weight, eps=float(eps))
+    out, _rstd = library_op("rmsnorm")(x.reshape(-1, h).contiguous(), weight, eps=eps)
     return out.reshape(x.shape)
 
 
@@ -310,6 +346,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)``
     with nikki's flash attention kernels: q [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv
     dividing H (grouped-query attention)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _tensor(t, f"nikki.torch.flash_attention: {name}")
+    causal = check_bool(causal, "nikki.torch.flash_attention: causal")
+    if scale is not None:
+        scale = check_real(scale, "nikki.torch.flash_attention: scale", finite=True)
     out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(),
-                                              causal=bool(causal), scale=None if scale is None else float(scale))
+                                              causal=causal, scale=scale)
     return out
