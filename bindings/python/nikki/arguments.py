@@ -19,6 +19,9 @@ from .errors import KernelError, kernel_error_at, user_frame
 
 __all__ = ["is_bool", "is_int", "is_real", "check_bool", "check_int", "check_real", "check_shape", "describe"]
 
+# Integers a double holds exactly: the C++ side takes scalar operands and parameters as doubles.
+EXACT_INT_LIMIT = 2 ** 53
+
 
 def is_bool(value) -> bool:
     """True for Python and numpy bools."""

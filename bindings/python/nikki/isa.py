@@ -13,7 +13,7 @@ import enum
 import numpy as np
 
 from . import _core
-from .arguments import argument_error, check_bool, check_int, check_real, is_bool, is_real
+from .arguments import EXACT_INT_LIMIT, argument_error, check_bool, check_int, check_real, is_bool, is_real
 from .dtypes import to_dtype
 from .errors import KernelError, kernel_error_at, kernel_error_in_traceback, user_frame
 from .ops import act_func, alu_op
@@ -132,10 +132,18 @@ def _operand(x, opcode=None, slot: int = 0):
         return x._view
     if isinstance(x, VirtualRegister):
         return x._reg
-    if x.__class__ is int:
+    if x.__class__ is int and -EXACT_INT_LIMIT < x < EXACT_INT_LIMIT:
         return x
     what = f"nisa.{opcode.name}: {opcode.slot_names[slot]}" if opcode is not None else "operand"
     return _number(x, what)
+
+
+# Integer attributes the engines compute with in int32 (iota and affine_select offsets and patterns).
+_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def _int32(value, what: str) -> int:
+    return check_int(value, what, _INT32_MIN, _INT32_MAX)
 
 
 def _number(value, what: str) -> float:
@@ -469,8 +477,8 @@ def _activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=
             raise kernel_error_at(user_frame(2), "activation: reduce_res needs reduce_op", hint="pass reduce_op=nl.add")
         if cmd is _CORE_IDLE:
             cmd = _CORE_REDUCE_CMD[_ReduceCmd.reset_reduce]
-    if bias is not None and bias.__class__ is not NkiTensor and is_real(bias):
-        bias = _constant_bias(data, float(bias))
+    if bias is not None and bias.__class__ is not NkiTensor and (is_real(bias) or is_bool(bias)):
+        bias = _constant_bias(data, _number(bias, "nisa.activation: bias"))
     if mask is None:
         ops = (_check_tensor(dst, "dst"), _check_tensor(data, "data"))
     else:
@@ -773,7 +781,7 @@ def _pattern(pattern, api: str):
         pairs = None
     if pairs is None or any(len(p) != 2 for p in pairs):
         raise argument_error(f"nisa.{api}: pattern", "a list of [step, num] pairs", pattern)
-    return [(check_int(step, f"nisa.{api}: pattern step"), check_int(num, f"nisa.{api}: pattern num", minimum=1))
+    return [(_int32(step, f"nisa.{api}: pattern step"), check_int(num, f"nisa.{api}: pattern num", 1, _INT32_MAX))
             for step, num in pairs]
 
 
@@ -792,8 +800,8 @@ def _iota(dst, pattern, offset=0, channel_multiplier=0, name=None, mask=None):
     ops = _masked(mask, _check_tensor(dst, "dst"))
     if ops is not None:
         _emit(_core.Opcode.iota, ops, engine.gpsimd, name, pattern=_pattern(pattern, "iota"),
-              offset=check_int(offset, "nisa.iota: offset"),
-              channel_multiplier=check_int(channel_multiplier, "nisa.iota: channel_multiplier"))
+              offset=_int32(offset, "nisa.iota: offset"),
+              channel_multiplier=_int32(channel_multiplier, "nisa.iota: channel_multiplier"))
 
 
 def affine_select(*args, **kwargs):
@@ -816,8 +824,8 @@ def _affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_valu
     if ops is not None:
         _emit(_core.Opcode.affine_select, (*ops, _number(on_false_value, "nisa.affine_select: on_false_value")),
               engine.gpsimd, name, pattern=_pattern(pattern, "affine_select"),
-              channel_multiplier=check_int(channel_multiplier, "nisa.affine_select: channel_multiplier"), cmp_op=cmp,
-              offset=check_int(offset, "nisa.affine_select: offset"))
+              channel_multiplier=_int32(channel_multiplier, "nisa.affine_select: channel_multiplier"), cmp_op=cmp,
+              offset=_int32(offset, "nisa.affine_select: offset"))
 
 
 # --- statistics -----------------------------------------------------------------------------

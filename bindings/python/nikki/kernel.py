@@ -8,6 +8,7 @@ import functools
 import inspect
 import itertools
 import linecache
+import math
 import os
 
 import numpy as np
@@ -101,6 +102,10 @@ class Kernel:
             if not is_int(g) or g < 1:
                 raise kernel_error_at(user_frame(2), f"launch grid {grid} must be positive integers")
         grid = tuple(int(g) for g in grid)
+        if math.prod(grid) > _MAX_GRID_INSTANCES:
+            raise kernel_error_at(user_frame(2), f"launch grid {grid} has {math.prod(grid)} program instances",
+                                  limit=f"at most {_MAX_GRID_INSTANCES} instances",
+                                  hint="each instance is traced and compiled on its own; use fewer, larger ones")
         launched = Kernel.__new__(Kernel)
         launched.__dict__.update(self.__dict__)
         launched.grid = tuple(grid)
@@ -397,6 +402,9 @@ class Kernel:
 
 
 _NOT_AN_ARGUMENT = object()
+# Every SPMD program instance is traced and compiled on its own: a grid beyond this is a mistake
+# (a size passed where a count goes), not a launch anyone waits for.
+_MAX_GRID_INSTANCES = 4096
 _strided = None
 
 

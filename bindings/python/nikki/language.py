@@ -16,7 +16,7 @@ import sys
 from . import _core
 from . import isa as _isa
 from .dtypes import dtype as _dtype_cls
-from .arguments import check_int, check_real, is_int
+from .arguments import check_int, check_real, describe, is_int
 from .dtypes import to_dtype
 from .errors import is_internal_frame, kernel_error_at, user_frame
 from .ops import register_op
@@ -82,7 +82,8 @@ def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTenso
     """A new uninitialized tensor (reads before writes see NaN for floats, 4 for integers)."""
     ctx = current("nl.ndarray")
     shape_t = _shape(shape)
-    if any(isinstance(s, par_dim) for s in shape) and not isinstance(shape[0], par_dim):
+    if isinstance(shape, (tuple, list)) and any(isinstance(s, par_dim) for s in shape) \
+            and not isinstance(shape[0], par_dim):
         from . import index_expr
 
         return index_expr.block_tensor(shape, dtype, buffer, name)
@@ -318,7 +319,8 @@ def _binary_op(op: str, x, y, dtype=None, mask=None):
     fn = globals()[op if op != "divide" else "multiply"]
     x_t, y_t = isinstance(x, NkiTensor), isinstance(y, NkiTensor)
     if not x_t and not y_t:
-        raise kernel_error_at(user_frame(3), f"nl.{op} needs at least one tensor operand")
+        raise kernel_error_at(user_frame(3), f"nl.{op}: x or y must be a tensor, got {describe(x)} and {describe(y)}",
+                              hint="apply Python arithmetic to plain numbers")
     if not x_t:
         x = _isa._number(x, f"nl.{op}: x")
     if not y_t:

@@ -9,17 +9,16 @@ its body there.
 from __future__ import annotations
 
 import inspect
+import re
 
 from . import _core
-from .arguments import argument_error, check_bool, check_int, check_real, is_real
+from .arguments import EXACT_INT_LIMIT, argument_error, check_bool, check_int, check_real, is_real
 from .dtypes import to_dtype
 from .errors import KernelError
 from .kernel import Kernel, _TensorArg
 from .tensor import NkiTensor
 
 __all__ = ["LibraryKernel", "library_kernels"]
-
-_EXACT_INT_LIMIT = 2 ** 53
 
 
 class LibraryKernel(Kernel):
@@ -83,8 +82,7 @@ class LibraryKernel(Kernel):
             if kind == "bool":
                 out[name] = float(check_bool(value, what))
             elif kind == "int":
-                # the registry takes parameters as doubles, which hold integers exactly up to 2**53
-                out[name] = float(check_int(value, what, -_EXACT_INT_LIMIT, _EXACT_INT_LIMIT))
+                out[name] = float(check_int(value, what, -EXACT_INT_LIMIT, EXACT_INT_LIMIT))
             elif value is None and kind == "float?":
                 out[name] = None
             elif kind == "float?" and not is_real(value):
@@ -100,7 +98,10 @@ class LibraryKernel(Kernel):
                 raise KernelError(f"kernel '{self.name}': input '{name}' must be an array or tensor, "
                                   f"got {type(spec).__name__}")
             tensors.append((list(spec.shape), spec.dtype.core))
-        kernel = _core.trace_library(self.name, tensors, self.param_values(specs), target)
+        try:
+            kernel = _core.trace_library(self.name, tensors, self.param_values(specs), target)
+        except KernelError as err:
+            raise _naming_the_input(err, self.inputs, specs) from None
         output_specs = [(tuple(shape), to_dtype(dt)) for shape, dt in kernel.output_specs()]
         return kernel, (output_specs, [("output", k) for k in range(len(output_specs))])
 
@@ -113,6 +114,21 @@ class LibraryKernel(Kernel):
         results = _core.inline_library(ctx.builder, self.name, views, self.param_values(values))
         tensors = tuple(NkiTensor(ctx, view) for view in results)
         return tensors[0] if len(tensors) == 1 else tensors
+
+
+def _naming_the_input(err: KernelError, names, specs) -> KernelError:
+    """`err`, a library kernel's check of its inputs, naming the input it is about when it does not:
+    the C++ checks quote an input by its dtype and shape ("got bfloat16[1]"), which identifies it."""
+    summary = err.summary
+    if any(re.search(rf"\b{re.escape(name)}\b", summary) for name in names):
+        return err
+    described = {name: f"{spec.dtype.name}[{', '.join(str(d) for d in spec.shape)}]"
+                 for name, spec in zip(names, specs) if isinstance(spec, _TensorArg)}
+    matches = [name for name, text in described.items() if text in summary]
+    if not matches:
+        return err
+    which = " or ".join(f"'{name}'" for name in matches)
+    return KernelError(f"argument {which} ({described[matches[0]]}): {summary}", limit=err.limit, hint=err.hint)
 
 
 def _named_stub(name: str, doc: str, signature: inspect.Signature):

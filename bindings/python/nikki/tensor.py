@@ -52,6 +52,10 @@ def region_of(buffer) -> MemoryRegion:
                           hint="use nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm or nl.private_hbm")
 
 
+# Subscripts beyond this cannot address any tensor, and do not fit the IR's 64-bit indices.
+_INDEX_LIMIT = 2 ** 62
+
+
 class DynSlice:
     """``nl.ds(start, size)``: the slice [start, start + size). `start` may be a runtime value (a
     register or a 1x1 integer tensor); `size` is a compile-time integer."""
@@ -59,8 +63,8 @@ class DynSlice:
     __slots__ = ("start", "size")
 
     def __init__(self, start, size: int):
-        self.size = check_int(size, "nl.ds: size", minimum=1)
-        self.start = start if _is_runtime_index(start) else check_int(start, "nl.ds: start", minimum=0)
+        self.size = check_int(size, "nl.ds: size", 1, _INDEX_LIMIT)
+        self.start = start if _is_runtime_index(start) else check_int(start, "nl.ds: start", 0, _INDEX_LIMIT)
 
     @property
     def is_runtime(self) -> bool:
@@ -79,10 +83,6 @@ def _is_runtime_index(x) -> bool:
     from .isa import VirtualRegister
 
     return isinstance(x, (VirtualRegister, NkiTensor))
-
-
-# Subscripts beyond this cannot address any tensor, and do not fit the IR's 64-bit indices.
-_INDEX_LIMIT = 2 ** 62
 
 
 def _checked_index(k) -> int:
@@ -105,7 +105,7 @@ def _checked_slice(k: slice) -> slice:
         raise kernel_error_at(user_frame(), f"slice step must be positive, got {k.step} in "
                               f"[{'' if k.start is None else k.start}:{'' if k.stop is None else k.stop}:{k.step}]",
                               hint="reverse iteration is not expressible as an NKI access pattern")
-    bounded = [p for p in (k.start, k.stop) if p is not None]
+    bounded = [p for p in (k.start, k.stop, k.step) if p is not None]
     if any(not -_INDEX_LIMIT < p < _INDEX_LIMIT for p in bounded):
         raise kernel_error_at(user_frame(), f"slice {k} has a bound out of range for any tensor dim")
     return k

@@ -21,7 +21,8 @@ import torch
 
 from . import library as _library
 from .arguments import argument_error, check_bool, check_int, check_real, check_shape
-from .dtypes import torch_dtype
+from .dtypes import from_torch, torch_dtype
+from .errors import kernel_error_at, user_frame
 from .kernel import Kernel
 from .spec import TensorSpec
 
@@ -63,7 +64,7 @@ def nki_op(name: str, *, mutates_args=(), schema: str | None = None):
             specs = [TensorSpec(tuple(int(s) for s in a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
                      for a in args]
             output_specs, results = kernel.trace_outputs(kernel._bind(specs, {}))
-            device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+            device = _one_device(name, [(kernel._param_name(i), a) for i, a in enumerate(args)])
             outs = [torch.empty(shape, dtype=torch_dtype(dt), device=device) for shape, dt in output_specs]
             returned = [outs[k] for kind, k in results if kind == "output"]
             return None if not returned else returned[0] if len(returned) == 1 else tuple(returned)
@@ -74,6 +75,20 @@ def nki_op(name: str, *, mutates_args=(), schema: str | None = None):
         return op
 
     return register
+
+
+def _one_device(api: str, named_args) -> torch.device | None:
+    """The device of the tensors among (name, value) arguments, which must be one (as for torch's
+    own ops); a KernelError naming the first argument on another device."""
+    device, first = None, None
+    for name, value in named_args:
+        if isinstance(value, torch.Tensor):
+            if device is None:
+                device, first = value.device, name
+            elif value.device != device:
+                raise kernel_error_at(user_frame(), f"{api}: argument '{name}' is on {value.device}, but '{first}' is "
+                                      f"on {device}", hint="put all tensor arguments on one device")
+    return device
 
 
 def _op_results(kernel, args, results):
@@ -250,19 +265,24 @@ def _tensor(x, what: str, min_dim: int = 1) -> torch.Tensor:
         raise argument_error(what, "a torch.Tensor", x, hint=hint)
     if x.layout is not torch.strided:
         raise argument_error(what, "a dense (strided) torch.Tensor", x, hint="convert it with .to_dense()")
+    try:
+        from_torch(x.dtype)
+    except TypeError as err:
+        raise argument_error(what, "a tensor of an NKI dtype", x, hint=str(err)) from None
     if x.dim() < min_dim:
         raise argument_error(what, f"a tensor of at least {min_dim} dim{'s' if min_dim > 1 else ''}", x,
                              got=f"a {x.dim()}-d tensor")
     return x
 
 
-def _optional_tensor(x, what: str, shape: tuple):
-    """`x` when None or a tensor of exactly `shape`; else a KernelError naming the argument."""
+def _optional_tensor(x, what: str, shape: tuple, shape_of: str):
+    """`x` when None or a tensor of exactly `shape` (which is `shape_of`, e.g. "the last dim of x");
+    else a KernelError naming the argument."""
     if x is None:
         return None
     _tensor(x, what)
     if tuple(x.shape) != shape:
-        raise argument_error(what, f"None or a tensor of shape {shape}", x)
+        raise argument_error(what, f"None or a tensor of shape {shape} ({shape_of})", x)
     return x
 
 
@@ -274,6 +294,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if a.dim() < 2 or b.dim() != 2:
         raise ValueError(f"nikki.torch.matmul takes a [..., M, K] and b [K, N], got {tuple(a.shape)} and "
                          f"{tuple(b.shape)}")
+    _one_device("nikki.torch.matmul", (("a", a), ("b", b)))
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"nikki.torch.matmul: inner dimensions differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
     out = _mm(a.reshape(-1, a.shape[-1]), b)
@@ -320,9 +341,10 @@ def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = 
     if tuple(x.shape[len(x.shape) - len(shape):]) != shape:
         raise ValueError(f"nikki.torch.layer_norm: normalized_shape {shape} does not match the trailing "
                          f"dimensions of x {tuple(x.shape)}")
-    weight = _optional_tensor(weight, "nikki.torch.layer_norm: weight", shape)
-    bias = _optional_tensor(bias, "nikki.torch.layer_norm: bias", shape)
+    weight = _optional_tensor(weight, "nikki.torch.layer_norm: weight", shape, "normalized_shape")
+    bias = _optional_tensor(bias, "nikki.torch.layer_norm: bias", shape, "normalized_shape")
     eps = check_real(eps, "nikki.torch.layer_norm: eps", finite=True)
+    _one_device("nikki.torch.layer_norm", (("x", x), ("weight", weight), ("bias", bias)))
     h = math.prod(shape)
     weight = torch.ones(h, dtype=x.dtype) if weight is None else weight.reshape(h)
     bias = torch.zeros(h, dtype=x.dtype) if bias is None else bias.reshape(h)
@@ -334,8 +356,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     """``F.rms_norm(x, (H,), weight, eps)`` over the last dimension with nikki's rmsnorm kernel."""
     _tensor(x, "nikki.torch.rms_norm: x")
     h = x.shape[-1]
-    weight = _optional_tensor(weight, "nikki.torch.rms_norm: weight", (h,))
+    weight = _optional_tensor(weight, "nikki.torch.rms_norm: weight", (h,), "the last dim of x")
     eps = check_real(eps, "nikki.torch.rms_norm: eps", finite=True)
+    _one_device("nikki.torch.rms_norm", (("x", x), ("weight", weight)))
     weight = torch.ones(h, dtype=x.dtype) if weight is None else weight
     out, _rstd = library_op("rmsnorm")(x.reshape(-1, h).contiguous(), weight, eps=eps)
     return out.reshape(x.shape)
@@ -349,6 +372,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     for name, t in (("q", q), ("k", k), ("v", v)):
         _tensor(t, f"nikki.torch.flash_attention: {name}")
     causal = check_bool(causal, "nikki.torch.flash_attention: causal")
+    _one_device("nikki.torch.flash_attention", (("q", q), ("k", k), ("v", v)))
     if scale is not None:
         scale = check_real(scale, "nikki.torch.flash_attention: scale", finite=True)
     out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(),
