@@ -32,7 +32,7 @@ test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 test-python: build
-	PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest tests/python -q
+	PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest tests/python tests/fuzz -q
 
 test: test-cpp test-python
 
