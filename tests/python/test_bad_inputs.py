@@ -465,3 +465,32 @@ def test_launch_grid_size_is_bounded():
     with pytest.raises(nki.KernelError) as info:
         plus_one[10 ** 6, 10 ** 6]
     assert "program instances" in message(info) and "at most" in message(info)
+
+
+def test_masked_array_is_rejected_at_every_launch():
+    x = np.ones((2, 8), np.float32)
+    plus_one(x)  # cached for this shape and dtype
+    masked = np.ma.masked_array(x, mask=np.eye(2, 8, dtype=bool))
+    with pytest.raises(nki.KernelError) as info:
+        plus_one(masked)
+    assert "argument 'a' is a numpy masked array" in message(info)
+
+
+@pytest.mark.parametrize("value", ["abc", "-2", "0", "100000"])
+def test_logical_core_variable_is_parsed_strictly(monkeypatch, value):
+    monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", value)
+    with pytest.raises(nki.KernelError) as info:
+        nki.jit(plus_one.fn)(np.ones((2, 8), np.float32))
+    assert f"NEURON_LOGICAL_NC_CONFIG={value} is not a number of logical cores" in message(info)
+
+
+def test_entry_point_options_are_checked():
+    with pytest.raises(ValueError, match="nki_op: name must be 'namespace::op', got 'plain'"):
+        ntorch.nki_op("plain")(plus_one)
+    profile = nki.estimate(plus_one, nki.spec((2, 8), np.float32))
+    with pytest.raises(ValueError, match="engine 'tensr' is not one of tensor, vector"):
+        profile.utilization("tensr")
+    with pytest.raises(nki.KernelError, match="Profile.summary: top must be an integer"):
+        profile.summary(top="8")
+    with pytest.raises(nki.KernelError, match="nki.benchmark: iters must be an integer at least 1, got 0"):
+        nki.benchmark(plus_one, iters=0)

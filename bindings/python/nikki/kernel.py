@@ -150,7 +150,12 @@ class Kernel:
         if self.grid:
             return self.grid
         lnc = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
-        return (int(lnc),) if lnc and lnc.isdigit() and int(lnc) > 1 else ()
+        if not lnc:
+            return ()
+        if not lnc.isdigit() or not 1 <= int(lnc) <= _MAX_GRID_INSTANCES:
+            raise KernelError(f"NEURON_LOGICAL_NC_CONFIG={lnc} is not a number of logical cores",
+                              limit=f"1 to {_MAX_GRID_INSTANCES}", hint="set NEURON_LOGICAL_NC_CONFIG=1 or 2, or unset it")
+        return (int(lnc),) if int(lnc) > 1 else ()
 
     def _call(self, args, kwargs):
         values = self._bind(args, kwargs)
@@ -239,6 +244,8 @@ class Kernel:
             if isinstance(value, TensorSpec):
                 return _tensor_arg(name, value.shape, to_dtype(value.dtype), False)
             if isinstance(value, np.ndarray):
+                if isinstance(value, np.ma.MaskedArray):
+                    raise _masked_array_error(name)
                 return _tensor_arg(name, value.shape, from_numpy(value.dtype), False)
             if _is_torch(value):
                 problem = _torch_problem(name, value)
@@ -352,6 +359,8 @@ class Kernel:
         in_ptrs, keep, write_back, torch_out = [], [], [], False
         for i, v in enumerate(values):
             if isinstance(v, np.ndarray):
+                if v.__class__ is not np.ndarray and isinstance(v, np.ma.MaskedArray):
+                    raise _masked_array_error(self._param_name(i))
                 flags = v.flags
                 if flags.c_contiguous and flags.aligned and v.dtype.isnative:
                     arr = v
@@ -432,6 +441,11 @@ def _tensor_arg(name: str, shape, dtype, is_torch: bool) -> _TensorArg:
         raise KernelError(f"argument '{name}' has {len(shape)} dims", limit=f"tensors have at most {_core.max_rank} dims",
                           hint="merge dims with reshape before the call")
     return _TensorArg(shape, dtype, is_torch)
+
+
+def _masked_array_error(name: str) -> KernelError:
+    return KernelError(f"argument '{name}' is a numpy masked array; a kernel reads every element and would ignore "
+                       "the mask", hint="pass a.filled(value), or a.data to compute on the masked elements too")
 
 
 def _torch_problem(name: str, tensor) -> KernelError | None:

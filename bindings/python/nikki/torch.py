@@ -43,6 +43,8 @@ def nki_op(name: str, *, mutates_args=(), schema: str | None = None):
     Returns torch's ``CustomOpDef``: call it like the kernel, and add a backward with
     ``op.register_autograd(backward, setup_context=...)``. ``op.kernel`` is the kernel.
     """
+    if not isinstance(name, str) or name.count("::") != 1 or not all(name.split("::")):
+        raise ValueError(f"nki_op: name must be 'namespace::op', got {name!r}")
     mutates = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)
 
     def register(kernel):
