@@ -494,3 +494,15 @@ def test_entry_point_options_are_checked():
         profile.summary(top="8")
     with pytest.raises(nki.KernelError, match="nki.benchmark: iters must be an integer at least 1, got 0"):
         nki.benchmark(plus_one, iters=0)
+
+
+def test_index_grid_of_more_axes_than_a_view_has_dims_is_a_kernel_error():
+    @nki.jit
+    def nine_axes(a):
+        i = nl.mgrid[0:1, 0:1, 0:1, 0:1, 0:1, 0:1, 0:1, 0:1, 0:2]
+        nl.load(a[i.p, i.x])
+        return a
+
+    with pytest.raises(nki.KernelError) as info:
+        nine_axes(np.ones((2, 2), np.float32))
+    assert "index expression: ap(): pattern needs 1 to 8" in message(info)
