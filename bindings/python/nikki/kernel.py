@@ -13,11 +13,10 @@ import os
 
 import numpy as np
 
-from . import _core
+from . import _core, isa
 from .arguments import describe, is_int
 from .dtypes import from_numpy, from_torch, numpy_dtype, to_dtype, torch_dtype
 from .spec import TensorSpec
-from . import isa
 from .errors import (KernelError, is_internal_frame, kernel_error_at, kernel_error_in_traceback, user_frame,
                      without_internal_frames)
 from .tensor import NkiTensor, shared_hbm
