@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 
 PYTHON ?= python3
 
-.PHONY: all setup configure build develop test test-cpp test-python demo clean
+.PHONY: all setup configure build develop test test-cpp test-python sweep demo clean
 
 all: build
 
@@ -35,6 +35,14 @@ test-python: build
 	PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest tests/python tests/fuzz -q
 
 test: test-cpp test-python
+
+# Many more randomly drawn cases of every library kernel than `make test` runs, against the
+# float64 references (C++ and Python) and PyTorch (Python). SWEEP_CASES per kernel.
+SWEEP_CASES ?= 60
+sweep: build
+	cd $(BUILD) && NIKKI_SWEEP_CASES=$(SWEEP_CASES) ./tests/cpp/nikki_tests -tc="library kernels: randomly drawn*"
+	NIKKI_SWEEP_CASES=$(SWEEP_CASES) PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest -q \
+		tests/python/kernels/test_kernel_properties.py
 
 # The C++ kernels on the reference interpreter, then flash attention from PyTorch with its profile.
 demo: build

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "nikki/jit/compile.hpp"
-#include "nikki/kernels/flash_attention.hpp"
+#include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/runtime/profile.hpp"
 
 namespace {

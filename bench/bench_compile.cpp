@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "nikki/jit/compile.hpp"
-#include "nikki/kernels/matmul.hpp"
-#include "nikki/kernels/softmax.hpp"
+#include "nikki/kernels/matmul/matmul.hpp"
+#include "nikki/kernels/softmax/softmax.hpp"
 #include "nikki/runtime/executor.hpp"
 #include "nikki/runtime/jit_kernel.hpp"
 #include "scoped_env.hpp"

@@ -2,7 +2,10 @@
 // model (timing only: nothing is executed). Every figure printed is an ESTIMATE of the modelled
 // NeuronCore, not a measurement.
 //
-//   build-dir/bench/nikki_kernel_estimates [--target trn1|trn2]
+//   build-dir/bench/nikki_kernel_estimates [--target trn1|trn2] [--markdown]
+//
+// First, every registered kernel at the shape its registration names (docs/kernels.md's table;
+// --markdown prints just that table); then more shapes of matmul, softmax and the norms.
 //
 // matmul:       TensorE FLOP utilization = matmul FLOPs / (total time x the 16-bit PE-array peak).
 // softmax, layernorm, rmsnorm and their backwards: DMA roofline = compulsory HBM traffic (each
@@ -42,6 +45,36 @@ Estimate estimate(const std::string& kernel, std::vector<TensorSpec> inputs, Tar
   }
   e.profile = runtime::estimate(*p.device);
   return e;
+}
+
+/** Utilization of a kernel at its registered benchmark shape: useful FLOPs over the Tensor
+ *  engine's peak, or compulsory HBM bytes (every input read once, every output written once)
+ *  over the DMA peak, both against the estimated time. */
+struct Registered {
+  std::string kernel, shape, metric;
+  double us = 0, utilization = 0, goal = 0;
+};
+
+Registered estimate_registered(const kernels::KernelInfo& k, TargetId target) {
+  const kernels::Benchmark& b = *k.benchmark;
+  Kernel traced = kernels::trace_library_kernel(k, b.shape.inputs, b.shape.params, TraceOptions{.target = target});
+  jit::CompileOptions options;
+  options.native = false;
+  options.disk_cache = false;
+  jit::Program p = jit::compile(std::move(traced), options);
+  const runtime::Profile prof = runtime::estimate(*p.device);
+  Registered r{k.name, b.shape.label, "", prof.total_ns / 1e3, 0, b.goal};
+  if (b.bound == kernels::Bound::tensor_engine) {
+    r.metric = "useful TensorE FLOP utilization";
+    r.utilization = b.useful_flops(b.shape) / (prof.total_ns * prof.tensor_peak_flops_per_ns);
+  } else {
+    double bytes = 0;
+    for (const TensorSpec& s : b.shape.inputs) bytes += double(s.shape.num_elements()) * dtype_size(s.dtype);
+    for (StorageId id : p.kernel().outputs) bytes += double(p.kernel().storage(id).total_bytes());
+    r.metric = "HBM roofline / estimated time";
+    r.utilization = bytes / prof.dma_peak_bytes_per_ns / prof.total_ns;
+  }
+  return r;
 }
 
 /** "(target >= G%: met)" / "MISSED", or nothing when the shape has no goal. */
@@ -97,11 +130,30 @@ void report_rows(const std::string& kernel, int64_t R, int64_t C, DType d, Targe
 
 int main(int argc, char** argv) {
   TargetId target = TargetId::trn2;
-  for (int i = 1; i + 1 < argc; ++i)
-    if (std::strcmp(argv[i], "--target") == 0) target = require_target(argv[i + 1]);
-  std::printf("nikki kernel estimates on %s (timing model only; all figures are estimates)\n\n",
-              std::string(target_config(target).name).c_str());
+  bool markdown = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--target") == 0 && i + 1 < argc) target = require_target(argv[++i]);
+    else if (std::strcmp(argv[i], "--markdown") == 0) markdown = true;
+  }
   try {
+    std::vector<Registered> rows;
+    for (const kernels::KernelInfo& k : kernels::registry())
+      if (k.benchmark) rows.push_back(estimate_registered(k, target));
+    if (markdown) {
+      std::printf("| kernel | shape | metric | estimate | goal |\n|--------|-------|--------|----------|------|\n");
+      for (const Registered& r : rows)
+        std::printf("| %s | %s | %s | %.1f%% | %s |\n", r.kernel.c_str(), r.shape.c_str(), r.metric.c_str(),
+                    100 * r.utilization,
+                    r.goal > 0 ? fmt::format(">= {:.0f}%{}", 100 * r.goal, r.utilization >= r.goal ? "" : " (missed)").c_str()
+                               : "");
+      return 0;
+    }
+    std::printf("nikki kernel estimates on %s (timing model only; all figures are estimates)\n\n",
+                std::string(target_config(target).name).c_str());
+    for (const Registered& r : rows)
+      std::printf("%-20s %-36s %9.1f us  %-32s %5.1f%%  %s\n", r.kernel.c_str(), r.shape.c_str(), r.us, r.metric.c_str(),
+                  100 * r.utilization, goal_text(r.utilization, r.goal).c_str());
+    std::printf("\n");
     report_matmul(4096, 4096, 4096, DType::bfloat16, target, 0.85);
     report_matmul(4096, 4096, 4096, DType::float32, target, 0);
     report_matmul(2048, 8192, 1024, DType::bfloat16, target, 0);

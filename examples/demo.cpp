@@ -12,8 +12,8 @@
 
 #include "nikki/ir_printer.hpp"
 #include "nikki/jit/compile.hpp"
-#include "nikki/kernels/matmul.hpp"
-#include "nikki/kernels/softmax.hpp"
+#include "nikki/kernels/matmul/matmul.hpp"
+#include "nikki/kernels/softmax/softmax.hpp"
 #include "nikki/runtime/interpreter.hpp"
 
 namespace {

@@ -16,6 +16,7 @@ debian_packages=(
   llvm-19-dev clang-19 libzstd-dev zlib1g-dev libedit-dev libxml2-dev
   libfmt-dev doctest-dev libbenchmark-dev
   ninja-build lld ccache g++ make
+  time  # /usr/bin/time -v: peak memory of the test suite
 )
 missing=()
 for pkg in "${debian_packages[@]}"; do

@@ -21,6 +21,8 @@
 
 namespace py = pybind11;
 using namespace nikki;
+using bindings::int64_from_python;
+using bindings::shape_from_python;
 using bindings::shape_tuple;
 
 namespace {
@@ -33,12 +35,6 @@ py::object g_view_error_class;
 struct Register {
   RegisterId id;
 };
-
-Shape to_shape(const std::vector<int64_t>& dims) {
-  if (dims.size() > size_t(kMaxRank))
-    throw ViewError{fmt::format("rank {} exceeds the maximum of {}", dims.size(), kMaxRank), {}, {}};
-  return Shape(std::span<const int64_t>(dims));
-}
 
 Operand to_operand(const py::handle& h) {
   if (h.is_none()) return Operand::none();
@@ -94,15 +90,15 @@ void set_attribute(Attributes& a, const std::string& key, const py::handle& v) {
   else if (key == "is_stationary_onezero") a.is_stationary_onezero = v.cast<bool>();
   else if (key == "is_moving_onezero") a.is_moving_onezero = v.cast<bool>();
   else if (key == "axes") a.axes = v.cast<uint32_t>();
-  else if (key == "offset") a.offset = v.cast<int64_t>();
-  else if (key == "channel_multiplier") a.channel_multiplier = v.cast<int64_t>();
+  else if (key == "offset") a.offset = int64_from_python(v, "offset");
+  else if (key == "channel_multiplier") a.channel_multiplier = int64_from_python(v, "channel_multiplier");
   else if (key == "pattern") {
     for (const py::handle& pair : v) {
-      auto seq = pair.cast<std::vector<int64_t>>();
+      const py::sequence seq = py::reinterpret_borrow<py::sequence>(pair);
       if (seq.size() != 2) throw ViewError{"pattern entries are [step, num] pairs", {}, {}};
-      a.pattern.push_back({seq[0], seq[1]});
+      a.pattern.push_back({int64_from_python(seq[0], "pattern step"), int64_from_python(seq[1], "pattern num")});
     }
-  } else if (key == "step") a.step = v.cast<int64_t>();
+  } else if (key == "step") a.step = int64_from_python(v, "step");
   else if (key == "jump") a.jump = v.cast<int32_t>();
   else if (key == "text") a.text = v.cast<std::string>();
   else throw std::invalid_argument("unknown instruction attribute: " + key);
@@ -127,6 +123,10 @@ struct PyProgram {
     py::gil_scoped_release release;
     executor->run(in, out, fill_outputs);
   }
+
+  /** Drops the executor and its simulated core until the next run: an SPMD launch runs one
+   * program per instance and would otherwise keep a simulated core alive for each. */
+  void release_executor() { executor.reset(); }
 };
 
 py::dict tile_sizes(const TargetConfig& t) {
@@ -222,6 +222,9 @@ PYBIND11_MODULE(_core, m) {
     return d;
   });
   m.def("default_target", [] { return std::string(target_config(default_target()).name); });
+  m.def("max_instructions", [] { return max_instructions(); },
+        "The most instructions a kernel launch may trace into (NIKKI_MAX_INSTRUCTIONS).");
+  m.def("instruction_limit_text", &instruction_limit_text, py::arg("limit"));
 
   // --- errors ------------------------------------------------------------------------------
   m.def("_set_error_classes", [](py::object kernel_error, py::object view_error) {
@@ -291,48 +294,57 @@ PYBIND11_MODULE(_core, m) {
                  auto sl = h.cast<py::slice>();
                  Slice s;
                  py::object start = sl.attr("start"), stop = sl.attr("stop"), step = sl.attr("step");
-                 if (!start.is_none()) s.start = start.cast<int64_t>();
-                 if (!stop.is_none()) s.stop = stop.cast<int64_t>();
-                 if (!step.is_none()) s.step = step.cast<int64_t>();
+                 if (!start.is_none()) s.start = int64_from_python(start, "slice start");
+                 if (!stop.is_none()) s.stop = int64_from_python(stop, "slice stop");
+                 if (!step.is_none()) s.step = int64_from_python(step, "slice step");
                  idx.emplace_back(s);
                } else {
-                 idx.emplace_back(h.cast<int64_t>());
+                 idx.emplace_back(int64_from_python(h, "index"));
                }
              }
              return view::subscript(ap, idx, on_chip);
            })
       .def("slice",
-           [](const AccessPattern& ap, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end,
-              int64_t step) { return view::strict_slice(ap, view::normalize_dim(ap, dim, "slice"), {start, end, step}); })
-      .def("select", [](const AccessPattern& ap, int64_t dim, int64_t i) { return view::select(ap, dim, i); })
+           [](const AccessPattern& ap, int64_t dim, const py::object& start, const py::object& end,
+              const py::object& step) {
+             Slice s{std::nullopt, std::nullopt, int64_from_python(step, "slice step")};
+             if (!start.is_none()) s.start = int64_from_python(start, "slice start");
+             if (!end.is_none()) s.stop = int64_from_python(end, "slice end");
+             return view::strict_slice(ap, view::normalize_dim(ap, dim, "slice"), s);
+           })
+      .def("select", [](const AccessPattern& ap, int64_t dim,
+                        const py::object& i) { return view::select(ap, dim, int64_from_python(i, "index")); })
       .def("permute", [](const AccessPattern& ap, const std::vector<int64_t>& order) { return view::permute(ap, order); })
-      .def("broadcast", [](const AccessPattern& ap, int64_t dim, int64_t n) { return view::broadcast(ap, dim, n); })
+      .def("broadcast", [](const AccessPattern& ap, int64_t dim,
+                           const py::object& n) { return view::broadcast(ap, dim, int64_from_python(n, "broadcast size")); })
       .def("expand_dim", [](const AccessPattern& ap, int64_t dim) { return view::expand_dim(ap, dim); })
       .def("squeeze_dim", [](const AccessPattern& ap, int64_t dim) { return view::squeeze_dim(ap, dim); })
       .def("reshape",
-           [](const AccessPattern& ap, const std::vector<int64_t>& s) { return view::reshape(ap, to_shape(s)); })
+           [](const AccessPattern& ap, const py::object& s) { return view::reshape(ap, shape_from_python(s)); })
       .def("reshape_dim", [](const AccessPattern& ap, int64_t dim,
-                             const std::vector<int64_t>& s) { return view::reshape_dim(ap, dim, to_shape(s)); })
+                             const py::object& s) { return view::reshape_dim(ap, dim, shape_from_python(s)); })
       .def("flatten_dims", [](const AccessPattern& ap, int64_t s, int64_t e) { return view::flatten_dims(ap, s, e); })
       .def("reinterpret", [](const AccessPattern& ap, DType d) { return view::reinterpret(ap, d); })
       .def("with_pattern",
-           [](const AccessPattern& ap, const std::vector<std::pair<int64_t, int64_t>>& pattern, int64_t offset,
-              DType dtype) {
-             if (pattern.empty() || pattern.size() > size_t(kMaxRank))
+           [](const AccessPattern& ap, const py::sequence& pattern, const py::object& offset, DType dtype) {
+             if (pattern.size() == 0 || pattern.size() > size_t(kMaxRank))
                throw ViewError{fmt::format("ap(): pattern needs 1 to {} [stride, count] pairs, got {}", kMaxRank,
                                            pattern.size()),
                                {}, {}};
              AccessPattern out;
              out.storage = ap.storage;
              out.dtype = dtype;
-             out.offset = offset;
+             out.offset = int64_from_python(offset, "ap(): offset");
              out.rank = static_cast<uint8_t>(pattern.size());
              for (size_t d = 0; d < pattern.size(); ++d) {
-               if (pattern[d].second < 1)
-                 throw ViewError{fmt::format("ap(): count {} of pattern entry {} must be positive", pattern[d].second, d),
-                                 {}, {}};
-               out.dims[d] = {pattern[d].first, pattern[d].second};
+               const py::sequence pair = py::reinterpret_borrow<py::sequence>(pattern[d]);
+               if (pair.size() != 2) throw ViewError{"ap(): pattern entries are [stride, count] pairs", {}, {}};
+               const Dim dim{int64_from_python(pair[0], "ap(): stride"), int64_from_python(pair[1], "ap(): count")};
+               if (dim.count < 1)
+                 throw ViewError{fmt::format("ap(): count {} of pattern entry {} must be positive", dim.count, d), {}, {}};
+               out.dims[d] = dim;
              }
+             view::check_arithmetic(out, "ap()");
              return out;
            })
       .def("with_indirection",
@@ -386,14 +398,30 @@ PYBIND11_MODULE(_core, m) {
              return b.location(SourceLocation{std::move(file), line, column, std::move(function), end_column});
            })
       .def("add_storage",
-           [](KernelBuilder& b, const std::string& name, Buffer buffer, DType dtype, const std::vector<int64_t>& shape,
-              const std::string& role, LocId loc, std::optional<std::pair<uint32_t, uint32_t>> address) {
+           [](KernelBuilder& b, const std::string& name, Buffer buffer, DType dtype, const py::object& shape,
+              const std::string& role, LocId loc, const py::object& address) {
              StorageRole r = role == "input"    ? StorageRole::input
                              : role == "output" ? StorageRole::output
                                                 : StorageRole::scratch;
              std::optional<Address> a;
-             if (address) a = Address{address->first, address->second};
-             Shape s = to_shape(shape);
+             Shape s;
+             try {
+               s = shape_from_python(shape);
+               if (!address.is_none()) {
+                 const py::sequence pair = py::reinterpret_borrow<py::sequence>(address);
+                 const int64_t partition = int64_from_python(pair[0], "address partition");
+                 const int64_t byte = int64_from_python(pair[1], "address byte offset");
+                 if (partition < 0 || byte < 0 || partition > UINT32_MAX || byte > UINT32_MAX)
+                   throw ViewError{fmt::format("address ({}, {}) is outside the memory", partition, byte),
+                                   "addresses are (partition, byte offset) pairs of non-negative numbers",
+                                   "choose an address inside the buffer, or omit address= and let nikki place "
+                                   "the tensor"};
+                 a = Address{uint32_t(partition), uint32_t(byte)};
+               }
+             } catch (const ViewError& e) {
+               throw KernelError(fmt::format("tensor '{}': {}", name, e.what), b.source(loc),
+                                 r == StorageRole::input ? "input" : "ndarray", e.limit, e.hint);
+             }
              StorageId id = b.add_storage(name, buffer, dtype, s, r, loc, a);
              return full_view(id, dtype, s);
            })
@@ -413,7 +441,12 @@ PYBIND11_MODULE(_core, m) {
                inst.name = std::move(name);
                const size_t n = operands.size();
                for (size_t i = 0; i < n && i < size_t(kMaxSlots); ++i) inst.operands[i] = to_operand(operands[i]);
-               for (auto item : attrs) set_attribute(inst.attrs, item.first.cast<std::string>(), item.second);
+               try {
+                 for (auto item : attrs) set_attribute(inst.attrs, item.first.cast<std::string>(), item.second);
+               } catch (const ViewError& e) {  // an attribute out of range: the user's line is `loc`
+                 throw KernelError(fmt::format("{}: {}", opcode_name(op), e.what), b.source(loc),
+                                   std::string(opcode_name(op)), e.limit, e.hint);
+               }
                check_user_operands(b, inst);
              });
              return b.kernel().instructions.size() - 1;
@@ -459,6 +492,9 @@ PYBIND11_MODULE(_core, m) {
         std::vector<uint8_t> bytes = jit::serialize(*p.program.device);
         return py::bytes(reinterpret_cast<const char*>(bytes.data()), bytes.size());
       })
+      .def_property_readonly("memory_bytes", [](const PyProgram& p) {
+        return sizeof(PyProgram) + jit::memory_bytes(p.program) + (p.executor ? p.executor->resident_bytes() : 0);
+      }, "Approximate bytes the program holds between runs: IR, streams, native code, executor state.")
       .def_property_readonly("executor", [](const PyProgram& p) {
         return p.kind == runtime::ExecutorKind::native ? "native" : "interp";
       })
@@ -473,7 +509,9 @@ PYBIND11_MODULE(_core, m) {
         d["origin"] = jit::code_origin_name(s.origin);
         return d;
       })
-      .def("run", &PyProgram::run, py::arg("inputs"), py::arg("outputs"), py::arg("fill_outputs") = true);
+      .def("run", &PyProgram::run, py::arg("inputs"), py::arg("outputs"), py::arg("fill_outputs") = true)
+      .def("release_executor", &PyProgram::release_executor,
+           "Drops the simulated core (and its memory) until the next run.");
 
   m.def(
       "load_program",
@@ -529,6 +567,9 @@ PYBIND11_MODULE(_core, m) {
         }
         return l;
       });
+
+  m.def("live_core_memories", &runtime::live_core_memories,
+        "SBUF/PSUM memories of simulated cores currently allocated (borrowed per run from a small pool).");
 
   m.def("estimate", [](const PyProgram& p) { return runtime::estimate(*p.program.device); });
   m.def("profile_summary", [](const runtime::Profile& prof, const PyProgram& p, int top) {

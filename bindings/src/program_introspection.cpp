@@ -32,6 +32,32 @@ py::tuple shape_tuple(const Shape& s) {
   return t;
 }
 
+int64_t int64_from_python(const py::handle& value, std::string_view what) {
+  py::object index = py::reinterpret_steal<py::object>(PyNumber_Index(value.ptr()));
+  if (!index) {
+    PyErr_Clear();
+    throw ViewError{fmt::format("{} must be an integer, got {}", what, py::str(py::type::of(value)).cast<std::string>()),
+                    {}, {}};
+  }
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (overflow != 0)
+    throw ViewError{fmt::format("{} {} does not fit in a signed 64-bit integer", what,
+                                py::str(index).cast<std::string>()),
+                    size_limit_text(), "use smaller extents, indices and strides"};
+  return static_cast<int64_t>(v);
+}
+
+Shape shape_from_python(const py::handle& dims) {
+  const py::sequence seq = py::reinterpret_borrow<py::sequence>(dims);
+  const std::string shown = py::str(py::tuple(seq)).cast<std::string>();
+  if (seq.size() > size_t(kMaxRank))
+    throw ViewError{fmt::format("shape {} has rank {}, above the maximum of {}", shown, seq.size(), kMaxRank), {}, {}};
+  Shape shape;
+  for (const py::handle& d : seq) shape.push_back(int64_from_python(d, fmt::format("shape {}: extent", shown)));
+  return shape;
+}
+
 namespace {
 
 /** The namedtuple types of operands. Created once; deliberately never released, because a

@@ -24,10 +24,6 @@ constexpr size_t kMultiBuffer = 2;
 
 int64_t align_up(int64_t v, int64_t a) { return (v + a - 1) / a * a; }
 
-std::string bytes_str(int64_t b) {
-  if (b >= 1024 && b % 1024 == 0) return fmt::format("{} KiB", b / 1024);
-  return fmt::format("{} B", b);
-}
 
 /** A placed tensor: partitions [p0, p1) x bytes [b0, b1) during a live range. */
 struct Box {
@@ -176,20 +172,20 @@ class Allocator {
     for (size_t i = 0; i < live.size() && i < 5; ++i) {
       const Storage& s = k_.storages[live[i]];
       largest += fmt::format("\n    '{}' {}{} {} per partition (created at {})", s.name, info(s.dtype).short_name,
-                             s.shape.str(), bytes_str(footprint(s)), k_.location(s.loc).str());
+                             s.shape.str(), bytes_text(footprint(s)), k_.location(s.loc).str());
     }
     if (live.size() > 5) largest += fmt::format("\n    ... and {} more", live.size() - 5);
     const std::string mem = buffer_ == Buffer::sbuf ? "SBUF" : "PSUM";
     const std::string unit = buffer_ == Buffer::sbuf
                                  ? ""
-                                 : fmt::format(" ({} banks of {})", t_.psum_num_banks, bytes_str(t_.psum_bank_bytes));
+                                 : fmt::format(" ({} banks of {})", t_.psum_num_banks, bytes_text(t_.psum_bank_bytes));
     const Instruction& inst = k_.instructions[at];
     std::string what;
     if (over) {
       what = fmt::format("{} capacity exceeded: {} live tensors need {} per partition, {} has {}{}", mem, live.size(),
-                         bytes_str(total_footprint(live)), t_.name, bytes_str(capacity_), unit);
+                         bytes_text(total_footprint(live)), t_.name, bytes_text(capacity_), unit);
       if (peak_at != at)
-        what += fmt::format("; usage peaks at {} per partition ({} live tensors) at {}", bytes_str(peak),
+        what += fmt::format("; usage peaks at {} per partition ({} live tensors) at {}", bytes_text(peak),
                             live_at(peak_at).size(), k_.location(k_.instructions[peak_at].loc).str());
     } else {
       // Largest hole between the tensors that stay live alongside the failing one.
@@ -201,11 +197,11 @@ class Allocator {
       gap = std::max(gap, capacity_ - end);
       what = fmt::format("{} is too fragmented to place '{}' ({}): {} of {} per partition are live, but the largest "
                          "free gap is {}",
-                         mem, k_.storages[failing].name, bytes_str(footprint(k_.storages[failing])),
-                         bytes_str(total_footprint(live)), bytes_str(capacity_), bytes_str(gap));
+                         mem, k_.storages[failing].name, bytes_text(footprint(k_.storages[failing])),
+                         bytes_text(total_footprint(live)), bytes_text(capacity_), bytes_text(gap));
     }
     throw KernelError(what + "\n  largest live tensors:" + largest, k_.location(inst.loc), to_string(k_, inst),
-                      fmt::format("{} per partition on {} ({})", bytes_str(capacity_), t_.name, t_.core),
+                      fmt::format("{} per partition on {} ({})", bytes_text(capacity_), t_.name, t_.core),
                       !over ? std::string("split the large tile into smaller ones, or shorten the live ranges of "
                                           "the tensors placed around it (tensors are placed in order of first use)")
                       : buffer_ == Buffer::sbuf
@@ -213,7 +209,7 @@ class Allocator {
                                         "buffers)")
                           : fmt::format("accumulate into fewer PSUM tiles at once (each tile takes whole {} banks); "
                                         "copy results out of PSUM sooner",
-                                        bytes_str(t_.psum_bank_bytes)));
+                                        bytes_text(t_.psum_bank_bytes)));
   }
 
   Kernel& k_;

@@ -19,7 +19,17 @@ namespace nikki::jit {
 namespace {
 
 constexpr char kMagic[8] = {'N', 'I', 'K', 'C', 'A', 'C', 'H', 'E'};
-constexpr size_t kHeader = 8 + 8 + 16;
+
+/** The fixed-size start of an entry file; the key's bytes and then the payload follow it. */
+struct EntryHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t reserved;
+  uint64_t key_size;
+  uint64_t payload_size;
+  Hash128 checksum;  // of the key's bytes and the payload
+};
+static_assert(sizeof(EntryHeader) == 48);
 
 uint64_t mix(uint64_t x) {
   // splitmix64 finalizer: spreads every input bit over the output
@@ -30,7 +40,9 @@ uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-Hash128 hash_bytes(const std::vector<uint8_t>& v) { return Hasher().bytes(v.data(), v.size()).finish(); }
+Hash128 entry_checksum(const std::vector<uint8_t>& key, const uint8_t* payload, size_t payload_size) {
+  return Hasher().bytes(key.data(), key.size()).bytes(payload, payload_size).finish();
+}
 
 }  // namespace
 
@@ -61,6 +73,12 @@ Hasher& Hasher::bytes(const void* data, size_t n) {
 
 Hash128 Hasher::finish() const { return {mix(a_ ^ mix(n_)), mix(b_ + 0x9e3779b97f4a7c15ull * (n_ + 1))}; }
 
+CacheKey& CacheKey::bytes(const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  material_.insert(material_.end(), p, p + n);
+  return *this;
+}
+
 std::string Hash128::hex() const { return fmt::format("{:016x}{:016x}", hi, lo); }
 
 const Hash128& build_id() {
@@ -90,32 +108,97 @@ CacheSettings CacheSettings::from_env() {
   return s;
 }
 
-std::string DiskCache::path(std::string_view category, const Hash128& key) const {
-  return fmt::format("{}/{}/{}.bin", settings_.directory, category, key.hex());
+const char* cache_lookup_name(CacheLookup lookup) {
+  switch (lookup) {
+    case CacheLookup::hit: return "hit";
+    case CacheLookup::absent: return "absent";
+    case CacheLookup::truncated: return "truncated";
+    case CacheLookup::corrupt: return "corrupt";
+    case CacheLookup::wrong_version: return "of another format version";
+    case CacheLookup::wrong_key: return "of another key";
+  }
+  return "?";
 }
 
-std::optional<std::vector<uint8_t>> DiskCache::load(std::string_view category, const Hash128& key) const {
-  if (!settings_.enabled) return std::nullopt;
-  std::ifstream in(path(category, key), std::ios::binary | std::ios::ate);
-  if (!in) return std::nullopt;
-  const std::streamoff file_size = in.tellg();
-  if (file_size < std::streamoff(kHeader)) return std::nullopt;
+bool log_enabled(std::string_view what) {
+  const char* env = std::getenv("NIKKI_LOG");
+  if (!env) return false;
+  std::string_view v(env);
+  return v == "all" || v.find(what) != std::string_view::npos;
+}
+
+void log_rejected_entry(const std::string& path, std::string_view reason) {
+  if (log_enabled("cache"))
+    std::fprintf(stderr, "nikki: cache entry %s is %.*s: rebuilding it\n", path.c_str(), int(reason.size()),
+                 reason.data());
+}
+
+std::string DiskCache::path(std::string_view category, const Hash128& hash) const {
+  return fmt::format("{}/{}/{}.bin", settings_.directory, category, hash.hex());
+}
+
+namespace {
+
+/** An entry file's key bytes and payload, after the container's checks. */
+struct EntryContents {
+  CacheLookup lookup = CacheLookup::absent;
+  std::vector<uint8_t> key, payload;
+};
+
+EntryContents read_entry(const std::string& file) {
+  EntryContents entry;
+  std::ifstream in(file, std::ios::binary | std::ios::ate);
+  if (!in) return entry;
+  const uint64_t file_size = uint64_t(in.tellg());
+  EntryHeader header;
+  entry.lookup = CacheLookup::truncated;
+  if (file_size < sizeof(header)) return entry;
   in.seekg(0);
-  char header[kHeader];
-  if (!in.read(header, kHeader) || std::memcmp(header, kMagic, 8) != 0) return std::nullopt;
-  uint64_t size;
-  Hash128 sum;
-  std::memcpy(&size, header + 8, 8);
-  std::memcpy(&sum.hi, header + 16, 8);
-  std::memcpy(&sum.lo, header + 24, 8);
-  if (uint64_t(file_size) - kHeader != size) return std::nullopt;  // truncated
-  std::vector<uint8_t> payload(size);
-  if (!in.read(reinterpret_cast<char*>(payload.data()), std::streamsize(size))) return std::nullopt;
-  if (!(hash_bytes(payload) == sum)) return std::nullopt;  // corrupt
-  return payload;
+  if (!in.read(reinterpret_cast<char*>(&header), sizeof(header))) return entry;
+  if (std::memcmp(header.magic, kMagic, sizeof(kMagic)) != 0) {
+    entry.lookup = CacheLookup::corrupt;
+    return entry;
+  }
+  if (header.version != DiskCache::kFormatVersion) {
+    entry.lookup = CacheLookup::wrong_version;
+    return entry;
+  }
+  if (header.key_size > file_size || header.payload_size != file_size - sizeof(header) - header.key_size) return entry;
+  entry.key.resize(header.key_size);
+  entry.payload.resize(header.payload_size);
+  if (!in.read(reinterpret_cast<char*>(entry.key.data()), std::streamsize(entry.key.size())) ||
+      !in.read(reinterpret_cast<char*>(entry.payload.data()), std::streamsize(entry.payload.size())))
+    return entry;
+  entry.lookup = entry_checksum(entry.key, entry.payload.data(), entry.payload.size()) == header.checksum
+                     ? CacheLookup::hit
+                     : CacheLookup::corrupt;
+  return entry;
 }
 
-void DiskCache::store(std::string_view category, const Hash128& key, const std::vector<uint8_t>& payload) const {
+}  // namespace
+
+std::optional<std::vector<uint8_t>> DiskCache::load(std::string_view category, const CacheKey& key,
+                                                    CacheLookup* lookup) const {
+  const std::string file = path(category, key);
+  EntryContents entry;
+  if (settings_.enabled) entry = read_entry(file);
+  if (entry.lookup == CacheLookup::hit && entry.key != key.material()) entry.lookup = CacheLookup::wrong_key;
+  if (entry.lookup != CacheLookup::hit && entry.lookup != CacheLookup::absent)
+    log_rejected_entry(file, cache_lookup_name(entry.lookup));
+  if (lookup) *lookup = entry.lookup;
+  if (entry.lookup != CacheLookup::hit) return std::nullopt;
+  return std::move(entry.payload);
+}
+
+std::optional<CacheKey> DiskCache::stored_key(std::string_view category, const Hash128& hash) const {
+  EntryContents entry = read_entry(path(category, hash));
+  if (entry.lookup != CacheLookup::hit) return std::nullopt;
+  CacheKey key;
+  key.bytes(entry.key.data(), entry.key.size());
+  return key;
+}
+
+void DiskCache::store(std::string_view category, const CacheKey& key, const std::vector<uint8_t>& payload) const {
   if (!settings_.enabled) return;
   namespace fs = std::filesystem;
   const fs::path target = path(category, key);
@@ -127,12 +210,14 @@ void DiskCache::store(std::string_view category, const Hash128& key, const std::
   {
     std::ofstream out(temp, std::ios::binary | std::ios::trunc);
     if (!out) return;
-    const uint64_t size = payload.size();
-    const Hash128 sum = hash_bytes(payload);
-    out.write(kMagic, 8);
-    out.write(reinterpret_cast<const char*>(&size), 8);
-    out.write(reinterpret_cast<const char*>(&sum.hi), 8);
-    out.write(reinterpret_cast<const char*>(&sum.lo), 8);
+    EntryHeader header{};
+    std::memcpy(header.magic, kMagic, sizeof(kMagic));
+    header.version = kFormatVersion;
+    header.key_size = key.material().size();
+    header.payload_size = payload.size();
+    header.checksum = entry_checksum(key.material(), payload.data(), payload.size());
+    out.write(reinterpret_cast<const char*>(&header), sizeof(header));
+    out.write(reinterpret_cast<const char*>(key.material().data()), std::streamsize(key.material().size()));
     out.write(reinterpret_cast<const char*>(payload.data()), std::streamsize(payload.size()));
     if (!out) {
       out.close();

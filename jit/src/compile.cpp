@@ -20,13 +20,6 @@ namespace nikki::jit {
 
 namespace {
 
-bool log_enabled(std::string_view what) {
-  const char* env = std::getenv("NIKKI_LOG");
-  if (!env) return false;
-  std::string_view v(env);
-  return v == "all" || v.find(what) != std::string_view::npos;
-}
-
 /** Runs stages in order, timing each and dumping its artifact when NIKKI_DUMP is set. */
 class StageRunner {
  public:
@@ -60,15 +53,46 @@ class StageRunner {
 
 }  // namespace
 
-Hash128 program_cache_key(const Kernel& kernel, const CompileOptions& options, const Hash128& build) {
+CacheKey program_cache_key(const Kernel& kernel, const CompileOptions& options, const Hash128& build) {
   // The serialized IR holds the target, every instruction, storage and source location.
   std::vector<uint8_t> ir = serialize_kernel(kernel);
-  return Hasher()
-      .str("device-program")
-      .bytes(&build, sizeof(Hash128))
-      .bytes(ir.data(), ir.size())
-      .u64(uint64_t(options.schedule_options.drop_dependency))
-      .finish();
+  CacheKey key;
+  key.str("device-program").bytes(&build, sizeof(Hash128)).u64(uint64_t(options.schedule_options.drop_dependency));
+  key.bytes(ir.data(), ir.size());
+  return key;
+}
+
+size_t kernel_memory_bytes(const Kernel& kernel) {
+  // Heap strings shorter than the small-string buffer cost nothing beyond the object itself.
+  auto heap = [](const std::string& s) { return s.capacity() > 15 ? s.capacity() + 1 : 0; };
+  size_t bytes = sizeof(Kernel) + heap(kernel.name) + kernel.instructions.capacity() * sizeof(Instruction) +
+                 kernel.storages.capacity() * sizeof(Storage) + kernel.locations.capacity() * sizeof(SourceLocation) +
+                 (kernel.inputs.capacity() + kernel.outputs.capacity()) * sizeof(StorageId);
+  for (const Instruction& inst : kernel.instructions) {
+    bytes += heap(inst.name) + heap(inst.attrs.text) + inst.attrs.pattern.capacity() * sizeof(Dim);
+    for (const Operand& o : inst.operands)
+      if (o.is_tensor() && o.ap.indirection) bytes += sizeof(Indirection);
+  }
+  for (const Storage& s : kernel.storages) bytes += heap(s.name);
+  for (const SourceLocation& l : kernel.locations) bytes += heap(l.file) + heap(l.function);
+  return bytes;
+}
+
+size_t memory_bytes(const Program& program) {
+  size_t bytes = sizeof(Program) + program.timings.capacity() * sizeof(StageTiming);
+  if (program.device) {
+    const DeviceProgram& d = *program.device;
+    bytes += kernel_memory_bytes(d.kernel) + d.streams.capacity() * sizeof(Stream) +
+             d.placement.capacity() * sizeof(d.placement[0]);
+    for (const Stream& s : d.streams) {
+      bytes += s.ops.capacity() * sizeof(StreamOp);
+      for (const StreamOp& op : s.ops) bytes += op.waits.capacity() * sizeof(SemaphoreWait);
+    }
+  } else {
+    bytes += kernel_memory_bytes(program.unscheduled);
+  }
+  if (program.native) bytes += program.native->memory_bytes();
+  return bytes;
 }
 
 Program compile(Kernel kernel, const CompileOptions& options) {
@@ -76,7 +100,7 @@ Program compile(Kernel kernel, const CompileOptions& options) {
   StageRunner stages(program, kernel.name);
   const bool scheduled = options.schedule || options.native;
   DiskCache cache = options.disk_cache ? DiskCache() : DiskCache(CacheSettings{{}, false});
-  Hash128 key;
+  CacheKey key;
   if (scheduled && cache.enabled()) {
     key = program_cache_key(kernel, options, build_id());
     std::optional<std::vector<uint8_t>> hit;
@@ -85,12 +109,13 @@ Program compile(Kernel kernel, const CompileOptions& options) {
       if (!hit) return;
       try {
         program.device = std::make_shared<DeviceProgram>(deserialize(*hit, PayloadCheck::trusted));
-      } catch (const KernelError&) {
-        // An entry that passes the cache's checksum but not the program format (written by a
-        // build with a colliding id, or edited by hand): recompile and overwrite it.
+      } catch (const KernelError& e) {
+        // An entry that passes the cache's checks but not the program format (edited by hand, or
+        // written by a build with a colliding id): recompile and overwrite it.
+        log_rejected_entry(cache.path("program", key), fmt::format("not a device program ({})", e.summary()));
         hit.reset();
       }
-    }, [&] { return fmt::format("device program {}: {}\n", key.hex(), hit ? "hit" : "miss"); });
+    }, [&] { return fmt::format("device program {}: {}\n", key.hash().hex(), hit ? "hit" : "miss"); });
   }
   if (!program.device) {
     stages.run("verify", [&] { verify(kernel); }, [&] { return to_string(kernel); });
@@ -104,7 +129,7 @@ Program compile(Kernel kernel, const CompileOptions& options) {
     }
   }
   if (options.native) {
-    stages.run("native", [&] { program.native = compile_native(*program.device, cache.enabled() ? std::optional(key) : std::nullopt); }, [&] {
+    stages.run("native", [&] { program.native = compile_native(*program.device, cache.enabled() ? &key : nullptr); }, [&] {
       const NativeStats& s = program.native->stats();
       return fmt::format("native code for {}: {} instructions in {} routines ({}), {} interpreted, {:.3f} ms\n",
                          native_target_description(), s.instructions, s.templates, code_origin_name(s.origin),

@@ -29,6 +29,7 @@
 #include <llvm/Transforms/IPO/GlobalDCE.h>
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -145,34 +146,38 @@ class NativeJit {
    */
   GeneratedRoutines compile(const std::vector<NativeTemplate>& templates) {
     if (templates.empty()) return {};
-    const Hash128 key = key_of(templates);
-    const std::string prefix = "nikki_" + key.hex();
+    const CacheKey key = key_of(templates);
+    const std::string prefix = "nikki_" + key.hash().hex();
     std::lock_guard<std::mutex> lock(mutex_);
     if (auto it = loaded_.find(prefix); it != loaded_.end())
-      if (std::shared_ptr<Loaded> code = it->second.lock()) return {code->routines, code, CodeOrigin::in_memory};
+      if (std::shared_ptr<Loaded> code = it->second.lock()) return {code->routines, code, CodeOrigin::in_memory, code->bytes};
+    std::erase_if(loaded_, [](const auto& entry) { return entry.second.expired(); });
+    // The names of unloaded routines stay interned until dropped explicitly.
+    jit_->getExecutionSession().getSymbolStringPool()->clearDeadEntries();
     DiskCache cache;
-    std::optional<std::vector<std::vector<uint8_t>>> objects;
+    std::shared_ptr<Loaded> code;
     CodeOrigin origin = CodeOrigin::disk_cache;
-    if (auto hit = cache.load("native", key)) objects = unpack_objects(*hit);
-    if (!objects) {
-      objects = emit_objects(templates, prefix);
+    if (auto hit = cache.load("native", key)) {
+      // An entry that passes the cache's checks can still fail to load (written by a build with a
+      // colliding id, or edited by hand): it is compiled again and rewritten, never trusted.
+      if (auto objects = unpack_objects(*hit)) {
+        try {
+          code = load(*objects, templates.size(), prefix);
+        } catch (const InternalError& e) {
+          log_rejected_entry(cache.path("native", key), fmt::format("not loadable ({})", e.what()));
+        }
+      } else {
+        log_rejected_entry(cache.path("native", key), "not a set of object files");
+      }
+    }
+    if (!code) {
+      std::vector<std::vector<uint8_t>> objects = emit_objects(templates, prefix);
       origin = CodeOrigin::compiled;
-      cache.store("native", key, pack_objects(*objects));
-    }
-    auto code = std::make_shared<Loaded>();
-    code->tracker = jit_->getMainJITDylib().createResourceTracker();
-    for (const std::vector<uint8_t>& object : *objects) {
-      auto buffer = llvm::MemoryBuffer::getMemBufferCopy(
-          llvm::StringRef(reinterpret_cast<const char*>(object.data()), object.size()), prefix);
-      if (llvm::Error err = jit_->addObjectFile(code->tracker, std::move(buffer)))
-        llvm_failure("loading native code", std::move(err));
-    }
-    for (size_t i = 0; i < templates.size(); ++i) {
-      llvm::orc::ExecutorAddr addr = check(jit_->lookup(fmt::format("{}_t{}", prefix, i)), "looking up a routine");
-      code->routines.push_back(addr.toPtr<native::Routine>());
+      code = load(objects, templates.size(), prefix);
+      cache.store("native", key, pack_objects(objects));
     }
     loaded_[prefix] = code;
-    return {code->routines, code, origin};
+    return {code->routines, code, origin, code->bytes};
   }
 
   std::string description() const { return fmt::format("{} ({})", cpu_, features_); }
@@ -197,6 +202,12 @@ class NativeJit {
     target_machine_ = check(builder.createTargetMachine(), "creating the host target machine");
     host_ = builder;
     jit_ = check(llvm::orc::LLJITBuilder().setJITTargetMachineBuilder(builder).create(), "creating the JIT");
+    // Failures to load code also come back from the look-up that met them, and a damaged cache
+    // entry is rebuilt: print them only when asked.
+    jit_->getExecutionSession().setErrorReporter([](llvm::Error err) {
+      const std::string message = llvm::toString(std::move(err));
+      if (log_enabled("cache")) std::fprintf(stderr, "nikki: native code: %s\n", message.c_str());
+    });
     // Generated code calls libm (exp, erf, ...) and memcpy from the running process.
     jit_->getMainJITDylib().addGenerator(check(llvm::orc::DynamicLibrarySearchGenerator::GetForCurrentProcess(
                                                    jit_->getDataLayout().getGlobalPrefix()),
@@ -302,18 +313,40 @@ class NativeJit {
   struct Loaded {
     llvm::orc::ResourceTrackerSP tracker;
     std::vector<native::Routine> routines;
+    int64_t bytes = 0;  // of the loaded code: each object's sections occupy whole pages
     ~Loaded() {
       if (tracker)
         if (llvm::Error err = tracker->remove()) llvm::consumeError(std::move(err));
     }
   };
 
+  /** Loads object files and looks up routines `<prefix>_t0` ... `<prefix>_t<count-1>`; throws
+   * InternalError, with nothing left loaded, when that fails. */
+  std::shared_ptr<Loaded> load(const std::vector<std::vector<uint8_t>>& objects, size_t count, const std::string& prefix) {
+    auto code = std::make_shared<Loaded>();
+    code->tracker = jit_->getMainJITDylib().createResourceTracker();
+    for (const std::vector<uint8_t>& object : objects) {
+      auto buffer = llvm::MemoryBuffer::getMemBufferCopy(
+          llvm::StringRef(reinterpret_cast<const char*>(object.data()), object.size()), prefix);
+      if (llvm::Error err = jit_->addObjectFile(code->tracker, std::move(buffer)))
+        llvm_failure("loading native code", std::move(err));
+      // Code, read-only data and data each start a page: an estimate of what loading costs.
+      constexpr int64_t kSegmentsPerObject = 3;
+      code->bytes += int64_t(object.size()) + kSegmentsPerObject * int64_t(::sysconf(_SC_PAGESIZE));
+    }
+    for (size_t i = 0; i < count; ++i) {
+      llvm::orc::ExecutorAddr addr = check(jit_->lookup(fmt::format("{}_t{}", prefix, i)), "looking up a routine");
+      code->routines.push_back(addr.toPtr<native::Routine>());
+    }
+    return code;
+  }
+
   /** Everything the object code depends on: the templates, the host CPU, the nikki build. */
-  Hash128 key_of(const std::vector<NativeTemplate>& templates) const {
-    Hasher h;
-    h.str("native").bytes(&build_id(), sizeof(Hash128)).str(cpu_).str(features_);
-    for (const NativeTemplate& t : templates) h.bytes(&t.desc, sizeof(t.desc)).str(t.entry);
-    return h.finish();
+  CacheKey key_of(const std::vector<NativeTemplate>& templates) const {
+    CacheKey key;
+    key.str("native").bytes(&build_id(), sizeof(Hash128)).str(cpu_).str(features_);
+    for (const NativeTemplate& t : templates) key.bytes(&t.desc, sizeof(t.desc)).str(t.entry);
+    return key;
   }
 
   /**

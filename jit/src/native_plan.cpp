@@ -145,16 +145,20 @@ std::optional<NativePlan> deserialize_plan(const std::vector<uint8_t>& bytes, co
   }
 }
 
-std::shared_ptr<const NativeCode> compile_native(const DeviceProgram& program, const std::optional<Hash128>& cache_key) {
+std::shared_ptr<const NativeCode> compile_native(const DeviceProgram& program, const CacheKey* cache_key) {
   const auto start = std::chrono::steady_clock::now();
   const Kernel& k = program.kernel;
   DiskCache cache = cache_key ? DiskCache() : DiskCache(CacheSettings{{}, false});
+  const Hash128 program_hash = cache_key ? cache_key->hash() : Hash128{};
   std::optional<NativePlan> plan;
   if (cache.enabled())
-    if (auto bytes = cache.load("native-plan", *cache_key)) plan = deserialize_plan(*bytes, k, *cache_key);
+    if (auto bytes = cache.load("native-plan", *cache_key)) {
+      plan = deserialize_plan(*bytes, k, program_hash);
+      if (!plan) log_rejected_entry(cache.path("native-plan", *cache_key), "not a plan of this program");
+    }
   if (!plan) {
     plan = plan_native(k);
-    if (cache.enabled()) cache.store("native-plan", *cache_key, serialize_plan(*plan, *cache_key));
+    if (cache.enabled()) cache.store("native-plan", *cache_key, serialize_plan(*plan, program_hash));
   }
   GeneratedRoutines code = generate_routines(plan->templates);
   NativeStats stats;
@@ -164,6 +168,7 @@ std::shared_ptr<const NativeCode> compile_native(const DeviceProgram& program, c
       ++stats.instructions;
     }
   stats.origin = code.origin;
+  stats.code_bytes = code.code_bytes;
   stats.fallbacks = plan->fallbacks;
   stats.templates = int64_t(plan->templates.size());
   stats.milliseconds = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();

@@ -54,6 +54,7 @@ class Verifier {
 
   void run() {
     for (StorageId id = 0; id < k_.storages.size(); ++id) check_storage(id);
+    check_hbm_total();
     std::vector<bool> written(k_.storages.size(), false);
     int loop_depth = 0;
     for (const Instruction& inst : k_.instructions) {
@@ -94,7 +95,7 @@ class Verifier {
   void check_storage(StorageId id) {
     const Storage& s = k_.storage(id);
     const SourceLocation& where = k_.location(s.loc);
-    if (!s.on_chip()) return;
+    if (!s.on_chip()) return check_hbm_storage(s);
     if (s.shape.rank() < 2)
       throw KernelError(fmt::format("{} tensor '{}' has shape {}; on-chip tensors need a partition dim and a free dim",
                                     buffer_name(s.buffer), s.name, s.shape.str()),
@@ -136,6 +137,49 @@ class Verifier {
     }
   }
 
+  std::string hbm_capacity_text() const {
+    return fmt::format("{} of device memory (HBM) per {} chip, shared by its {} NeuronCores",
+                       bytes_text(t_.hbm_bytes_per_chip), t_.name, t_.cores_per_chip);
+  }
+
+  /** An HBM tensor must fit the chip's device memory. */
+  void check_hbm_storage(const Storage& s) const {
+    if (s.total_bytes() <= t_.hbm_bytes_per_chip) return;
+    throw KernelError(fmt::format("{} tensor '{}' of shape {} {} needs {}, more than the device memory of {}",
+                                  s.role == StorageRole::input ? "input" : buffer_name(s.buffer), s.name,
+                                  s.shape.str(), dtype_name(s.dtype), bytes_text(s.total_bytes()), target_name()),
+                      k_.location(s.loc), s.role == StorageRole::input ? "input" : "ndarray", hbm_capacity_text(),
+                      "split the work into launches on smaller tensors");
+  }
+
+  /** All HBM tensors of a launch exist at once, so together they must fit the device memory too. */
+  void check_hbm_total() const {
+    int64_t total = 0;
+    std::vector<StorageId> hbm;
+    for (StorageId id = 0; id < k_.storages.size(); ++id)
+      if (!k_.storage(id).on_chip()) {
+        hbm.push_back(id);
+        total += k_.storage(id).total_bytes();  // each is within the capacity: the sum cannot overflow
+      }
+    if (total <= t_.hbm_bytes_per_chip) return;
+    std::stable_sort(hbm.begin(), hbm.end(), [&](StorageId a, StorageId b) {
+      return k_.storage(a).total_bytes() > k_.storage(b).total_bytes();
+    });
+    std::string largest;
+    for (size_t i = 0; i < hbm.size() && i < 5; ++i) {
+      const Storage& s = k_.storage(hbm[i]);
+      largest += fmt::format("\n    '{}' {} {}{} {} (created at {})", s.name, buffer_name(s.buffer),
+                             info(s.dtype).short_name, s.shape.str(), bytes_text(s.total_bytes()),
+                             k_.location(s.loc).str());
+    }
+    const Storage& first = k_.storage(hbm.front());
+    throw KernelError(fmt::format("the HBM tensors of kernel '{}' need more than the device memory of {} together"
+                                  "\n  largest HBM tensors:{}",
+                                  k_.name, target_name(), largest),
+                      k_.location(first.loc), "ndarray", hbm_capacity_text(),
+                      "split the work into launches on smaller tensors, or reuse scratch tensors");
+  }
+
   template <class Fail>
   void check_start_partition_rule(int64_t start, int64_t count, Fail&& fail_with) const {
     const int64_t q = t_.partition_quadrant;
@@ -173,12 +217,25 @@ class Verifier {
                              role, s.name, s.total_bytes(), dtype_name(ap.dtype)),
            fmt::format("a view's dtype size ({} bytes) must divide the tensor's size", dtype_size(ap.dtype)),
            "reinterpret with a dtype whose size divides the tensor's bytes");
-    if (ap.is_dynamic()) return;  // checked at run time, when the offsets are known
-    const LinearExtent e = linear_extent(ap);
+    if (s.on_chip() && row_elements(s, ap.dtype) == 0)  // element e sits on partition e / row_elements
+      fail(inst, fmt::format("{} views tensor '{}' as {}, but a partition row of it holds only {} bytes", role,
+                             s.name, dtype_name(ap.dtype), s.partition_bytes()),
+           fmt::format("an on-chip view's element ({} bytes) must fit in one partition row", dtype_size(ap.dtype)),
+           "view the tensor as a dtype no larger than its row, or give it more elements per partition");
     const int64_t n = storage_elements(s, ap.dtype);
-    if (e.first < 0 || e.last >= n)
-      fail(inst, fmt::format("out-of-bound access for tensor '{}' ({}): elements [{}, {}] of a tensor with {} elements",
-                             s.name, role, e.first, e.last, n),
+    if (n == 0)
+      fail(inst, fmt::format("{} accesses tensor '{}' of shape {}, which has no elements", role, s.name,
+                             s.shape.str()),
+           "an access reads or writes at least one element",
+           "skip the access when the tensor is empty (its shape is known while tracing)");
+    if (ap.is_dynamic()) return;  // checked at run time, when the offsets are known
+    // Checked: raw IR (C++ builders, program files) may hold patterns no view function validated.
+    const std::optional<LinearExtent> e = checked_linear_extent(ap);
+    if (!e || e->first < 0 || e->last >= n)
+      fail(inst, e ? fmt::format("out-of-bound access for tensor '{}' ({}): elements [{}, {}] of a tensor with {} "
+                                 "elements", s.name, role, e->first, e->last, n)
+                   : fmt::format("out-of-bound access for tensor '{}' ({}): the access pattern's offsets overflow a "
+                                 "64-bit integer", s.name, role),
            fmt::format("tensor '{}' has shape {}", s.name, s.shape.str()),
            "check the access pattern's offset, strides and counts");
   }
@@ -705,12 +762,12 @@ class Verifier {
     if (a.pattern.empty() || a.pattern.size() > 4)
       fail(inst, fmt::format("pattern has {} [step, num] pairs", a.pattern.size()),
            "the pattern has 1 to 4 [step, num] pairs", "describe the free dims with at most 4 pairs");
-    int64_t n = 1;
+    std::optional<int64_t> n = 1;
     for (size_t i = 0; i < a.pattern.size(); ++i) {
       const Dim& d = a.pattern[i];
       if (d.count < 1)
         fail(inst, fmt::format("pattern pair {} has num {}", i, d.count), "every num of the pattern must be >= 1", {});
-      n *= d.count;
+      if (n) n = checked_mul(*n, d.count);
     }
     // NKI: "an int32 offset", "an int32 multiplier"; the affine value is computed in int32.
     auto check_int32 = [&](int64_t v, const std::string& what) {
@@ -724,8 +781,8 @@ class Verifier {
     check_int32(a.channel_multiplier, "channel_multiplier");
     for (size_t i = 0; i < a.pattern.size(); ++i) check_int32(a.pattern[i].stride, fmt::format("pattern step {}", i));
     if (n != geom(inst, 0).free_elements)
-      fail(inst, fmt::format("pattern generates {} elements per partition but dst has {}", n,
-                             geom(inst, 0).free_elements),
+      fail(inst, fmt::format("pattern generates {} elements per partition but dst has {}",
+                             n ? fmt::to_string(*n) : "more than 2^63", geom(inst, 0).free_elements),
            "the pattern's element count must equal dst's elements per partition",
            "make the product of the pattern's nums equal dst's free size");
     if (inst.opcode == Opcode::affine_select) {

@@ -17,7 +17,7 @@ Interpreter::~Interpreter() = default;
 
 void Interpreter::run(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs) {
   Machine& m = state_->machine;
-  m.bind(inputs, outputs, fill_outputs);
+  const auto run = m.bind(inputs, outputs, fill_outputs);
   const auto& insts = kernel_.instructions;
   for (size_t pc = 0; pc < insts.size(); ++pc) {
     m.begin_instruction(pc);

@@ -42,34 +42,68 @@ JitKernel::JitKernel(std::string name, Body body, jit::CompileOptions options)
       options_(options),
       kind_(options.native ? ExecutorKind::native : ExecutorKind::interp) {}
 
-CompiledKernel& JitKernel::compiled(const Specialization& s) { return entry(s).kernel; }
+CompiledKernel& JitKernel::compiled(const Specialization& s) { return entry(s)->kernel; }
 
-JitKernel::Entry& JitKernel::entry(const Specialization& s) {
+std::shared_ptr<JitKernel::Entry> JitKernel::entry(const Specialization& s) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = cache_.find(s); it != cache_.end()) return *it->second;
+    if (auto it = cache_.find(s); it != cache_.end()) {
+      uses_.splice(uses_.end(), uses_, it->second->use);
+      return it->second;
+    }
   }
   // Compile outside the lock: another thread may be compiling another specialization.
   Kernel kernel = trace_specs(s.trace, name_, s.inputs, body_);
-  auto entry = std::make_unique<Entry>();
+  auto entry = std::make_shared<Entry>();
   entry->kernel.program = jit::compile(std::move(kernel), options_);
   const auto [order, seed] = stream_order_from_env();  // NIKKI_STREAM_ORDER, as for Python kernels
   entry->kernel.executor =
       std::make_unique<StreamExecutor>(entry->kernel.program.device, kind_, entry->kernel.program.native, order, seed);
+  entry->bytes = sizeof(Entry) + jit::memory_bytes(entry->kernel.program) + entry->kernel.executor->resident_bytes();
   std::lock_guard<std::mutex> lock(mutex_);
-  auto [it, inserted] = cache_.try_emplace(s, std::move(entry));
-  return *it->second;  // a concurrent compile of the same key: the first one wins
+  auto [it, inserted] = cache_.try_emplace(s, entry);
+  if (!inserted) return it->second;  // a concurrent compile of the same key: the first one wins
+  entry->use = uses_.insert(uses_.end(), &it->first);
+  bytes_ += entry->bytes;
+  shrink_locked();
+  return entry;
+}
+
+void JitKernel::shrink_locked() {
+  // The most recently used entry stays: its caller is about to use it.
+  while (bytes_ > limit_ && uses_.size() > 1) {
+    auto it = cache_.find(*uses_.front());
+    bytes_ -= it->second->bytes;
+    uses_.pop_front();
+    cache_.erase(it);  // a run in progress keeps its entry alive through its own reference
+  }
 }
 
 void JitKernel::run(const Specialization& s, std::span<void* const> inputs, std::span<void* const> outputs) {
-  Entry& e = entry(s);
-  std::lock_guard<std::mutex> running(e.running);
-  e.kernel.executor->run(inputs, outputs);
+  std::shared_ptr<Entry> e = entry(s);
+  std::lock_guard<std::mutex> running(e->running);
+  e->kernel.executor->run(inputs, outputs);
 }
 
 size_t JitKernel::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return cache_.size();
+}
+
+size_t JitKernel::memory_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return bytes_;
+}
+
+size_t JitKernel::memory_limit() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return limit_;
+}
+
+void JitKernel::set_memory_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  limit_ = bytes;
+  shrink_locked();
 }
 
 }  // namespace nikki::runtime

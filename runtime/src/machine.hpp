@@ -2,16 +2,22 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <sys/mman.h>
 
 #include <fmt/format.h>
 
+#include "core_memory.hpp"
 #include "nikki/activation.hpp"
 #include "nikki/alu.hpp"
 #include "nikki/ir_printer.hpp"
@@ -57,6 +63,46 @@ inline void copy_element(DType dst_t, uint8_t* dst, DType src_t, const uint8_t* 
   else numerics::store_float(dst_t, dst, numerics::load_float(src_t, src));
 }
 
+/**
+ * Zero-filled memory whose pages the OS commits only when they are first written: a simulated
+ * memory then costs the host what a kernel touches of it, not its capacity (an SPMD launch holds
+ * one simulated core per program instance, and HBM scratch tensors can be gigabytes).
+ */
+class ZeroedMemory {
+ public:
+  ZeroedMemory() = default;
+  explicit ZeroedMemory(size_t bytes) : size_(bytes) {
+    if (bytes == 0) return;
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED)
+      throw KernelError(fmt::format("the host cannot reserve {} of address space for the simulated memory",
+                                    bytes_text(int64_t(bytes))),
+                        {}, {}, "nikki reserves each simulated memory (SBUF, PSUM, HBM scratch) in host memory",
+                        "use smaller scratch tensors");
+    data_ = static_cast<uint8_t*>(p);
+  }
+  ZeroedMemory(ZeroedMemory&& o) noexcept : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+  ZeroedMemory& operator=(ZeroedMemory&& o) noexcept {
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+    return *this;
+  }
+  ZeroedMemory(const ZeroedMemory&) = delete;
+  ZeroedMemory& operator=(const ZeroedMemory&) = delete;
+  ~ZeroedMemory() {
+    if (data_) munmap(data_, size_);
+  }
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  uint8_t& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
 }  // namespace machine_detail
 
 using namespace machine_detail;
@@ -72,43 +118,79 @@ class Machine {
   const TargetConfig& t;
   int64_t sbuf_row;
   int64_t psum_row;
-  std::vector<uint8_t> sbuf;
-  std::vector<uint8_t> psum;
-  std::vector<uint8_t> psum_written;  // per 4-byte PSUM word: written by a matmul since allocation
-  std::vector<uint8_t*> hbm;          // base address of every HBM storage
-  std::vector<std::vector<uint8_t>> scratch_hbm;
+  // SBUF, PSUM and their flags belong to a CoreMemory borrowed for the length of a run (bind());
+  // null between runs.
+  uint8_t* sbuf = nullptr;
+  uint8_t* psum = nullptr;
+  uint8_t* psum_written = nullptr;  // per 4-byte PSUM word: written by a matmul since allocation
+  float* native_scratch = nullptr;  // working memory of the native routines
+  std::vector<uint8_t*> hbm;        // base address of every HBM storage
+  std::vector<std::pair<StorageId, int64_t>> scratch_hbm;  // HBM scratch tensors' offsets in one block
+  int64_t scratch_hbm_bytes = 0;
+  std::vector<ByteRange> scratch_hbm_used;  // bytes of each HBM scratch tensor that accesses can reach
   std::vector<int64_t> regs;
   std::vector<float> scalar_acc;  // ScalarE per-partition accumulators (activation reduce)
   std::vector<float> vector_acc;  // VectorE per-partition accumulators (select_reduce)
   std::vector<std::vector<StorageId>> fills;  // storages whose live range begins at instruction i
   std::vector<StorageId> output_fills;        // outputs whose initial fill a run could observe
+  uint64_t id;                                // unique in the process: who used a CoreMemory last
+  // The rectangle of rows x bytes per row that the kernel's SBUF and PSUM tensors occupy.
+  int64_t sbuf_rows_used = 0, sbuf_row_bytes_used = 0, psum_rows_used = 0, psum_row_bytes_used = 0;
 
   explicit Machine(const Kernel& kernel)
       : k(kernel),
         t(kernel.config()),
         sbuf_row(partition_pitch(t, Buffer::sbuf)),
         psum_row(partition_pitch(t, Buffer::psum)),
-        sbuf(size_t(t.num_partitions) * sbuf_row),
-        psum(size_t(t.num_partitions) * psum_row),
-        psum_written(psum.size() / 4),
         hbm(kernel.storages.size(), nullptr),
-        scratch_hbm(kernel.storages.size()),
         scalar_acc(t.num_partitions, 0.0f),
         vector_acc(t.num_partitions, 0.0f),
         fills(jit::sentinel_fills(kernel, jit::live_ranges(kernel))),
-        output_fills(jit::output_fills(kernel)) {
-    for (StorageId id = 0; id < kernel.storages.size(); ++id) {
-      const Storage& s = kernel.storages[id];
-      if (s.role == StorageRole::scratch && is_hbm(s.buffer)) scratch_hbm[id].resize(s.total_bytes());
+        output_fills(jit::output_fills(kernel)),
+        id(next_id()) {
+    constexpr int64_t kScratchAlign = 64;
+    for (StorageId storage = 0; storage < kernel.storages.size(); ++storage) {
+      const Storage& s = kernel.storages[storage];
+      if (s.on_chip() && s.address) {
+        const bool in_sbuf = s.buffer == Buffer::sbuf;
+        int64_t& rows = in_sbuf ? sbuf_rows_used : psum_rows_used;
+        int64_t& row_bytes = in_sbuf ? sbuf_row_bytes_used : psum_row_bytes_used;
+        rows = std::max(rows, s.address->partition + s.partitions());
+        row_bytes = std::max(row_bytes, s.address->byte_offset + s.partition_bytes());
+      }
+      if (s.role != StorageRole::scratch || !is_hbm(s.buffer)) continue;
+      scratch_hbm.emplace_back(storage, scratch_hbm_bytes);
+      scratch_hbm_bytes += (s.total_bytes() + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
     }
+    sbuf_rows_used = std::min<int64_t>(sbuf_rows_used, t.num_partitions);
+    psum_rows_used = std::min<int64_t>(psum_rows_used, t.num_partitions);
+    sbuf_row_bytes_used = std::min(sbuf_row_bytes_used, sbuf_row);
+    psum_row_bytes_used = std::min(psum_row_bytes_used, psum_row);
+    scratch_hbm_used.assign(kernel.storages.size(), ByteRange{0, 0});
+    mark_scratch_hbm_used();
   }
+
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> counter{1};
+    return counter++;
+  }
+
+  /** Bytes this machine keeps between runs (its memories are borrowed per run, not counted). */
+  size_t resident_bytes() const {
+    size_t bytes = sizeof(*this) + hbm.capacity() * sizeof(uint8_t*) + scratch_hbm.capacity() * sizeof(scratch_hbm[0]) +
+                   (scalar_acc.capacity() + vector_acc.capacity()) * sizeof(float) +
+                   regs.capacity() * sizeof(int64_t) + output_fills.capacity() * sizeof(StorageId);
+    for (const std::vector<StorageId>& f : fills) bytes += sizeof(f) + f.capacity() * sizeof(StorageId);
+    return bytes;
+  }
+
 
   // --- addressing ---------------------------------------------------------------------------
   /** Address of a storage's first byte (on-chip: its first partition at its byte offset). */
   uint8_t* storage_base(StorageId id) {
     const Storage& s = k.storages[id];
     if (is_hbm(s.buffer)) return hbm[id];
-    uint8_t* mem = s.buffer == Buffer::sbuf ? sbuf.data() : psum.data();
+    uint8_t* mem = s.buffer == Buffer::sbuf ? sbuf : psum;
     const int64_t pitch = s.buffer == Buffer::sbuf ? sbuf_row : psum_row;
     return mem + s.address->partition * pitch + s.address->byte_offset;
   }
@@ -119,7 +201,7 @@ class Machine {
     if (is_hbm(s.buffer)) return hbm[id] + e * size;
     const int64_t row = row_elements(s, dtype);
     const int64_t p = e / row, f = e % row;
-    uint8_t* mem = s.buffer == Buffer::sbuf ? sbuf.data() : psum.data();
+    uint8_t* mem = s.buffer == Buffer::sbuf ? sbuf : psum;
     const int64_t pitch = s.buffer == Buffer::sbuf ? sbuf_row : psum_row;
     return mem + (s.address->partition + p) * pitch + s.address->byte_offset + f * size;
   }
@@ -147,7 +229,16 @@ class Machine {
         } else {
           v = regs[ind->scalar_register];
         }
-        base += v * ind->scalar_multiplier;
+        // Register values are arbitrary: an overflowing offset is out of bounds, not wrapped.
+        const std::optional<int64_t> shift = checked_mul(v, ind->scalar_multiplier);
+        const std::optional<int64_t> shifted = shift ? checked_add(base, *shift) : std::nullopt;
+        if (!shifted)
+          runtime_fault(inst,
+                        fmt::format("runtime offset out of bounds: offset {} x {} elements of tensor '{}' overflows "
+                                    "a 64-bit integer",
+                                    v, ind->scalar_multiplier, s.name),
+                        "check the values of the offset register or index tensor");
+        base = *shifted;
       }
       if (ind->vector_offset) {
         Elements idx = resolve(inst, *ind->vector_offset);
@@ -158,17 +249,19 @@ class Machine {
     std::array<int64_t, kMaxRank> index{};
     const int64_t n = ap.num_elements();
     for (int64_t i = 0; i < n; ++i) {
-      int64_t e = base;
-      for (int d = 0; d < ap.rank; ++d) {
-        if (d == 0 && !gather.empty()) e += gather[index[0]] * ap.indirection->vector_multiplier;
-        else e += ap.dims[d].stride * index[d];
+      std::optional<int64_t> e = base;
+      for (int d = 0; d < ap.rank && e; ++d) {
+        const std::optional<int64_t> step =
+            d == 0 && !gather.empty() ? checked_mul(gather[index[0]], ap.indirection->vector_multiplier)
+                                      : checked_mul(ap.dims[d].stride, index[d]);
+        e = step ? checked_add(*e, *step) : std::nullopt;
       }
-      if (e < 0 || e >= n_storage)
+      if (!e || *e < 0 || *e >= n_storage)
         runtime_fault(inst,
                       fmt::format("runtime offset out of bounds: element {} of tensor '{}' which has {} elements",
-                                  e, s.name, n_storage),
+                                  e ? fmt::to_string(*e) : "beyond 2^63", s.name, n_storage),
                       "check the values of the offset register or index tensor");
-      out.ptr.push_back(element(ap.storage, ap.dtype, e));
+      out.ptr.push_back(element(ap.storage, ap.dtype, *e));
       for (int d = ap.rank - 1; d >= 0; --d) {
         if (++index[d] < ap.dims[d].count) break;
         index[d] = 0;
@@ -189,8 +282,11 @@ class Machine {
 
   void fill_sentinel(StorageId id) {
     const Storage& s = k.storages[id];
-    const int64_t n = s.shape.num_elements();
     const int64_t size = dtype_size(s.dtype);
+    // HBM scratch: only the bytes accesses can reach, so untouched gigabytes stay uncommitted.
+    const bool scratch = is_scratch_hbm(id);
+    const int64_t skip = scratch ? scratch_hbm_used[id].begin : 0;
+    const int64_t n = scratch ? (scratch_hbm_used[id].end - skip) / size : s.shape.num_elements();
     uint8_t pattern[4];
     if (is_float(s.dtype)) numerics::store_float(s.dtype, pattern, std::numeric_limits<float>::quiet_NaN());
     else numerics::store_int(s.dtype, pattern, 4);
@@ -198,7 +294,7 @@ class Machine {
     const int64_t rows = s.on_chip() ? s.partitions() : 1;
     const int64_t row_bytes = s.on_chip() ? s.partition_bytes() : n * size;
     const int64_t pitch = s.buffer == Buffer::sbuf ? sbuf_row : psum_row;
-    uint8_t* base = storage_base(id);
+    uint8_t* base = storage_base(id) + skip;
     // The first row by doubling copies of the pattern, then whole-row copies: memcpy speed.
     if (row_bytes > 0) std::memcpy(base, pattern, size);
     for (int64_t done = size; done < row_bytes; done *= 2)
@@ -207,9 +303,41 @@ class Machine {
     if (s.buffer == Buffer::psum) {
       for (int64_t p = 0; p < s.partitions(); ++p) {
         const int64_t word0 = ((s.address->partition + p) * psum_row + s.address->byte_offset) / 4;
-        std::fill_n(psum_written.begin() + word0, (s.partition_bytes() + 3) / 4, 0);
+        std::fill_n(psum_written + word0, (s.partition_bytes() + 3) / 4, 0);
       }
     }
+  }
+
+  /** The byte range of each HBM scratch tensor that the kernel's accesses reach, in whole
+   * elements of the tensor's dtype: all of it when an access has runtime offsets. */
+  bool is_scratch_hbm(StorageId id) const {
+    const Storage& s = k.storages[id];
+    return s.role == StorageRole::scratch && is_hbm(s.buffer);
+  }
+  void mark_scratch_hbm_used() {
+    auto mark = [&](const AccessPattern& ap) {
+      if (!is_scratch_hbm(ap.storage)) return;
+      const Storage& s = k.storages[ap.storage];
+      const int64_t element = dtype_size(s.dtype), view_element = dtype_size(ap.dtype);
+      ByteRange r{0, s.total_bytes()};
+      if (!ap.is_dynamic()) {
+        const LinearExtent e = linear_extent(ap);  // verified to lie inside the tensor
+        r = {e.first * view_element / element * element,
+             ((e.last + 1) * view_element + element - 1) / element * element};
+      }
+      ByteRange& used = scratch_hbm_used[ap.storage];
+      used = used.end == used.begin ? r : ByteRange{std::min(used.begin, r.begin), std::max(used.end, r.end)};
+    };
+    for (const Instruction& inst : k.instructions)
+      for (int slot = 0; slot < inst.spec().num_slots; ++slot) {
+        const Operand& o = inst.operands[slot];
+        if (!o.is_tensor()) continue;
+        mark(o.ap);
+        if (const Indirection* ind = o.ap.indirection.get()) {
+          if (ind->scalar_tensor) mark(*ind->scalar_tensor);
+          if (ind->vector_offset) mark(*ind->vector_offset);
+        }
+      }
   }
 
   // --- instructions -------------------------------------------------------------------------
@@ -477,7 +605,7 @@ class Machine {
         }
         for (int64_t kk = 0; kk < K; ++kk) partial = std::fma(st.get(kk, m), mv.get(kk, n), partial);
         uint8_t* out = dst.at(m, n);
-        uint8_t& written = psum_written[(out - psum.data()) / 4];
+        uint8_t& written = psum_written[(out - psum) / 4];
         const bool accumulate = mode == Accumulate::accumulate || (mode == Accumulate::automatic && written);
         dst.set(m, n, accumulate ? dst.get(m, n) + partial : partial);
         written = 1;
@@ -682,22 +810,62 @@ class Machine {
     std::fflush(stdout);
   }
 
-  /** Binds the caller's HBM buffers for one run and resets the run state. Outputs get sentinels
-   * unless `fill_outputs` is false (later instances of an SPMD grid share earlier ones' outputs). */
-  void bind(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs = true) {
+  /** The memories of one run: a borrowed CoreMemory and the HBM scratch tensors (zeros). The
+   * machine points into them while the run lasts; they are given back when it ends. */
+  class Run {
+   public:
+    explicit Run(Machine& m)
+        : machine_(m),
+          memory_(size_t(m.t.num_partitions) * m.sbuf_row, size_t(m.t.num_partitions) * m.psum_row),
+          scratch_(size_t(m.scratch_hbm_bytes)) {
+      m.sbuf = memory_->sbuf.get();
+      m.psum = memory_->psum.get();
+      m.psum_written = memory_->psum_written.get();
+      m.native_scratch = memory_->native_scratch.get();
+      for (auto [id, offset] : m.scratch_hbm) m.hbm[id] = scratch_.data() + offset;
+      if (memory_->last_user != m.id) {
+        // As if this machine owned the memory: zeros where its tensors live, whatever the
+        // previous user (another kernel) left there.
+        for (int64_t p = 0; p < m.sbuf_rows_used; ++p) std::memset(m.sbuf + p * m.sbuf_row, 0, m.sbuf_row_bytes_used);
+        for (int64_t p = 0; p < m.psum_rows_used; ++p) {
+          std::memset(m.psum + p * m.psum_row, 0, m.psum_row_bytes_used);
+          std::memset(m.psum_written + p * m.psum_row / 4, 0, (m.psum_row_bytes_used + 3) / 4);
+        }
+        memory_->last_user = m.id;
+      }
+    }
+    ~Run() {
+      machine_.sbuf = machine_.psum = machine_.psum_written = nullptr;
+      machine_.native_scratch = nullptr;
+      for (auto [id, offset] : machine_.scratch_hbm) machine_.hbm[id] = nullptr;
+    }
+    Run(const Run&) = delete;
+    Run& operator=(const Run&) = delete;
+
+   private:
+    Machine& machine_;
+    CoreMemoryLease memory_;
+    ZeroedMemory scratch_;  // pages committed only where the kernel touches them
+  };
+
+  /** Binds the caller's HBM buffers and the memories of one run, and resets the run state; the
+   * run lasts as long as the returned object. Outputs get sentinels unless `fill_outputs` is
+   * false (later instances of an SPMD grid share earlier ones' outputs). */
+  [[nodiscard]] std::unique_ptr<Run> bind(std::span<void* const> inputs, std::span<void* const> outputs,
+                                          bool fill_outputs = true) {
     if (inputs.size() != k.inputs.size() || outputs.size() != k.outputs.size())
       throw KernelError(fmt::format("kernel '{}' takes {} inputs and {} outputs, got {} and {}", k.name,
                                     k.inputs.size(), k.outputs.size(), inputs.size(), outputs.size()),
                         {});
+    auto run = std::make_unique<Run>(*this);
     for (size_t i = 0; i < inputs.size(); ++i) hbm[k.inputs[i]] = static_cast<uint8_t*>(inputs[i]);
     for (size_t i = 0; i < outputs.size(); ++i) hbm[k.outputs[i]] = static_cast<uint8_t*>(outputs[i]);
-    for (StorageId id = 0; id < k.storages.size(); ++id)
-      if (!scratch_hbm[id].empty()) hbm[id] = scratch_hbm[id].data();
     if (fill_outputs)
       for (StorageId id : output_fills) fill_sentinel(id);
     regs.assign(k.num_registers, 0);
     std::fill(scalar_acc.begin(), scalar_acc.end(), 0.0f);
     std::fill(vector_acc.begin(), vector_acc.end(), 0.0f);
+    return run;
   }
 
   /** Fills the storages whose live range begins at instruction `index` with sentinels. */

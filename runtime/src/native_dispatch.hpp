@@ -13,7 +13,7 @@ namespace nikki::runtime {
 class NativeDispatch {
  public:
   NativeDispatch(const Kernel& kernel, std::shared_ptr<const jit::NativeCode> code)
-      : code_(std::move(code)), scratch_(code_ ? native::kScratchFloats : 0) {}
+      : code_(std::move(code)) {}
 
   /** Runs instruction `ir_index` natively; false when it has no native routine. */
   bool run(Machine& m, uint32_t ir_index) {
@@ -31,10 +31,10 @@ class NativeDispatch {
     args.scalar_acc = m.scalar_acc.data();
     args.vector_acc = m.vector_acc.data();
     if (m.k.instructions[ir_index].opcode == Opcode::nc_matmul) {
-      args.psum_written = m.psum_written.data() + (args.base[0] - m.psum.data()) / 4;
+      args.psum_written = m.psum_written + (args.base[0] - m.psum) / 4;
       args.psum_flag_pitch = m.psum_row / 4;
     }
-    args.scratch = scratch_.data();
+    args.scratch = m.native_scratch;
     n->routine(&args);
     return true;
   }
@@ -56,7 +56,6 @@ class NativeDispatch {
   }
 
   std::shared_ptr<const jit::NativeCode> code_;
-  std::vector<float> scratch_;
 };
 
 }  // namespace nikki::runtime

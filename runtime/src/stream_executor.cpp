@@ -150,8 +150,14 @@ StreamExecutor::StreamExecutor(std::shared_ptr<const jit::DeviceProgram> program
 StreamExecutor::~StreamExecutor() = default;
 
 void StreamExecutor::run(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs) {
-  impl_->machine.bind(inputs, outputs, fill_outputs);
+  const auto run = impl_->machine.bind(inputs, outputs, fill_outputs);
   impl_->run();
+}
+
+size_t StreamExecutor::resident_bytes() const {
+  size_t bytes = sizeof(Impl) + impl_->machine.resident_bytes() + impl_->barrier_ordinal.capacity() * sizeof(int32_t);
+  for (const auto& positions : impl_->barrier_positions) bytes += sizeof(positions) + positions.capacity() * sizeof(uint32_t);
+  return bytes;
 }
 
 int64_t StreamExecutor::native_count() const { return impl_->native_count; }

@@ -12,8 +12,7 @@
 
 #include <fmt/format.h>
 
-#include "cost_model.hpp"
-#include "nikki/cost_formulas.hpp"
+#include "nikki/cost_model.hpp"
 #include "nikki/runtime/profile.hpp"
 
 namespace nikki::runtime {
@@ -91,7 +90,7 @@ class Replay {
     it.ir_index = op.ir_index;
     it.queue = uint16_t(s);
     if (inst.engine == Engine::dma) {
-      const DmaWork w = dma_work(k_, inst);
+      const cost::DmaWork w = cost::dma_work(k_, inst);
       const double data = cost::dma_data_ns(t_, w.bytes, w.buffers);
       const double data_start = std::max(start + t_.dma_fixed_latency_ns, dma_free_);
       it.start_ns = start;
@@ -101,15 +100,10 @@ class Replay {
       profile_.dma_bytes += w.bytes;
       profile_.dma_active_ns += data;
     } else {
-      double cycles = compute_cycles(k_, inst);
-      // Vector/Scalar/GpSimd instructions on small tiles (N << 128) pay the static instruction
-      // overhead [ARCH VectorE rules, PERF guide "static instruction overhead ~100 cycles"].
-      const bool small_engine_op = inst.engine == Engine::vector || inst.engine == Engine::scalar ||
-                                   inst.engine == Engine::gpsimd;
-      if (small_engine_op && small_tile(inst)) cycles += t_.static_overhead_cycles;
+      const double cycles = cost::compute_cycles(k_, inst);
       start = std::max(start, port_ready(inst));
       it.start_ns = start;
-      it.end_ns = start + cycles / clock_ghz(t_, inst.engine);
+      it.end_ns = start + cycles / cost::clock_ghz(t_, inst.engine);
       it.cycles = cycles;
       hold_ports(inst, it.end_ns);
       if (inst.opcode == Opcode::nc_matmul) {
@@ -124,14 +118,6 @@ class Replay {
     ends_[s].push_back(it.end_ns);
     free_[s] = it.end_ns;
     ++pos_[s];
-  }
-
-  bool small_tile(const Instruction& inst) const {
-    for (int s = 0; s < inst.spec().num_slots; ++s) {
-      const Operand& o = inst.operands[s];
-      if (o.is_tensor() && o.ap.inner_elements() >= int64_t(t_.pe_array_cols)) return false;
-    }
-    return true;
   }
 
   /** NeuronCore-v2 port sharing: VectorE/GpSimdE take turns on SBUF, VectorE/ScalarE on PSUM. */

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -58,6 +59,39 @@ Kernel axpb(Shape shape, DType dtype, TargetId target = TargetId::trn2, nl::Op o
                spec(shape, dtype, "a"), spec(shape, dtype, "b"));
 }
 
+// An entry file: a 48-byte header (magic, u32 format version, u32 reserved, u64 key size, u64
+// payload size, 128-bit checksum), the key's bytes, the payload.
+constexpr std::streamoff kEntryHeaderBytes = 48;
+constexpr std::streamoff kEntryVersionOffset = 8;
+
+void flip_byte(const fs::path& path, std::uintmax_t offset) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  const char byte = char(f.get());
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.put(char(byte ^ 0xff));  // always a different byte
+}
+
+void set_format_version(const fs::path& path, uint32_t version) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(kEntryVersionOffset);
+  f.write(reinterpret_cast<const char*>(&version), sizeof(version));
+}
+
+/** The hash an entry file is named by. */
+jit::Hash128 hash_of_entry(const fs::path& entry) {
+  const std::string hex = entry.stem().string();
+  return {std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16, 16), nullptr, 16)};
+}
+
+/** The entries of a cache category, by file name. */
+std::set<fs::path> entries_of(const fs::path& dir, const std::string& category) {
+  std::set<fs::path> out;
+  if (fs::exists(dir / category))
+    for (const auto& e : fs::directory_iterator(dir / category)) out.insert(e.path());
+  return out;
+}
+
 bool has_stage(const jit::Program& p, const std::string& stage) {
   for (const jit::StageTiming& t : p.timings)
     if (t.stage == stage) return true;
@@ -83,7 +117,7 @@ TEST_CASE("compile cache: the program key covers IR, shapes, dtypes, target, opt
   const jit::Hash128 build = jit::build_id();
   const Shape s{128, 64};
   auto key = [&](const Kernel& k, jit::CompileOptions o = {}, jit::Hash128 b = jit::build_id()) {
-    return jit::program_cache_key(k, o, b);
+    return jit::program_cache_key(k, o, b).hash();
   };
   const jit::Hash128 base = key(axpb(s, DType::float32));
   CHECK(key(axpb(s, DType::float32)) == base);  // deterministic
@@ -129,7 +163,7 @@ TEST_CASE("compile cache: NIKKI_ALWAYS_COMPILE=1 neither reads nor writes the ca
 TEST_CASE("compile cache: truncated, corrupt and foreign entries are rebuilt, never trusted") {
   TempCacheDir dir;
   Kernel k = axpb({128, 64}, DType::float32);
-  const jit::Hash128 key = jit::program_cache_key(k, {}, jit::build_id());
+  const jit::CacheKey key = jit::program_cache_key(k, {}, jit::build_id());
   const std::string path = jit::DiskCache().path("program", key);
   jit::compile(k);
   REQUIRE(fs::exists(path));
@@ -137,15 +171,17 @@ TEST_CASE("compile cache: truncated, corrupt and foreign entries are rebuilt, ne
 
   SUBCASE("truncated") { fs::resize_file(path, full_size / 2); }
   SUBCASE("empty") { fs::resize_file(path, 0); }
-  SUBCASE("corrupt payload byte") {
-    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(full_size - 10));
-    const char byte = char(f.get());
-    f.seekp(static_cast<std::streamoff>(full_size - 10));
-    f.put(char(byte ^ 0xff));  // always a different byte
-  }
+  SUBCASE("corrupt payload byte") { flip_byte(path, full_size - 10); }
+  SUBCASE("corrupt key byte") { flip_byte(path, kEntryHeaderBytes + 3); }
+  SUBCASE("another format version") { set_format_version(path, jit::DiskCache::kFormatVersion + 1); }
   SUBCASE("valid checksum, not a device program") {
     jit::DiskCache().store("program", key, std::vector<uint8_t>(100, 0xab));
+  }
+  SUBCASE("another program's entry under this name") {
+    Kernel other = axpb({128, 64}, DType::float32, TargetId::trn2, nl::subtract);
+    jit::compile(other);
+    fs::copy_file(jit::DiskCache().path("program", jit::program_cache_key(other, {}, jit::build_id())), path,
+                  fs::copy_options::overwrite_existing);
   }
   jit::Program rebuilt = jit::compile(k);
   CHECK(has_stage(rebuilt, "schedule"));  // the entry was not used
@@ -169,7 +205,7 @@ std::vector<uint8_t> file_bytes(const std::string& path) {
 TEST_CASE("compile cache: a native disk hit loads the instruction plan and runs the same routines") {
   TempCacheDir dir;
   Kernel k = axpb({128, 64}, DType::float32);
-  const jit::Hash128 key = jit::program_cache_key(k, native_options(), jit::build_id());
+  const jit::CacheKey key = jit::program_cache_key(k, native_options(), jit::build_id());
   const std::string plan_path = jit::DiskCache().path("native-plan", key);
   jit::Program first = jit::compile(k, native_options());
   REQUIRE(fs::exists(plan_path));
@@ -181,7 +217,7 @@ TEST_CASE("compile cache: a native disk hit loads the instruction plan and runs 
     // Structurally valid for this kernel (same instruction count), so only its stamp tells.
     Kernel other = axpb({128, 64}, DType::float32, TargetId::trn2, nl::subtract);
     jit::compile(other, native_options());
-    const jit::Hash128 other_key = jit::program_cache_key(other, native_options(), jit::build_id());
+    const jit::CacheKey other_key = jit::program_cache_key(other, native_options(), jit::build_id());
     fs::copy_file(jit::DiskCache().path("native-plan", other_key), plan_path, fs::copy_options::overwrite_existing);
   }
   jit::Program hit = jit::compile(k, native_options());
@@ -254,14 +290,57 @@ TEST_CASE("compile cache: native code compiled on several threads is stored, rel
   jit::CodeOrigin expected = jit::CodeOrigin::disk_cache;
   SUBCASE("reloaded") {}
   SUBCASE("a payload that is not object files is compiled again") {
-    const std::string hex = entries[0].stem().string();
-    const jit::Hash128 key{std::stoull(hex.substr(0, 16), nullptr, 16), std::stoull(hex.substr(16, 16), nullptr, 16)};
-    jit::DiskCache().store("native", key, std::vector<uint8_t>(40, 0x07));
+    std::optional<jit::CacheKey> key = jit::DiskCache().stored_key("native", hash_of_entry(entries[0]));
+    REQUIRE(key);
+    jit::DiskCache().store("native", *key, std::vector<uint8_t>(40, 0x07));
     expected = jit::CodeOrigin::compiled;
   }
   jit::Program again = jit::compile(k, native_options());
   CHECK(again.native->stats().templates == templates);
   CHECK(again.native->stats().origin == expected);
+  check_axpb_result(again);
+}
+
+TEST_CASE("compile cache: a damaged or foreign native entry is compiled again and rewritten") {
+  TempCacheDir dir;
+  // Two kernels whose native code differs (their operators do), each with one native entry.
+  Kernel k = axpb({128, 64}, DType::float32);
+  Kernel other = axpb({128, 64}, DType::float32, TargetId::trn2, nl::subtract);
+  jit::compile(k, native_options());  // the programs and their loaded code go at once
+  const std::set<fs::path> before = entries_of(dir.path(), "native");
+  REQUIRE(before.size() == 1);
+  const fs::path entry = *before.begin();
+  jit::compile(other, native_options());
+  std::set<fs::path> after = entries_of(dir.path(), "native");
+  after.erase(entry);
+  REQUIRE(after.size() == 1);
+  const fs::path other_entry = *after.begin();
+  const auto full_size = fs::file_size(entry);
+
+  SUBCASE("another kernel's entry copied over it") {
+    fs::copy_file(other_entry, entry, fs::copy_options::overwrite_existing);
+  }
+  SUBCASE("truncated") { fs::resize_file(entry, full_size - 7); }
+  SUBCASE("a flipped byte") { flip_byte(entry, full_size / 2); }
+  SUBCASE("another format version") { set_format_version(entry, jit::DiskCache::kFormatVersion - 1); }
+  SUBCASE("the right key with object code that lacks its routines") {
+    // What a build with a colliding id would leave: intact, keyed right, not this code.
+    const jit::DiskCache cache;
+    std::optional<jit::CacheKey> key = cache.stored_key("native", hash_of_entry(entry));
+    std::optional<jit::CacheKey> other_key = cache.stored_key("native", hash_of_entry(other_entry));
+    REQUIRE(key);
+    REQUIRE(other_key);
+    std::optional<std::vector<uint8_t>> other_code = cache.load("native", *other_key);
+    REQUIRE(other_code);
+    cache.store("native", *key, *other_code);
+  }
+  jit::Program rebuilt = jit::compile(k, native_options());
+  CHECK(rebuilt.native->stats().origin == jit::CodeOrigin::compiled);
+  check_axpb_result(rebuilt);
+  rebuilt = {};
+  // The entry was rewritten: the next process (here: the next compile, with nothing loaded) uses it.
+  jit::Program again = jit::compile(k, native_options());
+  CHECK(again.native->stats().origin == jit::CodeOrigin::disk_cache);
   check_axpb_result(again);
 }
 
@@ -339,6 +418,47 @@ TEST_CASE("JitKernel: one compile per specialization, then memory hits") {
   k.run(s, ins, outs);
   for (int64_t i = 0; i < x.size(); ++i) REQUIRE(out.get(i) == x.get(i) * 3.0f);
   CHECK(traces == 5);
+}
+
+TEST_CASE("JitKernel: past its memory limit the least recently used specialization is compiled again") {
+  TempCacheDir dir;
+  int traces = 0;
+  runtime::JitKernel k("triple", [&](const std::vector<Tensor>& in) {
+    ++traces;
+    Tensor out = nl::ndarray(in[0].shape(), in[0].dtype(), nl::shared_hbm, "out");
+    Tensor t = nl::ndarray(in[0].shape(), nl::float32, nl::sbuf, "t");
+    isa::dma_copy(t, in[0]);
+    isa::tensor_scalar(t, t, nl::multiply, 3.0);
+    isa::dma_copy(out, t);
+    return std::vector<Tensor>{out};
+  });
+  CHECK(k.memory_limit() == runtime::JitKernel::kDefaultMemoryLimit);
+  auto run = [&](int64_t cols) {
+    HostTensor x = random_tensor(DType::float32, {64, cols}, uint32_t(cols));
+    HostTensor out(DType::float32, {64, cols});
+    void* ins[] = {x.data()};
+    void* outs[] = {out.data()};
+    k.run({{spec({64, cols}, DType::float32)}, {}, 0}, ins, outs);
+    for (int64_t i = 0; i < x.size(); ++i) REQUIRE(out.get(i) == x.get(i) * 3.0f);  // exact in fp32
+  };
+  run(16);
+  run(24);
+  CHECK(k.size() == 2);
+  const size_t both = k.memory_bytes();
+  // Room for one of these two programs of about equal size, not for both: the least recently used
+  // (16) goes. (A program loaded from the disk cache is a little smaller: fewer stage timings.)
+  k.set_memory_limit(both * 3 / 4);
+  CHECK(k.size() == 1);
+  CHECK(k.memory_bytes() < both);
+  run(24);
+  CHECK(traces == 2);
+  run(16);  // compiled again (from the disk cache), and 24 goes
+  CHECK(traces == 3);
+  CHECK(k.size() == 1);
+  k.set_memory_limit(0);  // the most recently used stays
+  CHECK(k.size() == 1);
+  run(16);
+  CHECK(traces == 3);
 }
 
 TEST_CASE("JitKernel: concurrent runs of one specialization from two threads") {

@@ -7,7 +7,7 @@
 
 #include "close_check.hpp"
 #include "harness.hpp"
-#include "nikki/kernels/flash_attention.hpp"
+#include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/kernels/registry.hpp"
 
 namespace nikki::test {

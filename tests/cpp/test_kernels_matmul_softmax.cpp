@@ -22,8 +22,8 @@
 #include <vector>
 
 #include "harness.hpp"
-#include "nikki/kernels/matmul.hpp"
-#include "nikki/kernels/softmax.hpp"
+#include "nikki/kernels/matmul/matmul.hpp"
+#include "nikki/kernels/softmax/softmax.hpp"
 
 namespace nikki::test {
 namespace {

@@ -29,9 +29,9 @@
 
 #include "close_check.hpp"
 #include "harness.hpp"
-#include "nikki/kernels/layernorm.hpp"
+#include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/registry.hpp"
-#include "nikki/kernels/rmsnorm.hpp"
+#include "nikki/kernels/norm/rmsnorm.hpp"
 
 namespace nikki::test {
 namespace {

@@ -1,13 +1,16 @@
-// Registry-driven checks of every library kernel: the metadata is consistent, every example case
-// traces, compiles and writes every output element, and the native executor agrees bit for bit
-// with the reference semantics. Numerical correctness against independent references lives in
-// tests/python/kernels (numpy and PyTorch).
+// Registry-driven checks of every library kernel: each registration is complete, and every example
+// and randomly drawn case matches the kernel's float64 reference, writes every output element,
+// gives the same bits on the native executor as on the reference semantics, and the same bits
+// when its tasks are emitted in declaration order (the task scheduler only changes overlap).
+// Python sweeps more drawn cases and compares against PyTorch too (tests/python/kernels).
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <set>
 
 #include "harness.hpp"
 #include "nikki/kernels/registry.hpp"
+#include "scoped_env.hpp"
 
 namespace nikki::test {
 namespace {
@@ -18,28 +21,104 @@ bool contains(const std::vector<std::string>& names, const std::string& n) {
   return std::find(names.begin(), names.end(), n) != names.end();
 }
 
-std::vector<HostTensor> example_inputs(const kernels::ExampleCase& ex, uint32_t seed) {
+std::string join(const std::vector<std::string>& items) {
+  std::string s;
+  for (const std::string& i : items) s += (s.empty() ? "" : ", ") + i;
+  return s;
+}
+
+/** Drawn cases per kernel: NIKKI_SWEEP_CASES, 3 by default (`make sweep` runs many more). */
+int64_t drawn_cases() {
+  const char* v = std::getenv("NIKKI_SWEEP_CASES");
+  return v ? std::max<int64_t>(0, std::atoll(v)) : 3;
+}
+
+std::vector<HostTensor> host_inputs(const kernels::ExampleCase& c, const std::vector<kernels::RefTensor>& values) {
   std::vector<HostTensor> inputs;
-  for (const TensorSpec& s : ex.inputs) {
-    // Positive values keep variance-like inputs (rstd, row sums) meaningful.
-    inputs.push_back(is_float(s.dtype) ? random_tensor(s.dtype, s.shape, seed++, 0.25f, 1.0f)
-                                       : HostTensor(s.dtype, s.shape));
+  for (size_t i = 0; i < c.inputs.size(); ++i) {
+    HostTensor t(c.inputs[i].dtype, c.inputs[i].shape);
+    for (int64_t e = 0; e < t.size(); ++e) t.set(e, float(values[i][e]));  // exact: rounded to the dtype
+    inputs.push_back(std::move(t));
   }
   return inputs;
 }
 
-TEST_CASE("library registry: names are unique and backward kernels follow the naming contract") {
+/** The largest |got - ref| beyond the tolerance (atol relative to the output's magnitude), or 0. */
+double excess_error(const HostTensor& got, const kernels::RefTensor& ref, const kernels::Tolerance& tol) {
+  double peak = 1.0;
+  for (double r : ref.data) peak = std::max(peak, std::fabs(r));
+  double worst = 0;
+  for (int64_t i = 0; i < got.size(); ++i) {
+    const double g = got.get(i), r = ref[i], allowed = tol.atol * peak + tol.rtol * std::fabs(r);
+    const double err = std::isnan(g) ? INFINITY : std::fabs(g - r);
+    if (err > allowed) worst = std::max(worst, err);
+  }
+  return worst;
+}
+
+/** Runs one case: native results against the reference; with `exhaustive`, also the reference
+ *  semantics and the declaration order, bit for bit. */
+void check_case(const KernelInfo& k, const kernels::ExampleCase& c, uint64_t seed, bool exhaustive) {
+  CAPTURE(k.name);
+  CAPTURE(c.label);
+  std::string shapes;
+  for (const TensorSpec& s : c.inputs) shapes += s.shape.str() + std::string(dtype_name(s.dtype)) + " ";
+  CAPTURE(shapes);
+  kernels::CaseRng rng(seed);
+  const std::vector<kernels::RefTensor> values = k.inputs_for(c, rng);
+  std::vector<HostTensor> inputs = host_inputs(c, values);
+  std::vector<HostTensor*> ptrs;
+  for (HostTensor& t : inputs) ptrs.push_back(&t);
+  Kernel kernel = kernels::trace_library_kernel(k, c.inputs, c.params);
+  REQUIRE(kernel.outputs.size() == k.outputs.size());
+  const std::vector<HostTensor> native = run_kernel(kernel, ptrs, Mode::streams_native);
+  const std::vector<kernels::RefTensor> expected = k.reference(values, kernels::ParamValues{k.params, c.params});
+  REQUIRE(expected.size() == native.size());
+  for (size_t o = 0; o < native.size(); ++o) {
+    CAPTURE(k.outputs[o]);
+    CHECK(native[o].shape == expected[o].shape);
+    CHECK(excess_error(native[o], expected[o], k.tolerance_for(c)) == 0);
+  }
+  if (!exhaustive) return;
+  const std::vector<HostTensor> interp = run_kernel(std::move(kernel), ptrs, Mode::streams_interp);
+  std::vector<HostTensor> declared;
+  {
+    ScopedEnv order("NIKKI_TASK_ORDER", "declared");
+    declared = run_kernel(kernels::trace_library_kernel(k, c.inputs, c.params), ptrs, Mode::streams_native);
+  }
+  for (size_t o = 0; o < native.size(); ++o) {
+    CAPTURE(k.outputs[o]);
+    CHECK(interp[o].bytes == native[o].bytes);
+    CHECK(declared[o].bytes == native[o].bytes);
+  }
+}
+
+TEST_CASE("library registry: every registration is complete") {
   std::set<std::string> names;
   for (const KernelInfo& k : kernels::registry()) {
     CAPTURE(k.name);
     CHECK(names.insert(k.name).second);
-    CHECK(!k.summary.empty());
-    CHECK(!k.doc.empty());
-    CHECK(!k.examples.empty());
-    CHECK(k.body);
+    const std::vector<std::string> missing = kernels::missing_registration(k, kernels::registry());
+    CHECK_MESSAGE(missing.empty(), "kernel '" << k.name << "' is registered without: " << join(missing));
     for (const std::string& s : k.saved_outputs) CHECK(contains(k.outputs, s));
-    for (const kernels::ExampleCase& ex : k.examples) CHECK(ex.inputs.size() == k.inputs.size());
   }
+}
+
+TEST_CASE("library registry: an incomplete registration is reported by what it lacks") {
+  KernelInfo k = kernels::find_kernel("softmax");
+  k.name = "incomplete";
+  k.reference = nullptr;
+  k.draw = nullptr;
+  k.backward.clear();
+  k.doc = "Dimensions: x. Args: x. Returns: y. Notes: none.";
+  k.examples.push_back({{}, {}, "no inputs"});
+  const std::vector<std::string> missing = kernels::missing_registration(k, kernels::registry());
+  CHECK(join(missing) ==
+        "doc section Pseudocode:, reference, draw (random cases), inputs of example 'no inputs', backward (or a "
+        "gradient note)");
+}
+
+TEST_CASE("library registry: backward kernels follow the naming contract") {
   for (const KernelInfo& k : kernels::registry()) {
     if (k.backward.empty()) continue;
     CAPTURE(k.name);
@@ -83,30 +162,18 @@ TEST_CASE("library registry: unknown kernels and parameters are errors that name
   }
 }
 
-TEST_CASE("library kernels: every example writes every output and native matches the reference semantics") {
-  for (const KernelInfo& k : kernels::registry()) {
-    for (const kernels::ExampleCase& ex : k.examples) {
-      CAPTURE(k.name);
-      CAPTURE(ex.label);
-      std::vector<HostTensor> inputs = example_inputs(ex, 7);
-      std::vector<HostTensor*> ptrs;
-      for (HostTensor& t : inputs) ptrs.push_back(&t);
-      Kernel kernel = kernels::trace_library_kernel(k, ex.inputs, ex.params);
-      REQUIRE(kernel.outputs.size() == k.outputs.size());
-      std::vector<HostTensor> reference = run_kernel(kernel, ptrs, Mode::streams_interp);
-      std::vector<HostTensor> native = run_kernel(std::move(kernel), ptrs, Mode::streams_native);
-      for (size_t o = 0; o < reference.size(); ++o) {
-        CAPTURE(k.outputs[o]);
-        const HostTensor& r = reference[o];
-        // Fresh memory holds NaN sentinels: a NaN left in an output is an element never written.
-        int64_t unwritten = 0;
-        if (is_float(r.dtype))
-          for (int64_t i = 0; i < r.size(); ++i) unwritten += std::isnan(r.get(i));
-        CHECK(unwritten == 0);
-        CHECK(r.bytes == native[o].bytes);
-      }
+TEST_CASE("library kernels: every example matches its reference, on both executors and in both task orders") {
+  for (const KernelInfo& k : kernels::registry())
+    for (size_t i = 0; i < k.examples.size(); ++i) check_case(k, k.examples[i], i + 1, /*exhaustive=*/true);
+}
+
+TEST_CASE("library kernels: randomly drawn cases match their reference") {
+  const int64_t n = drawn_cases();
+  for (const KernelInfo& k : kernels::registry())
+    for (int64_t seed = 1; seed <= n; ++seed) {
+      kernels::CaseRng rng{uint64_t(seed)};
+      check_case(k, k.draw(rng), uint64_t(seed) + 1000, /*exhaustive=*/false);
     }
-  }
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 
 #include "harness.hpp"
-#include "nikki/kernels/softmax.hpp"
+#include "nikki/kernels/softmax/softmax.hpp"
 
 namespace {
 

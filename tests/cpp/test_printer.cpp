@@ -7,7 +7,7 @@
 
 #include "harness.hpp"
 #include "nikki/ir_printer.hpp"
-#include "nikki/kernels/softmax.hpp"
+#include "nikki/kernels/softmax/softmax.hpp"
 
 namespace {
 

@@ -8,7 +8,7 @@
 #include "harness.hpp"
 #include "nikki/activation.hpp"
 #include "nikki/ir_printer.hpp"
-#include "nikki/kernels/softmax.hpp"
+#include "nikki/kernels/softmax/softmax.hpp"
 
 namespace {
 

@@ -103,7 +103,7 @@ OPERATORS = [
 ]
 SHAPES = [
     Bad("None", _const(None)), Bad("str", _const("4")), Bad("float dim", _const((4.5, F))),
-    Bad("bool dim", _const((True, F))), Bad("zero dim", _const((0, F))), Bad("negative dim", _const((-1, F))),
+    Bad("bool dim", _const((True, F))), Bad("zero dim", _const((0, F)), None), Bad("negative dim", _const((-1, F))),
     Bad("rank 9", _const((1,) * 9)), Bad("huge int", _const(2 ** 62), None), Bad("empty", _const(())),
     Bad("list", list, True), Bad("np.int64 dims", lambda base: tuple(np.int64(d) for d in base), True),
 ]

@@ -385,7 +385,6 @@ def test_bad_values_inside_a_kernel_are_named(body, fragment):
 @pytest.mark.parametrize("bad, fragment", [
     (None, "argument 'a' is None, but the kernel uses it as a tensor (.shape)"),
     ("abc", "argument 'a' is 'abc', but the kernel uses it as a tensor (.shape)"),
-    (np.zeros((0, 4), np.float32), "argument 'a' has shape (0, 4) with an empty dim"),
     (np.zeros((), np.float32), "argument 'a' is 0-dimensional"),
     (nki.spec((2, 4), np.float32), "is nikki.spec((2, 4), float32), a placeholder without data"),
 ])
@@ -401,7 +400,8 @@ def test_launch_grid_and_spec_take_integers():
         plus_one[True]
     with pytest.raises(nki.KernelError) as info:
         nki.spec((2.5, 4), np.float32)
-    assert "nikki.spec: shape must be a tuple of positive integers, got (2.5, 4)" in message(info)
+    assert "nikki.spec: shape must be a tuple of integers of at least 0, got (2.5, 4)" in message(info)
+    assert nki.spec((0, 4), np.float32).shape == (0, 4)  # as an empty array
     with pytest.raises(nki.KernelError):
         nki.spec((-1, 4), np.float32)
     with pytest.raises(TypeError) as info:
@@ -481,7 +481,8 @@ def test_logical_core_variable_is_parsed_strictly(monkeypatch, value):
     monkeypatch.setenv("NEURON_LOGICAL_NC_CONFIG", value)
     with pytest.raises(nki.KernelError) as info:
         nki.jit(plus_one.fn)(np.ones((2, 8), np.float32))
-    assert f"NEURON_LOGICAL_NC_CONFIG={value} is not a number of logical cores" in message(info)
+    expected = "program instances" if value.isdigit() and int(value) else "is not a number of logical cores"
+    assert expected in message(info) and (value in message(info) or "100000" in message(info))
 
 
 def test_entry_point_options_are_checked():

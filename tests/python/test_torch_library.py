@@ -8,6 +8,9 @@ while PyTorch's bf16 kernels round intermediates too, so 2e-2 covers both roundi
 """
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -15,6 +18,9 @@ torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
 import nikki.torch as nt  # noqa: E402
+from nikki import _core  # noqa: E402
+from nikki.dtypes import to_dtype, torch_dtype  # noqa: E402
+from nikki.library import library_kernels  # noqa: E402
 
 TOL = {torch.float32: dict(rtol=1e-4, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=2e-2)}
 
@@ -100,28 +106,37 @@ def test_flash_attention(dtype, causal, heads, kv_heads, seq, kv_seq, dim, scale
            [q, k, v], dtype)
 
 
-OPCHECK_CASES = {
-    "matmul": lambda: (torch.randn(40, 24), torch.randn(24, 16)),
-    "softmax": lambda: (torch.randn(9, 31),),
-    "layernorm": lambda: (torch.randn(9, 32), torch.randn(32), torch.randn(32), 1e-5),
-    "rmsnorm": lambda: (torch.randn(9, 32), torch.randn(32), 1e-6),
-    "flash_attention": lambda: (torch.randn(1, 2, 40, 64), torch.randn(1, 1, 40, 64), torch.randn(1, 1, 40, 64),
-                                True, None),
-}
+def _smallest_example(name):
+    """Arguments of the registration's smallest example of a kernel: torch tensors in the example's
+    dtypes (inputs of float dtypes require grad, so opcheck also checks the autograd wiring), then
+    its scalar parameters."""
+    kernel = library_kernels()[name]
+    sizes = [sum(math.prod(shape) for shape, _ in inputs) for inputs, _, _ in kernel.info["examples"]]
+    case = _core.library_case(name, "example", sizes.index(min(sizes)))
+    tensors = [torch.from_numpy(v).to(torch_dtype(to_dtype(d))) for v, (_, d) in zip(case["values"], case["inputs"])]
+    kinds = {p[0]: p[1] for p in kernel.info["params"]}
+    params = []
+    for pname, kind, default, _doc in kernel.info["params"]:
+        value = case["params"].get(pname, default)
+        params.append(None if kind == "float?" and (value is None or math.isnan(value)) else
+                      bool(value) if kind == "bool" else value)
+    grads = not name.endswith("_bwd")
+    return tuple(t.requires_grad_() if grads and t.is_floating_point() else t for t in tensors) + tuple(params)
 
 
-@pytest.mark.parametrize("name", sorted(OPCHECK_CASES))
+@pytest.mark.parametrize("name", sorted(library_kernels()))
 def test_library_op_passes_opcheck(name):
-    op = nt.library_op(name)
-    args = tuple(a.requires_grad_() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
-                 for a in OPCHECK_CASES[name]())
-    torch.library.opcheck(op, args)
+    torch.library.opcheck(nt.library_op(name), _smallest_example(name))
 
 
-def test_library_ops_are_registered_under_the_nikki_namespace():
-    nt.library_op("softmax")
-    x = torch.randn(3, 5)
-    torch.testing.assert_close(torch.ops.nikki.softmax(x), torch.softmax(x, -1))
+def test_every_library_op_exists_as_soon_as_nikki_torch_is_imported():
+    # A fresh process: no op has been used yet.
+    code = ("import torch, nikki.torch, nikki.kernels as K\n"
+            "missing = [n for n in K.names() if not hasattr(torch.ops.nikki, n)]\n"
+            "assert not missing, missing\n"
+            "x = torch.randn(3, 5)\n"
+            "torch.testing.assert_close(torch.ops.nikki.softmax(x), torch.softmax(x, -1))\n")
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ))
 
 
 def test_unknown_library_op():

@@ -18,6 +18,7 @@ from .entry import baremetal, simulate, simulate_kernel  # noqa: E402
 from .profiling import Profile, benchmark, estimate, profile  # noqa: E402
 from .kernel import Kernel, jit  # noqa: E402
 from .spec import TensorSpec, spec  # noqa: E402
+from .specialization_cache import cache_info, clear_cache, set_cache_limit  # noqa: E402
 from .tensor import NkiTensor  # noqa: E402
 
 tensor = NkiTensor  # Beta 1's nki.tensor class (isinstance checks); the module stays nikki.tensor in sys.modules
@@ -26,5 +27,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "jit", "simulate", "simulate_kernel", "baremetal", "benchmark", "profile", "estimate", "Profile", "Kernel", "KernelError", "spec",
-    "TensorSpec", "dtype", "language", "isa", "typing", "__version__",
+    "TensorSpec", "dtype", "language", "isa", "typing", "__version__", "set_cache_limit", "clear_cache",
+    "cache_info",
 ]

@@ -5,7 +5,9 @@
 - ``nikki profile [--out DIR] [--top N] file.py [args...]`` runs it the same way and
   prints the estimated profile of every kernel it launched, writing a Perfetto trace per kernel;
 - ``nikki disasm file`` prints a device program file (``Program.serialize()``, ``nki.profile``'s
-  NEFF-named output) as a kernel author reads it.
+  NEFF-named output) as a kernel author reads it;
+- ``nikki kernels [--markdown]`` lists the library kernels (``--markdown``: the table of
+  docs/kernels.md, generated from the registry).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def main(argv=None) -> int:
     prof.add_argument("args", nargs=argparse.REMAINDER)
     dis = sub.add_parser("disasm", help="print a device program file")
     dis.add_argument("file")
+    kern = sub.add_parser("kernels", help="list the library kernels")
+    kern.add_argument("--markdown", action="store_true", help="print the table of docs/kernels.md")
     ns = parser.parse_args(argv)
 
     if ns.command == "run":
@@ -38,7 +42,19 @@ def main(argv=None) -> int:
         return _profile_script(ns.file, ns.args, ns.out, ns.top)
     elif ns.command == "disasm":
         return _disassemble(ns.file)
+    elif ns.command == "kernels":
+        _list_kernels(ns.markdown)
     return 0
+
+
+def _list_kernels(markdown: bool) -> None:
+    from .library import kernels_table, library_kernels
+
+    if markdown:
+        sys.stdout.write(kernels_table())
+        return
+    for name, kernel in sorted(library_kernels().items()):
+        print(f"{name:24} {kernel.info['summary']}")
 
 
 def _run_script(path: str, args) -> None:

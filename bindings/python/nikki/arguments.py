@@ -101,21 +101,21 @@ def check_real(value, what: str, finite: bool = False) -> float:
     return number
 
 
-def check_shape(shape, what: str, max_rank: int, allow_int: bool = True) -> tuple:
-    """`shape` as a tuple of positive ints of at most `max_rank` dims (an int is a 1-D shape when
-    `allow_int`)."""
+def check_shape(shape, what: str, max_rank: int, allow_int: bool = True, minimum: int = 1) -> tuple:
+    """`shape` as a tuple of at most `max_rank` ints of at least `minimum` (an int is a 1-D shape
+    when `allow_int`)."""
     if allow_int and is_int(shape):
         shape = (shape,)
     try:
         dims = tuple(shape)
     except TypeError:
-        raise argument_error(what, "a tuple of positive integers", shape) from None
+        raise argument_error(what, "a tuple of integers", shape) from None
+    expected = "a tuple of positive integers" if minimum == 1 else f"a tuple of integers of at least {minimum}"
     if isinstance(shape, (str, bytes)) or not all(is_int(d) for d in dims):
-        raise argument_error(what, "a tuple of positive integers", shape)
+        raise argument_error(what, expected, shape)
     dims = tuple(int(d) for d in dims)
-    if not dims or any(d < 1 for d in dims):
-        raise argument_error(what, "a tuple of positive integers", shape,
-                             hint="NKI tensors have at least one dim and no empty dims")
+    if not dims or any(d < minimum for d in dims):
+        raise argument_error(what, expected, shape, hint="NKI tensors have at least one dim")
     if len(dims) > max_rank:
         raise argument_error(what, f"at most {max_rank} dims", shape, limit=f"tensors have at most {max_rank} dims")
     return dims

@@ -17,6 +17,7 @@ from . import _core, isa
 from .arguments import describe, is_int
 from .dtypes import from_numpy, from_torch, numpy_dtype, to_dtype, torch_dtype
 from .spec import TensorSpec
+from .specialization_cache import SpecializationCache
 from .errors import (KernelError, is_internal_frame, kernel_error_at, kernel_error_in_traceback, user_frame,
                      without_internal_frames)
 from .tensor import NkiTensor, shared_hbm
@@ -26,6 +27,32 @@ __all__ = ["Kernel", "jit"]
 
 # Callables told of every kernel launch as (kernel, compiled), e.g. by `nikki profile`.
 launch_observers: list = []
+
+# The most program instances an SPMD grid may have (docs/decisions.md): each instance is traced,
+# compiled and run on its own (milliseconds for the smallest kernel, far more for real ones) and
+# keeps its program in memory until the launch ends; NIKKI_MAX_GRID_PROGRAMS raises the limit.
+DEFAULT_MAX_GRID_PROGRAMS = 4096
+
+
+def max_grid_programs() -> int:
+    """The grid limit: NIKKI_MAX_GRID_PROGRAMS when set to a positive integer, else the default."""
+    value = os.environ.get("NIKKI_MAX_GRID_PROGRAMS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_GRID_PROGRAMS
+
+
+def _check_grid(grid: tuple, frame) -> None:
+    """A KernelError at `frame` when the grid has more program instances than the limit."""
+    programs = 1
+    for g in grid:
+        programs *= g
+    limit = max_grid_programs()
+    if programs > limit:
+        raise kernel_error_at(frame, f"launch grid {list(grid)} has {programs} program instances, more than "
+                              f"nikki runs ({limit})",
+                              limit=f"nikki traces, compiles and runs every SPMD instance separately, one after "
+                                    f"another; at most {limit} instances (NIKKI_MAX_GRID_PROGRAMS)",
+                              hint="launch fewer instances that each do more work (loop over the tiles inside "
+                                   "the kernel with nl.affine_range), or raise NIKKI_MAX_GRID_PROGRAMS")
 
 
 def _is_torch(x) -> bool:
@@ -56,6 +83,17 @@ class Compiled:
 
     def text(self, locations: bool = True) -> str:
         return "\n".join(p.text(locations) for p in self.programs)
+
+    def memory_bytes(self) -> int:
+        """Approximate bytes held by the compiled programs (what the in-memory cache counts)."""
+        return _COMPILED_OVERHEAD_BYTES + sum(p.memory_bytes for p in self.programs)
+
+
+# What a cache entry costs beyond its programs' own estimate: the key, the Compiled object and its
+# lists, the Python wrappers of the programs. Measured with tracemalloc, rounded up.
+_COMPILED_OVERHEAD_BYTES = 4096
+# An entry of the traced-outputs cache: the key and a few tuples of shapes and dtypes.
+_OUTPUTS_ENTRY_BYTES = 1024
 
 
 def _resolve_target(target) -> str:
@@ -89,7 +127,10 @@ class Kernel:
             p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in self._params)
         self._mutable = {i for i, p in enumerate(self._params)
                          if _is_mutable_annotation(p.annotation, getattr(fn, "__globals__", {}))}
-        self._cache: dict = {}
+        # Compiled specializations and traced output specs by specialization key, both counted
+        # against the process-wide budget of nikki.set_cache_limit.
+        self._cache = SpecializationCache()
+        self._outputs_cache = SpecializationCache()
         for p in self._params:
             if p.kind is p.KEYWORD_ONLY:
                 raise kernel_error_at(user_frame(2), f"kernel '{fn.__name__}': keyword-only parameter '{p.name}' is "
@@ -101,22 +142,19 @@ class Kernel:
             if not is_int(g) or g < 1:
                 raise kernel_error_at(user_frame(2), f"launch grid {grid} must be positive integers")
         grid = tuple(int(g) for g in grid)
-        if math.prod(grid) > _MAX_GRID_INSTANCES:
-            raise kernel_error_at(user_frame(2), f"launch grid {grid} has {math.prod(grid)} program instances",
-                                  limit=f"at most {_MAX_GRID_INSTANCES} instances",
-                                  hint="each instance is traced and compiled on its own; use fewer, larger ones")
+        _check_grid(grid, user_frame(2))
         launched = Kernel.__new__(Kernel)
         launched.__dict__.update(self.__dict__)
         launched.grid = tuple(grid)
-        launched._cache = self._cache
-        return launched
+        return launched  # shares the caches: the grid is part of the key
 
     def with_target(self, target: str) -> "Kernel":
         """The same kernel compiled for another target ("trn1" or "trn2"); shares no cache entries."""
         k = Kernel.__new__(Kernel)
         k.__dict__.update(self.__dict__)
         k.target = target
-        k._cache = {}
+        k._cache = SpecializationCache()
+        k._outputs_cache = SpecializationCache()
         return k
 
     def __repr__(self) -> str:
@@ -151,10 +189,12 @@ class Kernel:
         lnc = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
         if not lnc:
             return ()
-        if not lnc.isdigit() or not 1 <= int(lnc) <= _MAX_GRID_INSTANCES:
+        if not lnc.isdigit() or int(lnc) < 1:
             raise KernelError(f"NEURON_LOGICAL_NC_CONFIG={lnc} is not a number of logical cores",
-                              limit=f"1 to {_MAX_GRID_INSTANCES}", hint="set NEURON_LOGICAL_NC_CONFIG=1 or 2, or unset it")
-        return (int(lnc),) if int(lnc) > 1 else ()
+                              hint="set NEURON_LOGICAL_NC_CONFIG=1 or 2, or unset it")
+        grid = (int(lnc),) if int(lnc) > 1 else ()
+        _check_grid(grid, user_frame(2))
+        return grid
 
     def _call(self, args, kwargs):
         values = self._bind(args, kwargs)
@@ -163,7 +203,7 @@ class Kernel:
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self.compile_for(values, grid)
-            self._cache[key] = compiled
+            self._cache.put(key, compiled, compiled.memory_bytes())
         return self._launch(compiled, values)
 
     def _key(self, values) -> tuple:
@@ -187,7 +227,7 @@ class Kernel:
         """(output_specs, results) of a bound call, as :class:`Compiled` has them, from tracing
         alone (no compiling); cached per specialization. Frameworks use it for shape inference."""
         key = self._key(values)
-        cache = self.__dict__.setdefault("_outputs_cache", {})
+        cache = self._outputs_cache
         found = cache.get(key)
         if found is None:
             compiled = self._cache.get(key)
@@ -198,7 +238,7 @@ class Kernel:
                 target = _resolve_target(self.target or self.options.get("platform_target"))
                 grid = self._grid()
                 _kernel, found = self._trace(specs, target, grid, tuple(0 for _ in grid))
-            cache[key] = found
+            cache.put(key, found, _OUTPUTS_ENTRY_BYTES)
         return found
 
     def output_specs(self, *args, **kwargs) -> list:
@@ -221,8 +261,16 @@ class Kernel:
         target = _resolve_target(self.target or self.options.get("platform_target"))
         ids = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
         programs, outputs = [], None
+        instructions, max_instructions = 0, _core.max_instructions()
         for program_ids in ids:
             kernel, out_specs = self._trace(specs, target, grid, program_ids)
+            instructions += kernel.num_instructions
+            if instructions > max_instructions:  # each program is held in memory until the launch ends
+                raise KernelError(f"the {len(ids)} program instances of kernel '{self.fn.__name__}' unroll into "
+                                  f"more than {max_instructions} instructions together",
+                                  limit=_core.instruction_limit_text(max_instructions),
+                                  hint="launch fewer instances, trace a smaller problem, or loop at run time "
+                                       "(nl.fori_loop), which traces the loop body once")
             if outputs is None:
                 outputs = out_specs
             elif out_specs != outputs:
@@ -355,6 +403,7 @@ class Kernel:
         if compiled.writable_inputs:
             for i in compiled.writable_inputs:
                 _check_writable(self._param_name(i), values[i])
+        _check_host_memory(self, compiled, values)
         in_ptrs, keep, write_back, torch_out = [], [], [], False
         for i, v in enumerate(values):
             if isinstance(v, np.ndarray):
@@ -370,15 +419,7 @@ class Kernel:
                 keep.append(arr)
                 in_ptrs.append(arr.__array_interface__["data"][0] if arr.size else 0)
             elif _is_torch(v):
-                # Checked on every launch, not only when compiling: the specialization key holds
-                # shape and dtype, not the device or the layout.
-                if not v.is_cpu:
-                    raise _torch_problem(self._param_name(i), v)
-                try:
-                    t = v if v.is_contiguous() else v.contiguous()
-                except RuntimeError:  # sparse and other non-strided layouts have no strides
-                    raise _torch_problem(self._param_name(i), v) or KernelError(
-                        f"argument '{self._param_name(i)}': nikki cannot read this torch tensor") from None
+                t = v if v.is_contiguous() else v.contiguous()
                 if t is not v and i in compiled.writable_inputs:
                     write_back.append((v, t))
                 keep.append(t)
@@ -403,6 +444,8 @@ class Kernel:
         # them with the uninitialized-memory sentinels, later ones must keep earlier writes.
         for index, program in enumerate(compiled.programs):
             program.run(in_ptrs, out_ptrs, index == 0)
+            if len(compiled.programs) > 1:
+                program.release_executor()  # hold one simulated core at a time, not one per instance
         for original, copy in write_back:
             original[...] = copy
         results = [outputs[k] if kind == "output" else values[k] for kind, k in compiled.results]
@@ -410,9 +453,6 @@ class Kernel:
 
 
 _NOT_AN_ARGUMENT = object()
-# Every SPMD program instance is traced and compiled on its own: a grid beyond this is a mistake
-# (a size passed where a count goes), not a launch anyone waits for.
-_MAX_GRID_INSTANCES = 4096
 _strided = None
 
 
@@ -427,15 +467,12 @@ def _torch_strided():
 
 
 def _tensor_arg(name: str, shape, dtype, is_torch: bool) -> _TensorArg:
-    """The tensor argument `name` of this shape, if NKI can hold it: at least one dim, none empty,
-    at most the IR's rank."""
+    """The tensor argument `name` of this shape, if NKI can hold it: at least one dim, at most the
+    IR's rank (an empty dim is fine until the kernel accesses it)."""
     shape = tuple(int(s) for s in shape)
     if not shape:
         raise KernelError(f"argument '{name}' is 0-dimensional; NKI tensors have at least one dim",
                           hint="reshape it, e.g. x.reshape(1, 1)")
-    if any(s < 1 for s in shape):
-        raise KernelError(f"argument '{name}' has shape {shape} with an empty dim; NKI tensors cannot be empty",
-                          hint="skip the call for empty inputs")
     if len(shape) > _core.max_rank:
         raise KernelError(f"argument '{name}' has {len(shape)} dims", limit=f"tensors have at most {_core.max_rank} dims",
                           hint="merge dims with reshape before the call")
@@ -519,6 +556,55 @@ def _separate_aliased_inputs(kernel, compiled, values, keep, in_ptrs) -> None:
             keep[position] = private
             in_ptrs[position] = private.__array_interface__["data"][0] if isinstance(private, np.ndarray) \
                 else private.data_ptr()
+
+
+def _host_available_bytes():
+    """Memory the host can still give this process (MemAvailable), or None when unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _bytes_text(nbytes: int) -> str:
+    for unit, name in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if nbytes >= unit:
+            return f"{nbytes / unit:.1f} {name}"
+    return f"{nbytes} B"
+
+
+def _check_host_memory(kernel, compiled: Compiled, values) -> None:
+    """A KernelError, before anything is allocated or copied, when the launch's host buffers (the
+    outputs, and contiguous copies of strided or broadcast inputs) need more memory than the host
+    has available. The verifier has already held every HBM tensor to the device's capacity. First
+    of all, every torch tensor must be a dense CPU tensor, whose data nikki reads by its pointer."""
+    needs = []
+    for i, v in enumerate(values):
+        if isinstance(v, np.ndarray) and not v.flags.c_contiguous:
+            needs.append((v.nbytes, f"a contiguous copy of argument '{kernel._params[i].name}'"))
+        elif _is_torch(v):
+            # Checked on every launch, not only when compiling: the specialization key holds shape
+            # and dtype, not the device or the layout (a sparse tensor has no strides to ask about).
+            if not v.is_cpu or v.layout is not _torch_strided():
+                raise _torch_problem(kernel._param_name(i), v)
+            if not v.is_contiguous():
+                needs.append((v.numel() * v.element_size(), f"a contiguous copy of argument '{kernel._params[i].name}'"))
+    for k, (shape, dt) in enumerate(compiled.output_specs):
+        needs.append((int(np.prod(shape, dtype=np.int64)) * dt.itemsize, f"output {k} {tuple(shape)}"))
+    total = sum(n for n, _ in needs)
+    available = _host_available_bytes() if total else None
+    if available is None or total <= available:
+        return
+    largest = ", ".join(f"{what}: {_bytes_text(n)}" for n, what in sorted(needs, key=lambda x: -x[0])[:3])
+    raise KernelError(f"kernel '{kernel.fn.__name__}' needs {_bytes_text(total)} of host memory for its launch "
+                      f"({largest}), but only {_bytes_text(available)} is available",
+                      limit="nikki runs on this host's memory: outputs, and strided or broadcast inputs, which "
+                            "are copied into contiguous arrays before the run",
+                      hint="pass contiguous inputs (a broadcast array is copied in full), or run on smaller tensors")
 
 
 def _def_line(code) -> int:

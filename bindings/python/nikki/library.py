@@ -14,11 +14,11 @@ import re
 from . import _core
 from .arguments import EXACT_INT_LIMIT, argument_error, check_bool, check_int, check_real, is_real
 from .dtypes import to_dtype
-from .errors import KernelError
-from .kernel import Kernel, _TensorArg
+from .errors import KernelError, user_frame
+from .kernel import Kernel, _TensorArg, _for_user
 from .tensor import NkiTensor
 
-__all__ = ["LibraryKernel", "library_kernels"]
+__all__ = ["LibraryKernel", "library_kernels", "doc_section", "kernels_table"]
 
 
 class LibraryKernel(Kernel):
@@ -111,7 +111,10 @@ class LibraryKernel(Kernel):
             if not isinstance(v, NkiTensor):
                 raise KernelError(f"kernel '{self.name}': input '{name}' must be a tensor, got {type(v).__name__}")
             views.append(v._view)
-        results = _core.inline_library(ctx.builder, self.name, views, self.param_values(values))
+        try:
+            results = _core.inline_library(ctx.builder, self.name, views, self.param_values(values))
+        except KernelError as err:
+            raise _for_user(err, user_frame(2)) from None  # at the kernel's line that calls the library
         tensors = tuple(NkiTensor(ctx, view) for view in results)
         return tensors[0] if len(tensors) == 1 else tensors
 
@@ -150,3 +153,40 @@ def library_kernels() -> dict:
     if _registry is None:
         _registry = {info["name"]: LibraryKernel(info) for info in _core.library_kernels()}
     return _registry
+
+
+def doc_section(doc: str, section: str) -> str:
+    """One section of a library kernel's documentation ("Dimensions", "Args", ...), its lines
+    joined into one paragraph."""
+    lines, inside = [], False
+    for line in doc.splitlines():
+        head = line.split(":", 1)[0]
+        if line[:1] not in (" ", "") and ":" in line and " " not in head:
+            inside = head == section
+            line = line.split(":", 1)[1]
+        if inside:
+            lines.append(line.strip())
+    return " ".join(x for x in lines if x)
+
+
+def kernels_table() -> str:
+    """The markdown table of docs/kernels.md: every registered kernel with its dimensions, dtypes
+    and how it is differentiated. Generated from the registry (``nikki kernels --markdown``)."""
+    kernels = library_kernels()
+    rows = ["| kernel | dimensions | dtypes | gradient |", "|--------|------------|--------|----------|"]
+    for name in sorted(kernels):
+        info = kernels[name].info
+        backward_of = [k for k, other in kernels.items() if other.info["backward"] == name]
+        if info["backward"]:
+            gradient = f"`{info['backward']}`"
+        elif backward_of:
+            gradient = f"(the backward of `{backward_of[0]}`)"
+        else:
+            gradient = info["gradient"]
+        dtypes = ", ".join(_SHORT_DTYPE.get(d.name, d.name) for d in info["dtypes"])
+        dims = doc_section(info["doc"], "Dimensions").replace("|", "\\|")
+        rows.append(f"| `{name}` | {dims} | {dtypes} | {gradient} |")
+    return "\n".join(rows) + "\n"
+
+
+_SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}

@@ -175,13 +175,14 @@ def estimate(kernel, *args, target=None, **kwargs) -> Profile:
 
 
 def _estimate(k: Kernel, args, kwargs):
-    from .errors import without_internal_frames
+    from .kernel import _for_user
 
     try:
         compiled = k.compile_for(k._bind(args, kwargs), k._grid(), for_running=False)
         return compiled, Profile.of(k.fn.__name__, compiled)
     except KernelError as err:
-        raise err.with_traceback(without_internal_frames(err.__traceback__)) from None
+        # Errors of library kernels name nikki's C++ line: _for_user points them at the user's call.
+        raise _for_user(err, user_frame(2)) from None
 
 
 def profile(func=None, working_directory=None, save_neff_name="file.neff", save_trace_name="profile.ntff",

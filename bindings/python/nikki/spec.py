@@ -15,7 +15,7 @@ class TensorSpec:
     __slots__ = ("shape", "dtype")
 
     def __init__(self, shape, dtype):
-        self.shape = check_shape(shape, "nikki.spec: shape", _core.max_rank)
+        self.shape = check_shape(shape, "nikki.spec: shape", _core.max_rank, minimum=0)  # as empty arrays
         self.dtype = to_dtype(dtype)
 
     def __repr__(self) -> str:

@@ -26,7 +26,7 @@ from .errors import kernel_error_at, user_frame
 from .kernel import Kernel
 from .spec import TensorSpec
 
-__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "library_op"]
+__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -206,7 +206,8 @@ _ops: dict = {}
 
 
 def library_op(name: str):
-    """The custom op torch.ops.nikki.<name> of a library kernel (registered on first use)."""
+    """The custom op torch.ops.nikki.<name> of a library kernel (every one is registered when
+    nikki.torch is imported)."""
     op = _ops.get(name)
     if op is None:
         kernels = _library.library_kernels()
@@ -380,3 +381,35 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(),
                                               causal=causal, scale=scale)
     return out
+
+
+@torch.no_grad()
+def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, step: int, *,
+           lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 1e-2) -> None:
+    """One AdamW step in place (``torch.optim.AdamW``'s update) with nikki's adamw kernel: param,
+    exp_avg and exp_avg_sq are float32 tensors of any shape, grad float32 or bfloat16 of the same
+    shape; `step` counts from 1."""
+    tensors = (("param", param), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))
+    for name, t in tensors:
+        _tensor(t, f"nikki.torch.adamw_: {name}")
+    _one_device("nikki.torch.adamw_", tensors)
+    try:
+        beta1, beta2 = betas
+    except (TypeError, ValueError):
+        raise argument_error("nikki.torch.adamw_: betas", "a pair of numbers", betas) from None
+    hyper = {"lr": lr, "beta1": beta1, "beta2": beta2, "eps": eps, "weight_decay": weight_decay}
+    hyper = {name: check_real(value, f"nikki.torch.adamw_: {name}", finite=True) for name, value in hyper.items()}
+    step = check_int(step, "nikki.torch.adamw_: step", minimum=1)
+    shapes = {tuple(t.shape) for t in (param, grad, exp_avg, exp_avg_sq)}
+    if len(shapes) != 1:
+        raise ValueError(f"nikki.torch.adamw_: param, grad, exp_avg and exp_avg_sq must have one shape, got "
+                         f"{[tuple(t.shape) for t in (param, grad, exp_avg, exp_avg_sq)]}")
+    flat = [t.detach().reshape(-1).contiguous() for t in (param, grad, exp_avg, exp_avg_sq)]
+    new = library_op("adamw")(*flat, **hyper, step=step)
+    for target, value in zip((param, exp_avg, exp_avg_sq), new):
+        target.copy_(value.reshape(target.shape))
+
+
+# Every library kernel is an op as soon as nikki.torch is imported (torch.ops.nikki.<name>).
+for _name in sorted(_library.library_kernels()):
+    library_op(_name)

@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -82,15 +83,29 @@ struct AccessPattern {
     for (int d = 0; d < rank; ++d) s.push_back(dims[d].count);
     return s;
   }
-  int64_t num_elements() const {
+  /** @brief Elements the view enumerates; nullopt when the count overflows int64. */
+  std::optional<int64_t> checked_num_elements() const {
     int64_t n = 1;
-    for (int d = 0; d < rank; ++d) n *= dims[d].count;
+    for (int d = 0; d < rank; ++d) {
+      std::optional<int64_t> next = checked_mul(n, dims[d].count);
+      if (!next) return std::nullopt;
+      n = *next;
+    }
     return n;
+  }
+  /**
+   * @brief Elements the view enumerates. Views are validated when they are made (see
+   * view::check_arithmetic), so an overflow here is a nikki bug (InternalError).
+   */
+  int64_t num_elements() const {
+    std::optional<int64_t> n = checked_num_elements();
+    internal_check(n.has_value(), "element count of an unvalidated view overflowed int64");
+    return *n;
   }
   /** @brief Elements per partition when dim 0 is the partition dim. */
   int64_t inner_elements() const {
     int64_t n = 1;
-    for (int d = 1; d < rank; ++d) n *= dims[d].count;
+    for (int d = 1; d < rank; ++d) n = size_mul(n, dims[d].count);
     return n;
   }
   std::span<const Dim> pattern() const { return {dims.data(), rank}; }
@@ -123,6 +138,26 @@ struct Indirection {
   bool has_vector() const { return vector_offset.has_value(); }
 };
 
+/** @brief Inclusive range [first, last] of linear element indices a static view touches. */
+struct LinearExtent {
+  int64_t first;
+  int64_t last;
+};
+
+/** @brief The static view's LinearExtent; nullopt when an offset on the way overflows int64. */
+inline std::optional<LinearExtent> checked_linear_extent(const AccessPattern& ap) {
+  LinearExtent e{ap.offset, ap.offset};
+  for (int d = 0; d < ap.rank; ++d) {
+    if (ap.dims[d].count < 1) continue;  // an empty dim touches nothing; num_elements() is 0
+    std::optional<int64_t> span = checked_mul(ap.dims[d].stride, ap.dims[d].count - 1);
+    if (!span) return std::nullopt;
+    std::optional<int64_t> end = checked_add(*span < 0 ? e.first : e.last, *span);
+    if (!end) return std::nullopt;
+    (*span < 0 ? e.first : e.last) = *end;
+  }
+  return e;
+}
+
 /** @brief Row-major view of a whole storage. */
 inline AccessPattern full_view(StorageId storage, DType dtype, const Shape& shape) {
   AccessPattern ap;
@@ -150,6 +185,31 @@ inline bool is_contiguous(const AccessPattern& ap) {
 
 namespace view {
 
+/**
+ * @brief Checks that a view made from user numbers (broadcast sizes, raw .ap() patterns, dtype
+ * reinterpretation) has an element count and an element and byte extent that fit in int64, so
+ * that everything computed from it later is exact. Throws ViewError naming the view.
+ */
+inline void check_arithmetic(const AccessPattern& ap, std::string_view what) {
+  auto pattern = [&] {
+    std::string p;
+    for (int d = 0; d < ap.rank; ++d) p += fmt::format("{}[{}, {}]", d ? ", " : "", ap.dims[d].stride, ap.dims[d].count);
+    return fmt::format("offset {} and [stride, count] pattern [{}]", ap.offset, p);
+  };
+  if (!ap.checked_num_elements())
+    throw ViewError{fmt::format("{}: a view of shape {} has more elements than a 64-bit integer can count", what,
+                                ap.shape().str()),
+                    size_limit_text(), "use smaller extents"};
+  const std::optional<LinearExtent> e = checked_linear_extent(ap);
+  const int64_t size = dtype_size(ap.dtype);
+  bool strides_fit = true;  // in bytes, even of size-1 dims, whose stride nothing else bounds
+  for (int d = 0; d < ap.rank; ++d) strides_fit = strides_fit && checked_mul(ap.dims[d].stride, size);
+  if (!e || !strides_fit || !checked_mul(e->first, size) || !checked_mul(e->last, size))
+    throw ViewError{fmt::format("{}: the view with {} reaches offsets that overflow a 64-bit integer in bytes",
+                                what, pattern()),
+                    size_limit_text(), "check the offset, strides and counts of the access pattern"};
+}
+
 inline int normalize_dim(const AccessPattern& ap, int64_t dim, const char* what) {
   int64_t d = dim < 0 ? dim + ap.rank : dim;
   if (d < 0 || d >= ap.rank)
@@ -169,14 +229,17 @@ inline AccessPattern slice(AccessPattern ap, int64_t dim, std::optional<int64_t>
   auto clamp = [n](int64_t v) { return v < 0 ? std::max<int64_t>(0, v + n) : std::min(v, n); };
   int64_t lo = start ? clamp(*start) : 0;
   int64_t hi = end ? clamp(*end) : n;
-  int64_t count = hi > lo ? (hi - lo + step - 1) / step : 0;
+  // (hi - lo - 1) / step + 1 rather than a rounding-up division: hi - lo + step can overflow.
+  int64_t count = hi > lo ? (hi - lo - 1) / step + 1 : 0;
   if (count == 0)
     throw ViewError{fmt::format("slice [{}:{}] of dim {} (size {}) selects no elements",
                                 start ? fmt::to_string(*start) : "", end ? fmt::to_string(*end) : "",
                                 d, n),
                     {}, "NKI tensors cannot be empty; check the slice bounds"};
   ap.offset += lo * ap.dims[d].stride;
-  ap.dims[d] = {ap.dims[d].stride * step, count};
+  // With two or more elements, step < n, so stride * step stays inside the view's extent; a
+  // single element needs no stride (and a huge step must not overflow computing one).
+  ap.dims[d] = {count > 1 ? ap.dims[d].stride * step : ap.dims[d].stride, count};
   return ap;
 }
 
@@ -184,9 +247,9 @@ inline AccessPattern slice(AccessPattern ap, int64_t dim, std::optional<int64_t>
 inline AccessPattern ds(AccessPattern ap, int64_t dim, int64_t start, int64_t size) {
   int d = normalize_dim(ap, dim, "ds");
   const int64_t n = ap.dims[d].count;
-  if (size <= 0 || start < 0 || start + size > n)
+  if (size <= 0 || start < 0 || size > n || start > n - size)  // start + size could overflow
     throw ViewError{fmt::format("out-of-bound access on dim {}: index range [{}, {}] exceeds dimension size {}",
-                                d, start, start + size - 1, n),
+                                d, start, checked_add(start, size - 1).value_or(std::numeric_limits<int64_t>::max()), n),
                     fmt::format("dim {} has {} elements", d, n), "shrink the slice or pad the tensor"};
   ap.offset += start * ap.dims[d].stride;
   ap.dims[d].count = size;
@@ -232,6 +295,7 @@ inline AccessPattern broadcast(AccessPattern ap, int64_t dim, int64_t size) {
                     {}, "broadcast only size-1 dims (use expand_dim to add one)"};
   if (size < 1) throw ViewError{fmt::format("broadcast size must be positive, got {}", size), {}, {}};
   ap.dims[d] = {0, size};
+  check_arithmetic(ap, fmt::format("broadcast of dim {} to {}", d, size));
   return ap;
 }
 
@@ -264,6 +328,10 @@ inline AccessPattern squeeze_dim(AccessPattern ap, int64_t dim) {
  * (the no-copy reshape rule numpy uses); otherwise the view would need a copy and is rejected.
  */
 inline AccessPattern reshape(AccessPattern ap, const Shape& shape) {
+  if (!shape.checked_num_elements())
+    throw ViewError{fmt::format("cannot reshape to {}: it has more elements than a 64-bit integer can count",
+                                shape.str()),
+                    size_limit_text(), {}};
   if (shape.num_elements() != ap.num_elements())
     throw ViewError{fmt::format("cannot reshape a view of shape {} ({} elements) to {} ({} elements)",
                                 ap.shape().str(), ap.num_elements(), shape.str(), shape.num_elements()),
@@ -300,7 +368,7 @@ inline AccessPattern reshape(AccessPattern ap, const Shape& shape) {
     int64_t stride = old[oj - 1].stride;
     for (int k = nj - 1; k >= ni; --k) {
       out.dims[k] = {stride, shape[k]};
-      stride *= shape[k];
+      if (k > ni) stride *= shape[k];  // not past the group's outermost dim, whose end may not be addressable
     }
     oi = oj;
     ni = nj;
@@ -320,7 +388,7 @@ inline AccessPattern reshape_dim(AccessPattern ap, int64_t dim, const Shape& sha
       full.push_back(ap.dims[k].count);
     }
   }
-  if (shape.num_elements() != ap.dims[d].count)
+  if (shape.checked_num_elements() != ap.dims[d].count)
     throw ViewError{fmt::format("reshape_dim: {} does not have {} elements (dim {} has)",
                                 shape.str(), ap.dims[d].count, d),
                     "reshape must preserve the number of elements", {}};
@@ -357,11 +425,16 @@ inline AccessPattern reinterpret(AccessPattern ap, DType dtype) {
     throw ViewError{"view(dtype) needs a contiguous last dim", "the last dim must have stride 1",
                     "copy into a contiguous tile first"};
   auto rescale = [&](int64_t v, const char* what) {
-    if ((v * from) % to != 0)
+    const std::optional<int64_t> bytes = checked_mul(v, from);
+    if (!bytes)
+      throw ViewError{fmt::format("view({}): the {} ({} elements of {} bytes) overflows a 64-bit integer in bytes",
+                                  dtype_name(dtype), what, v, from),
+                      size_limit_text(), {}};
+    if (*bytes % to != 0)
       throw ViewError{fmt::format("view({}): the {} ({} bytes) is not a multiple of {} bytes",
-                                  dtype_name(dtype), what, v * from, to),
+                                  dtype_name(dtype), what, *bytes, to),
                       {}, "pick a dtype whose size divides the row size"};
-    return v * from / to;
+    return *bytes / to;
   };
   ap.offset = rescale(ap.offset, "offset");
   for (int d = 0; d + 1 < ap.rank; ++d) ap.dims[d].stride = rescale(ap.dims[d].stride, "stride");

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <source_location>
 #include <string>
@@ -13,6 +15,34 @@
 #include "nikki/ir.hpp"
 
 namespace nikki {
+
+/**
+ * @brief The default of max_instructions(): nikki keeps every traced instruction in memory, about
+ * 2 KiB each in the IR and 4 KiB once compiled, so 2^20
+ * instructions take about 4 GiB. A 16384^3 bf16 library matmul traces into about 600000.
+ */
+inline constexpr int64_t kDefaultMaxInstructions = int64_t(1) << 20;
+
+/**
+ * @brief The most instructions one kernel, or all program instances of one SPMD launch together,
+ * may trace into: NIKKI_MAX_INSTRUCTIONS when it is a positive integer, else
+ * kDefaultMaxInstructions. A kernel that unrolls past it fails at once instead of exhausting memory.
+ */
+inline int64_t max_instructions() {
+  if (const char* env = std::getenv("NIKKI_MAX_INSTRUCTIONS"); env && *env) {
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (*end == '\0' && v > 0) return v;
+  }
+  return kDefaultMaxInstructions;
+}
+
+/** @brief The limit max_instructions() enforces, as error messages state it. */
+inline std::string instruction_limit_text(int64_t limit) {
+  return fmt::format("at most {} instructions per kernel launch (NIKKI_MAX_INSTRUCTIONS): nikki keeps every traced "
+                     "instruction in memory, about 4 KiB each once compiled",
+                     limit);
+}
 
 /** @brief SPMD launch context of one traced program instance (kernel[g0, g1](...)). */
 struct ProgramGrid {
@@ -29,7 +59,7 @@ struct ProgramGrid {
 class KernelBuilder {
  public:
   explicit KernelBuilder(std::string name, TargetId target = default_target(), ProgramGrid grid = {})
-      : grid_(std::move(grid)) {
+      : grid_(std::move(grid)), max_instructions_(max_instructions()) {
     kernel_.name = std::move(name);
     kernel_.target = target;
     kernel_.locations.emplace_back();  // LocId 0: unknown
@@ -63,9 +93,15 @@ class KernelBuilder {
   }
   const SourceLocation& source(LocId id) const { return kernel_.location(id); }
 
-  /** @brief Adds a storage; names are made unique ("x", "x_1", ...) so the text form is unambiguous. */
+  /**
+   * @brief Adds a storage; names are made unique ("x", "x_1", ...) so the text form is
+   * unambiguous. Throws KernelError for a shape no tensor can have: a negative extent, an empty
+   * dim in anything but a kernel input, or more bytes than an int64 counts (every size computed
+   * from the storage later is then exact).
+   */
   StorageId add_storage(std::string_view name, Buffer buffer, DType dtype, const Shape& shape,
                         StorageRole role, LocId loc, std::optional<Address> address = std::nullopt) {
+    check_storage_shape(name, dtype, shape, role, loc);
     Storage s;
     s.name = unique_name(name.empty() ? std::string_view("t") : name);
     s.buffer = buffer;
@@ -98,6 +134,17 @@ class KernelBuilder {
    */
   template <class Fill>
   Instruction& append_in_place(Fill&& fill) {
+    if (int64_t(kernel_.instructions.size()) >= max_instructions_) {
+      // Checked before the array grows (it would double); the probe only names the user's line.
+      Instruction probe;
+      fill(probe);
+      throw KernelError(fmt::format("kernel '{}' unrolls into more than {} instructions", kernel_.name,
+                                    max_instructions_),
+                        source(probe.loc), std::string(opcode_name(probe.opcode)),
+                        instruction_limit_text(max_instructions_),
+                        "trace a smaller problem (estimated times grow with the number of tiles), or loop at run "
+                        "time (nl.fori_loop, nl.dynamic_range), which traces the loop body once");
+    }
     Instruction& inst = kernel_.instructions.emplace_back();
     try {
       fill(inst);
@@ -155,6 +202,25 @@ class KernelBuilder {
     return inst.spec().default_engine;
   }
 
+  /** @brief Instructions appended so far: a mark for take_instructions_since. */
+  size_t num_instructions() const { return kernel_.instructions.size(); }
+
+  /**
+   * @brief Removes and returns the instructions appended after `mark`. Trace-time schedulers
+   * record a piece of work this way, then append() its instructions in the order they choose.
+   * Loop markers (which point at each other by index) cannot be taken.
+   */
+  std::vector<Instruction> take_instructions_since(size_t mark) {
+    internal_check(mark <= kernel_.instructions.size(), "take_instructions_since: mark past the end");
+    std::vector<Instruction> taken(std::make_move_iterator(kernel_.instructions.begin() + std::ptrdiff_t(mark)),
+                                   std::make_move_iterator(kernel_.instructions.end()));
+    kernel_.instructions.resize(mark);
+    for (const Instruction& inst : taken)
+      internal_check(inst.opcode != Opcode::loop_begin && inst.opcode != Opcode::loop_end,
+                     "take_instructions_since: a runtime loop cannot be moved");
+    return taken;
+  }
+
   /** @brief Points a loop marker at its partner (loop_begin -> loop_end and back). */
   void set_jump(int32_t index, int32_t target) { kernel_.instructions.at(index).attrs.jump = target; }
 
@@ -192,6 +258,21 @@ class KernelBuilder {
     }
   };
 
+  void check_storage_shape(std::string_view name, DType dtype, const Shape& shape, StorageRole role, LocId loc) const {
+    for (int64_t e : shape)
+      if (e < 0 || (e == 0 && role != StorageRole::input))
+        throw KernelError(fmt::format("tensor '{}' has shape {} with extent {}", name, shape.str(), e), source(loc),
+                          role == StorageRole::input ? "input" : "ndarray",
+                          role == StorageRole::input ? "input extents are >= 0" : "every extent must be >= 1",
+                          "give the tensor a shape such as (128, 512)");
+    if (!shape.checked_bytes(dtype_size(dtype)))
+      throw KernelError(fmt::format("tensor '{}' of shape {} and dtype {} has more bytes than a 64-bit integer can "
+                                    "count",
+                                    name, shape.str(), dtype_name(dtype)),
+                        source(loc), role == StorageRole::input ? "input" : "ndarray", size_limit_text(),
+                        "use smaller extents; no NeuronCore memory holds a tensor this large");
+  }
+
   /** "x", then "x_1", "x_2", ...: a counter per base name keeps this O(1) for tiles allocated in loops. */
   std::string unique_name(std::string_view base) {
     std::string name(base);
@@ -202,6 +283,7 @@ class KernelBuilder {
 
   Kernel kernel_;
   ProgramGrid grid_;
+  int64_t max_instructions_;
   std::unordered_map<CppKey, LocId, CppKeyHash> cpp_locations_;
   std::unordered_map<std::string, LocId> locations_;
   std::unordered_set<std::string> names_;

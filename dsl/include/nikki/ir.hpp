@@ -54,8 +54,9 @@ struct Storage {
   /** @brief Partitions spanned (on-chip tensors: the first dim). */
   int64_t partitions() const { return shape.rank() ? shape[0] : 1; }
   /** @brief Bytes per partition for on-chip tensors. */
-  int64_t partition_bytes() const { return shape.inner_elements() * dtype_size(dtype); }
-  int64_t total_bytes() const { return shape.num_elements() * dtype_size(dtype); }
+  int64_t partition_bytes() const { return size_mul(shape.inner_elements(), dtype_size(dtype)); }
+  /** @brief Bytes of the whole tensor (KernelBuilder::add_storage checked that they fit in int64). */
+  int64_t total_bytes() const { return size_mul(shape.num_elements(), dtype_size(dtype)); }
 };
 
 /** @brief Instruction kinds. Compute opcodes mirror nki.isa; the rest are control. */

@@ -25,20 +25,14 @@ inline int64_t storage_elements(const Storage& s, DType view_dtype) {
   return s.total_bytes() / dtype_size(view_dtype);
 }
 
-/** @brief Inclusive range [first, last] of linear element indices a static view touches. */
-struct LinearExtent {
-  int64_t first;
-  int64_t last;
-};
-
+/**
+ * @brief The LinearExtent of a static view that was validated when it was made (InternalError if
+ * its extent does not fit in int64; the verifier checks raw IR with checked_linear_extent).
+ */
 inline LinearExtent linear_extent(const AccessPattern& ap) {
-  LinearExtent e{ap.offset, ap.offset};
-  for (int d = 0; d < ap.rank; ++d) {
-    int64_t span = ap.dims[d].stride * (ap.dims[d].count - 1);
-    if (span < 0) e.first += span;
-    else e.last += span;
-  }
-  return e;
+  std::optional<LinearExtent> e = checked_linear_extent(ap);
+  internal_check(e.has_value(), "linear extent of an unvalidated view overflowed int64");
+  return *e;
 }
 
 /**

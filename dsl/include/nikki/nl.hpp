@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -197,8 +198,10 @@ inline int program_ndim(Loc loc = Loc::current()) {
   return static_cast<int>(KernelBuilder::current(loc).grid().dims.size());
 }
 
-/** @brief Slice [start, start + size) (nl.ds). */
-inline Slice ds(int64_t start, int64_t size) { return Slice{start, start + size, 1}; }
+/** @brief Slice [start, start + size) (nl.ds); an end past int64 stays out of bounds instead of wrapping. */
+inline Slice ds(int64_t start, int64_t size) {
+  return Slice{start, checked_add(start, size).value_or(std::numeric_limits<int64_t>::max()), 1};
+}
 
 /** @brief The whole dim (Python's ':'). */
 inline constexpr Slice all{};

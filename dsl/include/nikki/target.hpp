@@ -10,6 +10,9 @@
 //   [COST] Beta-1 nki.isa per-instruction "Estimated instruction cost" notes (engine cycles).
 //   [PERF] nki_perf_guide.rst.
 //   [NKIPY] nkipy HardwareConstants.h, which mirrors the nki wheel's target_info (usable SBUF).
+//   [CHIP] Neuron architecture pages of the Trainium chips: trainium.rst (Trn1: "32 GiB of device
+//          memory", two NeuronCore-v2) and trainium2.rst / trainium2_arch.rst (Trn2: "4 HBM stacks
+//          with a total device memory capacity of 96GiB", eight NeuronCore-v3).
 #pragma once
 
 #include <cstdint>
@@ -66,6 +69,11 @@ struct TargetConfig {
   uint32_t psum_num_banks;            // 8 banks [TS psum_num_banks] [ARCH]
   uint32_t psum_bank_bytes;           // 2 KiB per partition per bank [TS psum_bank_fmax_bytes]
   uint32_t partition_quadrant;        // start-partition granularity: 32 [ARCH access rules]
+  /** Device memory (HBM) of the chip the core sits on: the most that the HBM tensors of one
+   *  kernel launch (inputs, outputs, scratch) can hold together, since a kernel may address
+   *  the whole device memory. 32 GiB (Trn1) / 96 GiB (Trn2) [CHIP]. */
+  int64_t hbm_bytes_per_chip;
+  uint32_t cores_per_chip;            // NeuronCores sharing that HBM: 2 (Trn1), 8 (Trn2) [CHIP]
 
   // --- instruction limits ---------------------------------------------------------------
   uint32_t gemm_stationary_fmax;  // stationary free size <= 128 [TS TC#3]
@@ -115,6 +123,8 @@ inline constexpr TargetConfig kTrn1 = {
     .psum_num_banks = 8,
     .psum_bank_bytes = 2048,
     .partition_quadrant = 32,
+    .hbm_bytes_per_chip = int64_t(32) << 30,
+    .cores_per_chip = 2,
     .gemm_stationary_fmax = 128,
     .gemm_moving_fmax = 512,
     .bn_stats_fmax = 512,
@@ -154,6 +164,8 @@ inline constexpr TargetConfig kTrn2 = {
     .psum_num_banks = 8,
     .psum_bank_bytes = 2048,
     .partition_quadrant = 32,
+    .hbm_bytes_per_chip = int64_t(96) << 30,
+    .cores_per_chip = 8,
     .gemm_stationary_fmax = 128,
     .gemm_moving_fmax = 512,
     .bn_stats_fmax = 512,

@@ -159,6 +159,7 @@ inline Tensor Tensor::ap(std::vector<Dim> pattern, const ApOptions& opts, Loc lo
                         {}, {}};
       out.dims[d] = pattern[d];
     }
+    view::check_arithmetic(out, "ap()");
     const bool scalar = opts.scalar_offset_tensor.has_value() || opts.scalar_offset_register >= 0;
     if (scalar || opts.vector_offset) {
       if (opts.indirect_dim < 0 || opts.indirect_dim >= st.shape.rank())

@@ -46,12 +46,20 @@ struct Program {
  * With the disk cache, a kernel compiled before (same IR, locations, target, options and nikki
  * build) skips verify, allocate and schedule, and its native code is loaded instead of generated.
  * NIKKI_DUMP=<dir> writes each stage's artifact as <dir>/<kernel>.<n>.<stage>.txt;
- * NIKKI_LOG=stages prints each stage's time to stderr.
+ * NIKKI_LOG=stages prints each stage's time to stderr; NIKKI_LOG=cache says which cache entries were
+ * rejected (damaged, of another key or format) and rebuilt.
  */
 Program compile(Kernel kernel, const CompileOptions& options = {});
 
-/** @brief The disk-cache key of a kernel's device program: a hash of the canonical IR (with the
- * target and source locations), the options that change the program, and the nikki build. */
-Hash128 program_cache_key(const Kernel& kernel, const CompileOptions& options, const Hash128& build);
+/** @brief Approximate bytes held by a kernel's IR (instructions, storages, source locations). */
+size_t kernel_memory_bytes(const Kernel& kernel);
+
+/** @brief Approximate bytes held by a program: its IR, streams and native code (object code
+ * shared with other programs of the same template set is counted in full). */
+size_t memory_bytes(const Program& program);
+
+/** @brief The disk-cache key of a kernel's device program: the canonical IR (with the target and
+ * source locations), the options that change the program, and the nikki build. */
+CacheKey program_cache_key(const Kernel& kernel, const CompileOptions& options, const Hash128& build);
 
 }  // namespace nikki::jit

@@ -58,6 +58,7 @@ struct NativeStats {
   int64_t templates = 0;      // distinct routines generated
   double milliseconds = 0;    // code generation time
   CodeOrigin origin = CodeOrigin::none;
+  int64_t code_bytes = 0;     // object code loaded for the routines (shared by identical template sets)
 };
 
 /** @brief Native routines of one device program; keeps its JIT code alive. */
@@ -69,6 +70,10 @@ class NativeCode {
     return ir_index < instructions_.size() && instructions_[ir_index].routine ? &instructions_[ir_index] : nullptr;
   }
   const NativeStats& stats() const { return stats_; }
+  /** @brief Bytes held: the instruction table and the object code. */
+  size_t memory_bytes() const {
+    return sizeof(*this) + instructions_.capacity() * sizeof(NativeInstruction) + size_t(stats_.code_bytes);
+  }
 
  protected:
   std::vector<NativeInstruction> instructions_;
@@ -80,8 +85,7 @@ class NativeCode {
  * `cache_key` (the program's disk-cache key), the per-instruction plan is read from and written
  * to the disk cache too, so a program loaded from the cache does not re-derive its templates.
  */
-std::shared_ptr<const NativeCode> compile_native(const DeviceProgram& program,
-                                                 const std::optional<Hash128>& cache_key = std::nullopt);
+std::shared_ptr<const NativeCode> compile_native(const DeviceProgram& program, const CacheKey* cache_key = nullptr);
 
 /** @brief The host CPU LLVM generates code for, e.g. "znver4 (+avx512f,...)". */
 std::string native_target_description();

@@ -3,6 +3,7 @@
 // semantics or through its native routine.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -23,6 +24,10 @@ enum class ExecutorKind {
 
 /** @brief interp | native from NIKKI_EXECUTOR (default native); a KernelError for other values. */
 ExecutorKind executor_from_env();
+
+/** @brief SBUF/PSUM memories of simulated cores allocated and not yet freed: executors borrow
+ * one from a process-wide pool for each run, which keeps at most a few idle. */
+size_t live_core_memories();
 
 /** @brief Which ready instruction a stream walk runs next. */
 enum class StreamOrder {
@@ -56,6 +61,10 @@ class StreamExecutor {
 
   /** @brief One run; `fill_outputs=false` keeps the outputs' contents (SPMD instances after the first). */
   void run(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs = true);
+
+  /** @brief Bytes this executor holds between runs. SBUF, PSUM and scratch are borrowed from a
+   * process-wide pool for the length of each run, so they are not part of it. */
+  size_t resident_bytes() const;
 
   /** @brief Instructions executed by native routines / by the reference semantics in the last run. */
   int64_t native_count() const;

@@ -9,9 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "nikki/cost_formulas.hpp"
-#include "nikki/kernels/argument_check.hpp"
-#include "nikki/kernels/library.hpp"
+#include "nikki/cost_model.hpp"
+#include "nikki/kernels/toolkit/argument_check.hpp"
+#include "nikki/kernels/matmul/matmul_reference.hpp"
+#include "nikki/kernels/toolkit/registration.hpp"
 
 namespace nikki::kernels {
 
@@ -358,15 +359,34 @@ inline KernelInfo matmul_info() {
       .inputs = {"a", "b"},
       .outputs = {"out"},
       .params = {},
+      .dtypes = {DType::float32, DType::bfloat16, DType::float16},
       .backward = "",
+      .gradient = "grad_a = grad_out @ b^T and grad_b = a^T @ grad_out, by matmul itself (nikki.torch)",
       .saved_outputs = {},
       .body = [](const KernelCall& c) { return std::vector<Tensor>{matmul(c.inputs[0], c.inputs[1])}; },
+      .reference = [](const std::vector<RefTensor>& in,
+                      const ParamValues&) { return std::vector<RefTensor>{reference::matmul(in[0], in[1])}; },
+      .make_inputs = {},
       .examples = {mm({1, 1}, {1, 1}, DType::float32, "tiny"),
                    mm({130, 200}, {200, 520}, DType::bfloat16, "tails in every dim, two column tiles"),
                    mm({520, 130}, {130, 40}, DType::float32, "two row blocks, the last one partial"),
                    mm({257, 1}, {1, 513}, DType::float32, "K = 1"),
                    mm({1, 1000}, {1000, 3}, DType::bfloat16, "one row, K over several chunks"),
                    mm({2, 40000}, {40000, 3}, DType::float32, "large K: split into blocks summed through HBM")},
+      .draw =
+          [mm](CaseRng& r) {
+            const DType d = r.pick({DType::float32, DType::bfloat16, DType::float16});
+            const int64_t M = r.size(1, 700), K = r.size(1, 900), N = r.size(1, 1100, 512);
+            return mm({M, K}, {K, N}, d, "drawn");
+          },
+      .tolerance = {},
+      .benchmark = Benchmark{mm({4096, 4096}, {4096, 4096}, DType::bfloat16, "4096 x 4096 x 4096 bf16"),
+                             Bound::tensor_engine,
+                             [](const ExampleCase& c) {
+                               return 2.0 * double(c.inputs[0].shape[0]) * double(c.inputs[0].shape[1]) *
+                                      double(c.inputs[1].shape[1]);
+                             },
+                             0.85},
   };
 }
 

@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "nikki/kernels/argument_check.hpp"
-#include "nikki/kernels/library.hpp"
+#include "nikki/kernels/toolkit/argument_check.hpp"
+#include "nikki/kernels/toolkit/registration.hpp"
 
 namespace nikki::kernels::norm_detail {
 

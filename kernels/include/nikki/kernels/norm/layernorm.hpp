@@ -1,8 +1,9 @@
 // Layer normalization over the last axis, and its backward.
 #pragma once
 
-#include "nikki/kernels/library.hpp"
-#include "nikki/kernels/row_norm.hpp"
+#include "nikki/kernels/toolkit/registration.hpp"
+#include "nikki/kernels/norm/norm_cases.hpp"
+#include "nikki/kernels/norm/row_norm.hpp"
 
 namespace nikki::kernels {
 
@@ -36,9 +37,15 @@ inline KernelInfo layernorm_info() {
       .inputs = {"x", "gamma", "beta"},
       .outputs = {"out", "mean", "rstd"},
       .params = {{"eps", ParamKind::real, 1e-5, "added to the variance inside the square root"}},
+      .dtypes = {DType::float32, DType::bfloat16, DType::float16},
       .backward = "layernorm_bwd",
       .saved_outputs = {"mean", "rstd"},
       .body = [](const KernelCall& c) { return layernorm(c.inputs[0], c.inputs[1], c.inputs[2], c.real("eps")); },
+      .reference =
+          [](const std::vector<RefTensor>& in, const ParamValues& p) {
+            return reference::layernorm(in[0], in[1], in[2], p.real("eps"));
+          },
+      .make_inputs = {},
       .examples = {{{spec({300, 77}, DType::bfloat16), spec({77}, DType::bfloat16), spec({77}, DType::bfloat16)},
                     {},
                     "row and column tails"},
@@ -52,6 +59,9 @@ inline KernelInfo layernorm_info() {
                    {{spec({2, 40000}, DType::bfloat16), spec({40000}, DType::float32), spec({40000}, DType::float32)},
                     {},
                     "rows too wide for SBUF, streamed"}},
+      .draw = [](CaseRng& r) { return norm_detail::draw_case(r, norm_detail::Kind::layer, false); },
+      .tolerance = {},
+      .benchmark = Benchmark{norm_detail::benchmark_case(norm_detail::Kind::layer, false), Bound::hbm, {}, 0.70},
   };
 }
 
@@ -85,11 +95,18 @@ inline KernelInfo layernorm_bwd_info() {
       .inputs = {"x", "gamma", "mean", "rstd", "grad_out"},
       .outputs = {"grad_x", "grad_gamma", "grad_beta"},
       .params = {},
+      .dtypes = {DType::float32, DType::bfloat16, DType::float16},
       .backward = "",
+      .gradient = "",
       .saved_outputs = {},
       .body = [](const KernelCall& c) {
         return layernorm_bwd(c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4]);
       },
+      .reference =
+          [](const std::vector<RefTensor>& in, const ParamValues&) {
+            return reference::layernorm_backward(in[0], in[1], in[2], in[3], in[4]);
+          },
+      .make_inputs = [](const ExampleCase& c, CaseRng& r) { return norm_detail::backward_inputs(c, r, norm_detail::Kind::layer); },
       .examples = {{{spec({300, 77}, DType::bfloat16), spec({77}, DType::bfloat16), spec({300}, DType::float32),
                      spec({300}, DType::float32), spec({300, 77}, DType::bfloat16)},
                     {},
@@ -106,6 +123,9 @@ inline KernelInfo layernorm_bwd_info() {
                      spec({2}, DType::float32), spec({2, 40000}, DType::bfloat16)},
                     {},
                     "rows too wide for SBUF, streamed"}},
+      .draw = [](CaseRng& r) { return norm_detail::draw_case(r, norm_detail::Kind::layer, true); },
+      .tolerance = {},
+      .benchmark = Benchmark{norm_detail::benchmark_case(norm_detail::Kind::layer, true), Bound::hbm, {}, 0},
   };
 }
 

@@ -1,8 +1,9 @@
 // Root-mean-square normalization over the last axis, and its backward.
 #pragma once
 
-#include "nikki/kernels/library.hpp"
-#include "nikki/kernels/row_norm.hpp"
+#include "nikki/kernels/toolkit/registration.hpp"
+#include "nikki/kernels/norm/norm_cases.hpp"
+#include "nikki/kernels/norm/row_norm.hpp"
 
 namespace nikki::kernels {
 
@@ -33,9 +34,13 @@ inline KernelInfo rmsnorm_info() {
       .inputs = {"x", "gamma"},
       .outputs = {"out", "rstd"},
       .params = {{"eps", ParamKind::real, 1e-6, "added to the mean square inside the square root"}},
+      .dtypes = {DType::float32, DType::bfloat16, DType::float16},
       .backward = "rmsnorm_bwd",
       .saved_outputs = {"rstd"},
       .body = [](const KernelCall& c) { return rmsnorm(c.inputs[0], c.inputs[1], c.real("eps")); },
+      .reference =
+          [](const std::vector<RefTensor>& in, const ParamValues& p) { return reference::rmsnorm(in[0], in[1], p.real("eps")); },
+      .make_inputs = {},
       .examples = {{{spec({300, 77}, DType::bfloat16), spec({77}, DType::bfloat16)}, {}, "row and column tails"},
                    {{spec({1, 1}, DType::float32), spec({1}, DType::float32)}, {}, "tiny"},
                    {{spec({256, 600}, DType::float32), spec({600}, DType::float32)},
@@ -43,6 +48,9 @@ inline KernelInfo rmsnorm_info() {
                     "two rows per partition, fp32"},
                    {{spec({2, 20000}, DType::bfloat16), spec({20000}, DType::bfloat16)}, {}, "wide rows"},
                    {{spec({2, 40000}, DType::bfloat16), spec({40000}, DType::bfloat16)}, {}, "rows too wide for SBUF, streamed"}},
+      .draw = [](CaseRng& r) { return norm_detail::draw_case(r, norm_detail::Kind::rms, false); },
+      .tolerance = {},
+      .benchmark = Benchmark{norm_detail::benchmark_case(norm_detail::Kind::rms, false), Bound::hbm, {}, 0.70},
   };
 }
 
@@ -73,9 +81,16 @@ inline KernelInfo rmsnorm_bwd_info() {
       .inputs = {"x", "gamma", "rstd", "grad_out"},
       .outputs = {"grad_x", "grad_gamma"},
       .params = {},
+      .dtypes = {DType::float32, DType::bfloat16, DType::float16},
       .backward = "",
+      .gradient = "",
       .saved_outputs = {},
       .body = [](const KernelCall& c) { return rmsnorm_bwd(c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3]); },
+      .reference =
+          [](const std::vector<RefTensor>& in, const ParamValues&) {
+            return reference::rmsnorm_backward(in[0], in[1], in[2], in[3]);
+          },
+      .make_inputs = [](const ExampleCase& c, CaseRng& r) { return norm_detail::backward_inputs(c, r, norm_detail::Kind::rms); },
       .examples = {{{spec({300, 77}, DType::bfloat16), spec({77}, DType::float32), spec({300}, DType::float32),
                      spec({300, 77}, DType::bfloat16)},
                     {},
@@ -92,6 +107,9 @@ inline KernelInfo rmsnorm_bwd_info() {
                      spec({2, 40000}, DType::bfloat16)},
                     {},
                     "rows too wide for SBUF, streamed"}},
+      .draw = [](CaseRng& r) { return norm_detail::draw_case(r, norm_detail::Kind::rms, true); },
+      .tolerance = {},
+      .benchmark = Benchmark{norm_detail::benchmark_case(norm_detail::Kind::rms, true), Bound::hbm, {}, 0},
   };
 }
 

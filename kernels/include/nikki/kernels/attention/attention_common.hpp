@@ -1,0 +1,114 @@
+// What the attention kernels share: the problem's dimensions and argument checks, and the
+// staging of row tiles that are transposed on chip.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+
+#include "nikki/kernels/toolkit/registration.hpp"
+#include "nikki/kernels/toolkit/argument_check.hpp"
+#include "nikki/kernels/toolkit/tiling.hpp"
+
+namespace nikki::kernels::attention {
+
+/** @brief Sizes of one attention problem: q [B, H, S, D], k and v [B, Hkv, Skv, D], G = H / Hkv. */
+struct Dims {
+  int64_t B = 0, H = 0, Hkv = 0, S = 0, Skv = 0, D = 0, G = 0;
+  DType dtype = DType::float32;
+};
+
+/** @brief Checks q, k and v of an attention kernel and returns the problem's sizes. */
+inline Dims check_qkv(const ArgumentCheck& check, const Tensor& q, const Tensor& k, const Tensor& v) {
+  const int64_t pmax = nl::tile_size().pmax;
+  for (const Tensor* t : {&q, &k, &v})
+    if (t->ndim() != 4)
+      check.fail("q, k and v must be 4-D [batch, heads, seq, head_dim], got " + t->name() + " " + t->shape().str());
+  Dims d;
+  d.B = q.shape()[0];
+  d.H = q.shape()[1];
+  d.S = q.shape()[2];
+  d.D = q.shape()[3];
+  d.Hkv = k.shape()[1];
+  d.Skv = k.shape()[2];
+  d.dtype = q.dtype();
+  if (k.shape()[0] != d.B || k.shape()[3] != d.D || v.shape() != k.shape())
+    check.fail("k " + k.shape().str() + " and v " + v.shape().str() +
+               " must both be [B, Hkv, Skv, D] with q's B and D (q is " + q.shape().str() + ")");
+  if (d.H % d.Hkv != 0)
+    check.fail("q has " + std::to_string(d.H) + " heads, which is not a multiple of the " + std::to_string(d.Hkv) +
+                   " kv heads",
+               "grouped query attention needs Hkv to divide H");
+  d.G = d.H / d.Hkv;
+  if (d.D > pmax)
+    check.fail("head dim " + std::to_string(d.D) + " is too large",
+               "head_dim <= " + std::to_string(pmax) + ": the head dim is the contraction (partition) dim of Q K^T",
+               "split the heads, or use head_dim 64 or 128");
+  const DType t = q.dtype();
+  if (t != DType::float32 && t != DType::bfloat16 && t != DType::float16)
+    check.fail(std::string("dtype ") + std::string(dtype_name(t)) + " is not supported",
+               "q, k and v are float32, bfloat16 or float16");
+  if (k.dtype() != t || v.dtype() != t)
+    check.fail("q, k and v must have one dtype, got " + std::string(dtype_name(t)) + ", " +
+               std::string(dtype_name(k.dtype())) + ", " + std::string(dtype_name(v.dtype())));
+  return d;
+}
+
+using toolkit::first;
+
+/** @brief A PSUM -> SBUF copy on the Vector engine, or on the Scalar engine (as an activation:
+ *  trn1's Scalar engine has no tensor_copy). */
+inline void copy_out(const Tensor& dst, const Tensor& src, Engine engine) {
+  if (engine == Engine::scalar) isa::activation(dst, nl::copy, src);
+  else isa::tensor_copy(dst, src, isa::vector_engine);
+}
+
+/*
+ * Row tiles that get transposed on chip (Q, K, dO, V) are loaded two rows per partition: a DMA
+ * descriptor per 2 * D contiguous elements instead of per row (a third less DMA time at D = 128),
+ * and the two [64, D] transposes cost what one [128, D] transpose costs. Partition p, half r holds
+ * row 2p + r; the copy out of PSUM puts the columns back in row order. A partial tile (n < 128
+ * rows) uses one row per partition.
+ */
+
+/** @brief Loads rows [n, D] of HBM into `stage` ([P, 2 * D]). */
+inline void load_rows(const Tensor& stage, const Tensor& src) {
+  const int64_t n = src.shape()[0], D = src.shape()[1], P = stage.shape()[0];
+  if (n == P) isa::dma_copy(stage(nl::ds(0, P / 2), nl::all), src.reshape({P / 2, 2 * D}));
+  else isa::dma_copy(stage(nl::ds(0, n), nl::ds(0, D)), src);
+}
+
+/** @brief Transposes staged rows into `dst` ([D, P] in PSUM; columns in the staged order). */
+inline void transpose_rows(const Tensor& dst, const Tensor& stage, int64_t n, int64_t D) {
+  const int64_t P = stage.shape()[0];
+  if (n == P) {
+    for (int64_t r = 0; r < 2; ++r)
+      isa::nc_transpose(dst(nl::ds(0, D), nl::ds(r * P / 2, P / 2)), stage(nl::ds(0, P / 2), nl::ds(r * D, D)));
+  } else {
+    isa::nc_transpose(dst(nl::ds(0, D), nl::ds(0, n)), stage(nl::ds(0, n), nl::ds(0, D)));
+  }
+}
+
+/** @brief Copies `tiles` transposed staged tiles ([D, tiles, P] in PSUM) to row order in `dst`
+ *  ([D, columns]); the last tile has `last` rows. */
+inline void copy_transposed_rows(const Tensor& dst, const Tensor& src, int64_t tiles, int64_t last) {
+  const int64_t P = src.shape()[2];
+  const int64_t full = last == P ? tiles : tiles - 1;
+  if (full > 0) {
+    Tensor d = dst(nl::all, nl::ds(0, full * P)).reshape_dim(1, {full, P / 2, 2}).permute({0, 1, 3, 2});
+    isa::tensor_copy(d, src(nl::all, nl::ds(0, full), nl::all).reshape_dim(2, {2, P / 2}), isa::vector_engine);
+  }
+  if (full < tiles)
+    isa::tensor_copy(dst(nl::all, nl::ds(full * P, last)), src(nl::all, full, nl::ds(0, last)), isa::vector_engine);
+}
+
+/**
+ * @brief Causal mask of one block of scores: entry (i, j) of `block` (rows q0.., keys lo..) keeps
+ * its value when key lo + j <= query q0 + i, and becomes `masked` otherwise.
+ */
+inline void mask_after_diagonal(const Tensor& block, int64_t q0, int64_t lo, double masked) {
+  const int64_t w = block.shape()[1];
+  isa::affine_select(block, {{-1, w}}, 1, block, masked, nl::greater_equal, q0 - lo);
+}
+
+}  // namespace nikki::kernels::attention

@@ -1,0 +1,41 @@
+// The list of library kernels. Adding a kernel: include its header and append its `<name>_info()`
+// (see docs/adding-a-kernel.md); every front end, test, doc table and benchmark picks it up.
+#include "nikki/kernels/registry.hpp"
+
+#include "nikki/kernels/attention/flash_attention.hpp"
+#include "nikki/kernels/attention/flash_attention_bwd.hpp"
+#include "nikki/kernels/matmul/matmul.hpp"
+#include "nikki/kernels/norm/layernorm.hpp"
+#include "nikki/kernels/norm/rmsnorm.hpp"
+#include "nikki/kernels/optim/adamw.hpp"
+#include "nikki/kernels/softmax/softmax.hpp"
+
+namespace nikki::kernels {
+
+const std::vector<KernelInfo>& registry() {
+  static const std::vector<KernelInfo> kernels{
+      matmul_info(),
+      softmax_info(),
+      softmax_bwd_info(),
+      flash_attention_info(),
+      flash_attention_bwd_info(),
+      layernorm_info(),
+      layernorm_bwd_info(),
+      rmsnorm_info(),
+      rmsnorm_bwd_info(),
+      adamw_info(),
+  };
+  return kernels;
+}
+
+const KernelInfo& find_kernel(const std::string& name) {
+  std::string names;
+  for (const KernelInfo& k : registry()) {
+    if (k.name == name) return k;
+    names += (names.empty() ? "" : ", ") + k.name;
+  }
+  throw KernelError("no library kernel named '" + name + "'", SourceLocation{}, {}, {},
+                    "available kernels: " + names);
+}
+
+}  // namespace nikki::kernels

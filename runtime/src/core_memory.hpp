@@ -1,0 +1,53 @@
+// The simulated core's large memories, borrowed for the length of one run (internal to runtime/).
+//
+// SBUF, PSUM and the native routines' scratch of one core take tens of megabytes. When every
+// compiled program kept its own, a process that met many kernels (a test suite, a training loop
+// with changing shapes) held gigabytes of memories that were idle between runs. A correct kernel
+// never sees what an earlier run left (each tensor is filled with sentinels or overwritten where
+// its live range begins), so executors take one from a small process-wide pool when a run starts
+// and give it back when it ends. A kernel with a missing dependency (which can read a tile before
+// it is written) never sees another kernel's values: Machine::Run clears the extent a kernel's
+// tensors occupy when the memory's last user was another machine, so such a kernel sees zeros
+// there, or its own previous run's values, as when each executor owned its memories.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "nikki/runtime/executor.hpp"
+
+namespace nikki::runtime {
+
+/** @brief One core's SBUF, PSUM, PSUM "written" flags and native scratch. */
+struct CoreMemory {
+  size_t sbuf_bytes = 0, psum_bytes = 0;
+  uint64_t last_user = 0;  // the Machine::id of its last run (0: none yet)
+  std::unique_ptr<uint8_t[]> sbuf;          // contents undefined until a run writes them
+  std::unique_ptr<uint8_t[]> psum;          // likewise
+  std::unique_ptr<uint8_t[]> psum_written;  // one flag per 4-byte PSUM word, zero when new
+  std::unique_ptr<float[]> native_scratch;  // native::kScratchFloats floats for the native routines
+};
+
+/** @brief A CoreMemory of the given sizes for the lifetime of the lease: an idle one from the
+ * pool when there is one, else a new one. The pool keeps at most kIdleCoreMemories idle. */
+class CoreMemoryLease {
+ public:
+  CoreMemoryLease(size_t sbuf_bytes, size_t psum_bytes);
+  ~CoreMemoryLease();
+  CoreMemoryLease(const CoreMemoryLease&) = delete;
+  CoreMemoryLease& operator=(const CoreMemoryLease&) = delete;
+
+  CoreMemory& operator*() const { return *memory_; }
+  CoreMemory* operator->() const { return memory_.get(); }
+
+ private:
+  std::unique_ptr<CoreMemory> memory_;
+};
+
+/** @brief How many memories the pool keeps idle at most: enough for a few threads running
+ * kernels at once without reallocating, few enough to stay a small part of a process. */
+inline constexpr size_t kIdleCoreMemories = 2;
+
+
+}  // namespace nikki::runtime
