@@ -12,7 +12,6 @@
 #include "nikki/jit/compile.hpp"
 #include "nikki/nikki.hpp"
 #include "nikki/numerics.hpp"
-#include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/runtime/executor.hpp"
 #include "nikki/runtime/interpreter.hpp"
 

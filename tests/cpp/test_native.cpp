@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "harness.hpp"
+#include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
 namespace {

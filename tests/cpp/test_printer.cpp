@@ -6,6 +6,7 @@
 #include <string>
 
 #include "harness.hpp"
+#include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/ir_printer.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 

@@ -1,4 +1,5 @@
 #include "harness.hpp"
+#include "nikki/kernels/matmul/matmul.hpp"
 
 TEST_CASE("harness: matmul with tails in every dim runs on the interpreter") {
   using namespace nikki;

@@ -81,6 +81,19 @@ def _rmsnorm_bwd(x, gamma, rstd, grad_out, params):
     return list(torch.autograd.grad(F.rms_norm(x, (x.shape[-1],), gamma, 1e-6), (x, gamma), grad_out))
 
 
+def _adamw(param, grad, exp_avg, exp_avg_sq, params):
+    """torch.optim.AdamW's own step, in float64, from the given state (its step counter set to the
+    step before)."""
+    p = torch.nn.Parameter(param.clone())
+    p.grad = grad.clone()
+    opt = torch.optim.AdamW([p], lr=params["lr"], betas=(params["beta1"], params["beta2"]), eps=params["eps"],
+                            weight_decay=params["weight_decay"], foreach=False)
+    opt.state[p] = {"step": torch.tensor(float(params["step"] - 1)), "exp_avg": exp_avg.clone(),
+                    "exp_avg_sq": exp_avg_sq.clone()}
+    opt.step()
+    return [p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -91,6 +104,7 @@ TORCH = {
     "rmsnorm_bwd": _rmsnorm_bwd,
     "flash_attention": lambda q, k, v, p: [_sdpa(q, k, v, p), _attention_lse(q, k, p)],
     "flash_attention_bwd": _attention_bwd,
+    "adamw": _adamw,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
@@ -137,10 +151,12 @@ def test_kernel_matches_its_reference_and_pytorch(name, kind, index):
            f"dtypes {[to_dtype(d).name for _, d in case['inputs']]}, params {case['params']})"
     arrays = [v.astype(numpy_dtype(to_dtype(d))) for v, (_, d) in zip(case["values"], case["inputs"])]
     params = _call_params(kernel, case["params"])
+    defaults = {p[0]: p[2] for p in kernel.info["params"]}
     got = kernel(*arrays, **params)
     got = got if isinstance(got, tuple) else (got,)
     reference = _core.library_reference(name, case["values"], case["params"])
-    pytorch = TORCH[name](*[torch.from_numpy(v) for v in case["values"]], params) if name in TORCH else None
+    pytorch = (TORCH[name](*[torch.from_numpy(v) for v in case["values"]], {**defaults, **params})
+               if name in TORCH else None)
     assert len(got) == len(reference) == len(kernel.outputs)
     for i, out_name in enumerate(kernel.outputs):
         _assert_close(got[i].astype(np.float64), reference[i], case["tolerance"], f"{what} output '{out_name}' "

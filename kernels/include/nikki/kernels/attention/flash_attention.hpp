@@ -9,10 +9,11 @@
 //   128x128 block is therefore QK^T + transpose(P) + PV: at most 2/3 of it is useful.
 // - PSUM can only be read by the Vector and Scalar engines, which makes them the other
 //   bottleneck. The scaled scores are copied to SBUF once (by whichever of the two finishes it
-//   first), the GpSimd engine halves each row by a pairwise maximum, the Vector engine reduces the
-//   half to the row maximum, and the Scalar engine computes exp from the SBUF copy. The running
-//   statistics (maximum, denominator, logsumexp) are fp32, so scores of any magnitude that fp32
-//   holds give finite results.
+//   first), each row is halved twice by pairwise maxima (GpSimd, or the Vector engine when it is
+//   free first), the Vector engine reduces the quarter to the row maximum, and the Scalar engine
+//   computes exp from the SBUF copy. The running statistics (maximum, denominator, logsumexp) are
+//   fp32, so scores of any magnitude that fp32 holds give finite results; the Vector engine has no
+//   fast mode for fp32 reductions, hence the halvings.
 // - V gets an extra column of ones, so the P V matmul also accumulates the softmax denominator
 //   (the sum of the very probabilities the numerator used) with no reduction instruction.
 // - The work is recorded as tasks, in the order the maths defines, and ordered by the toolkit's
@@ -74,11 +75,10 @@ struct ForwardMath {
     isa::tensor_scalar(sf, s, nl::multiply, scale, {.engine = engine});
   }
   /** half[c] = max(sf[c], sf[w - half + c]): halves each row for the row maximum (an odd width
-   *  compares its middle column with itself). */
-  static void half_max(const Tensor& half, const Tensor& sf) {
+   *  compares its middle column with itself), on `engine` (GpSimd or Vector). */
+  static void half_max(const Tensor& half, const Tensor& sf, Engine engine) {
     const int64_t w = sf.shape()[1], h = (w + 1) / 2;
-    isa::tensor_tensor(half, sf(nl::all, nl::ds(0, h)), sf(nl::all, nl::ds(w - h, h)), nl::maximum,
-                       isa::gpsimd_engine);
+    isa::tensor_tensor(half, sf(nl::all, nl::ds(0, h)), sf(nl::all, nl::ds(w - h, h)), nl::maximum, engine);
   }
   /** neg_max = -max over the row of `halves`. */
   static void neg_row_max(const Tensor& neg_max, const Tensor& halves) {
@@ -197,7 +197,7 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
 
   toolkit::TaskScheduler sch;
   const auto all = nl::all;
-  const Engine vector = Engine::vector, scalar = Engine::scalar;
+  const Engine vector = Engine::vector, scalar = Engine::scalar, gpsimd = Engine::gpsimd;
   sch.add([&] { isa::memset(row_stage(all, all, nl::ds(0, 1)), 0.0, isa::gpsimd_engine); });
 
   for (int64_t b = 0; b < d.B; ++b)
@@ -270,13 +270,14 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               const int64_t lo = std::max(q0, c), hi = c + w;  // keys after the diagonal: only its block
               if (causal && hi - 1 > q0)
                 sch.add([&] { attention::mask_after_diagonal(sf(all, nl::ds(lo - c0, hi - lo)), q0, lo, -1.0e30); });
-              sch.add([&] { m.half_max(halves(all, nl::ds(off / 2, (w + 1) / 2)), sfw); });
+              const Tensor half = halves(all, nl::ds(off / 2, (w + 1) / 2));
+              sch.add_any({[&] { m.half_max(half, sfw, gpsimd); }, [&] { m.half_max(half, sfw, vector); }});
             }
             // GpSimd halves the halves once more, so the Vector engine's fp32 reduction (it has no
             // fast mode for fp32) reads a quarter of the row. The running maximum is kept
             // negated: it is the bias of exp.
             const Tensor quarters = sh_ar.next((width + 1) / 2)(first(pq), all);
-            sch.add([&] { m.half_max(quarters, halves); });
+            sch.add_any({[&] { m.half_max(quarters, halves, gpsimd); }, [&] { m.half_max(quarters, halves, vector); }});
             const Tensor chunk_max = max_ring.next()(first(pq), all);
             sch.add([&] { m.neg_row_max(chunk_max, quarters); });
             Tensor alpha;

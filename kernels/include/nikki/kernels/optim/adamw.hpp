@@ -49,7 +49,7 @@ namespace optim {
 struct AdamWMath {
   reference::AdamWStep h;
 
-  /** decayed = param * (1 - lr * weight_decay), on `engine` (Scalar, GpSimd or Vector). */
+  /** decayed = param * (1 - lr * weight_decay), on `engine` (Scalar or Vector). */
   void decay(const Tensor& decayed, const Tensor& param, Engine engine) const {
     isa::tensor_scalar(decayed, param, nl::multiply, 1 - h.lr * h.weight_decay, {.engine = engine});
   }
@@ -158,7 +158,7 @@ inline std::vector<Tensor> adamw(const Tensor& param, const Tensor& grad, const 
     sch.add([&] { isa::dma_copy(g, hbm(grad, pc)); });
     sch.add([&] { isa::dma_copy(m, hbm(exp_avg, pc)); });
     sch.add([&] { isa::dma_copy(v, hbm(exp_avg_sq, pc)); });
-    sch.add_any({[&] { math.decay(a, p, scalar); }, [&] { math.decay(a, p, gpsimd); }});
+    sch.add_any({[&] { math.decay(a, p, scalar); }, [&] { math.decay(a, p, vector); }});
     sch.add_any({[&] { math.grad_minus_avg(b, g, m, gpsimd); }, [&] { math.grad_minus_avg(b, g, m, vector); }});
     sch.add([&] { math.first_moment(m, b); });
     sch.add([&] { isa::dma_copy(hbm(outs[1], pc), m); });
@@ -166,7 +166,7 @@ inline std::vector<Tensor> adamw(const Tensor& param, const Tensor& grad, const 
     sch.add([&] { math.second_moment(v, b); });
     sch.add([&] { isa::dma_copy(hbm(outs[2], pc), v); });
     sch.add([&] { math.root(b, v); });
-    sch.add_any({[&] { math.denominator(b, gpsimd); }, [&] { math.denominator(b, scalar); }});
+    sch.add_any({[&] { math.denominator(b, scalar); }, [&] { math.denominator(b, vector); }});
     sch.add_any({[&] { math.reciprocal(b, scalar); }, [&] { math.reciprocal(b, vector); }});
     sch.add_any({[&] { math.ratio(b, m, b, gpsimd); }, [&] { math.ratio(b, m, b, vector); }});
     sch.add([&] { math.update(p, b, a); });

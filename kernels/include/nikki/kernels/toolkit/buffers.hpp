@@ -32,8 +32,8 @@ class Ring {
   explicit Ring(std::vector<Tensor> slots) : slots_(std::move(slots)) {}
 
   /** @brief An SBUF ring: `slots` tiles of `tile` ([partitions, ...]) in one tensor. */
-  static Ring sbuf(const Shape& tile, DType dtype, int64_t slots, const std::string& name) {
-    return Ring(nl::ndarray(with_slots(tile, slots), dtype, nl::sbuf, name), 1);
+  static Ring sbuf(const Shape& tile, DType dtype, int64_t slots, const std::string& name, Loc loc = Loc::current()) {
+    return Ring(nl::ndarray(with_slots(tile, slots), dtype, nl::sbuf, name, std::nullopt, loc), 1);
   }
 
   /**
@@ -41,13 +41,13 @@ class Ring {
    * within a bank), as many to a bank as fit. `tile` is [partitions, free] with free bytes at
    * most a bank.
    */
-  static Ring psum(const Shape& tile, DType dtype, int64_t slots, const std::string& name) {
+  static Ring psum(const Shape& tile, DType dtype, int64_t slots, const std::string& name, Loc loc = Loc::current()) {
     const nl::TileSize ts = nl::tile_size();
     const int64_t bank_elems = ts.psum_bank_fmax_bytes / dtype_size(dtype);
     const int64_t free = tile.num_elements() / tile[0];
     internal_check(free <= bank_elems, "psum ring: a slot is larger than a PSUM bank");
     const int64_t per_bank = bank_elems / free, banks = (slots + per_bank - 1) / per_bank;
-    Tensor t = nl::ndarray({tile[0], banks, bank_elems}, dtype, nl::psum, name);
+    Tensor t = nl::ndarray({tile[0], banks, bank_elems}, dtype, nl::psum, name, std::nullopt, loc);
     std::vector<Tensor> views;
     for (int64_t s = 0; s < slots; ++s) {
       Tensor v = t(nl::all, s / per_bank, nl::ds((s % per_bank) * free, free));
@@ -143,19 +143,19 @@ class Budget {
   }
 
   /** @brief An SBUF ring reserved in the budget. */
-  Ring sbuf_ring(const Shape& tile, DType dtype, int64_t slots, const std::string& name) {
+  Ring sbuf_ring(const Shape& tile, DType dtype, int64_t slots, const std::string& name, Loc loc = Loc::current()) {
     reserve_sbuf(slots * tile.num_elements() / tile[0] * dtype_size(dtype), name);
-    return Ring::sbuf(tile, dtype, slots, name);
+    return Ring::sbuf(tile, dtype, slots, name, loc);
   }
   /** @brief An SBUF tensor reserved in the budget. */
-  Tensor sbuf(const Shape& shape, DType dtype, const std::string& name) {
+  Tensor sbuf(const Shape& shape, DType dtype, const std::string& name, Loc loc = Loc::current()) {
     reserve_sbuf(shape.num_elements() / shape[0] * dtype_size(dtype), name);
-    return nl::ndarray(shape, dtype, nl::sbuf, name);
+    return nl::ndarray(shape, dtype, nl::sbuf, name, std::nullopt, loc);
   }
   /** @brief A PSUM ring reserved in the budget (whole banks). */
-  Ring psum_ring(const Shape& tile, DType dtype, int64_t slots, const std::string& name) {
+  Ring psum_ring(const Shape& tile, DType dtype, int64_t slots, const std::string& name, Loc loc = Loc::current()) {
     reserve_psum(psum_banks(tile, dtype, slots), name);
-    return Ring::psum(tile, dtype, slots, name);
+    return Ring::psum(tile, dtype, slots, name, loc);
   }
   /** @brief PSUM banks `slots` tiles take when no tile crosses a bank (see Ring::psum). */
   static int64_t psum_banks(const Shape& tile, DType dtype, int64_t slots) {
