@@ -143,7 +143,11 @@ _INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 
 
 def _int32(value, what: str) -> int:
-    return check_int(value, what, _INT32_MIN, _INT32_MAX)
+    value = check_int(value, what)
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        raise kernel_error_at(user_frame(), f"{what} {value} does not fit in int32, which the engines compute it in",
+                              limit=f"an integer in [{_INT32_MIN}, {_INT32_MAX}]")
+    return value
 
 
 def _number(value, what: str) -> float:
