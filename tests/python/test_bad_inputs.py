@@ -485,6 +485,19 @@ def test_logical_core_variable_is_parsed_strictly(monkeypatch, value):
     assert expected in message(info) and (value in message(info) or "100000" in message(info))
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-5", "1e4"])
+def test_grid_limit_variable_is_parsed_strictly(monkeypatch, value):
+    monkeypatch.setenv("NIKKI_MAX_GRID_PROGRAMS", value)
+    with pytest.raises(nki.KernelError) as info:
+        plus_one[2]
+    assert f"NIKKI_MAX_GRID_PROGRAMS={value} is not a number of program instances" in message(info)
+    assert "positive decimal integer" in message(info)
+    monkeypatch.setenv("NIKKI_MAX_GRID_PROGRAMS", "3")  # a valid value is the limit
+    assert plus_one[3].grid == (3,)
+    with pytest.raises(nki.KernelError, match="4 program instances"):
+        plus_one[4]
+
+
 def test_entry_point_options_are_checked():
     with pytest.raises(ValueError, match="nki_op: name must be 'namespace::op', got 'plain'"):
         ntorch.nki_op("plain")(plus_one)

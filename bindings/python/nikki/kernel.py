@@ -35,9 +35,15 @@ DEFAULT_MAX_GRID_PROGRAMS = 4096
 
 
 def max_grid_programs() -> int:
-    """The grid limit: NIKKI_MAX_GRID_PROGRAMS when set to a positive integer, else the default."""
+    """The grid limit: NIKKI_MAX_GRID_PROGRAMS when set, else the default."""
     value = os.environ.get("NIKKI_MAX_GRID_PROGRAMS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_GRID_PROGRAMS
+    if not value:
+        return DEFAULT_MAX_GRID_PROGRAMS
+    if not value.isdigit() or int(value) < 1:
+        raise KernelError(f"NIKKI_MAX_GRID_PROGRAMS={value} is not a number of program instances",
+                          limit="a positive decimal integer",
+                          hint=f"set e.g. NIKKI_MAX_GRID_PROGRAMS=8192, or unset it for {DEFAULT_MAX_GRID_PROGRAMS}")
+    return int(value)
 
 
 def _check_grid(grid: tuple, frame) -> None:
