@@ -663,6 +663,17 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _in_type_of(value, base):
+    """`base` converted to the type of the number `value` (a bool stays as drawn), or None when that
+    type cannot hold it."""
+    if isinstance(value, (bool, np.bool_)) or base is None:
+        return value
+    try:
+        return type(value)(base)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
 def _error_text(err) -> str:
     if isinstance(err, nki.KernelError):
         return "\n".join([err.summary, err.limit, err.hint])
@@ -689,12 +700,21 @@ def run_case(case: Case) -> tuple:
     kind = arguments[slot][0]
     args = {k: v for k, (_kind, v) in arguments.items()}
     is_tensor = kind.startswith("tensor")
+    base = args[slot]
     try:
-        args[slot] = make_tensor(bad, args[slot]) if is_tensor else bad.make(args[slot])
+        args[slot] = make_tensor(bad, base) if is_tensor else bad.make(base)
     except Exception as err:  # a value this base cannot take (e.g. an object array of a bf16 one)
         return "skipped", f"{type(err).__name__}: {err}"
     value = args[slot]
     valid = bad.valid
+    if isinstance(entry, Library) and valid is True and kind in ("finite", "int"):
+        # The kind of the number is what is fuzzed, and a library parameter may bound its range
+        # (adamw's beta1 < 1, step >= 1): the drawn type carries the example's value where it can
+        # hold it, and where it cannot, an error naming the parameter is as right as a result.
+        args[slot] = value = _in_type_of(value, base)
+        valid = True if value is not None and math.isclose(float(value), float(base), rel_tol=1e-6) else None
+        if value is None:
+            return "skipped", f"a {bad.label} cannot stand for {base!r}"
     if entry.torch_facing and isinstance(entry, Library) and kind in ("bool", "finite", "optional"):
         # torch's schema parser converts scalars before nikki sees them (True is 1.0 where a float
         # goes, a number is a bool where a bool goes, None is the parameter's default): whether such a
@@ -764,9 +784,7 @@ def _compare(got: list, expected: list, tolerance: float = 0.0) -> tuple:
 def _forget_compiled() -> None:
     """Drops the specializations the fuzzed kernels compiled: each holds an executor with its own
     simulated memories, and a long run compiles one per distinct constant it passes."""
-    for kernel in (jit_add, jit_scale, jit_write, *library_kernels().values()):
-        for cache in ("_cache", "_outputs_cache"):
-            getattr(kernel, cache, {}).clear()
+    nki.clear_cache()
     # A CPU call compiled again, so that a meta tensor next meets a cached specialization (the
     # launch, not the compile, must then refuse it).
     jit_add(torch.ones(P, F), torch.ones(P, F))
