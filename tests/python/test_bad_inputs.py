@@ -520,3 +520,39 @@ def test_index_grid_of_more_axes_than_a_view_has_dims_is_a_kernel_error():
     with pytest.raises(nki.KernelError) as info:
         nine_axes(np.ones((2, 2), np.float32))
     assert "index expression: ap(): pattern needs 1 to 8" in message(info)
+
+
+def _adamw_step_of_torch(param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """param after one torch.optim.AdamW step with nikki.torch.adamw_'s defaults."""
+    reference = torch.nn.Parameter(param.detach().clone())
+    optimizer = torch.optim.AdamW([reference], lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2)
+    reference.grad = grad.clone()
+    optimizer.step()
+    return reference.detach()
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (3, 4)])
+def test_adamw_takes_what_torch_optim_takes(shape):
+    torch.manual_seed(0)
+    param = torch.nn.Parameter(torch.randn(shape))  # requires grad, as every optimizer's parameter
+    grad = torch.randn(shape)
+    expected = _adamw_step_of_torch(param, grad)
+    exp_avg, exp_avg_sq = torch.zeros(shape), torch.zeros(shape)
+    ntorch.adamw_(param, grad, exp_avg, exp_avg_sq, np.int64(1))
+    # one fp32 step: the kernel's order of the same fp32 operations differs from torch's by ulps
+    torch.testing.assert_close(param.detach(), expected, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(exp_avg, 0.1 * grad, rtol=1e-6, atol=0)
+
+
+def test_adamw_of_an_empty_parameter_does_nothing_and_a_broadcast_one_is_named():
+    empty = torch.zeros(0)
+    ntorch.adamw_(empty, empty, empty, empty, 1)  # torch.optim.AdamW steps over empty parameters too
+    assert empty.shape == (0,)
+    grad = torch.ones(4)
+    with pytest.raises(nki.KernelError) as info:
+        ntorch.adamw_(torch.ones(1).expand(4), grad, torch.zeros(4), torch.zeros(4), 1)
+    assert "nikki.torch.adamw_: param must be a tensor that can be written in place, got a view repeating" \
+        in message(info)
+    with pytest.raises(nki.KernelError) as info:
+        ntorch.adamw_(torch.ones(4), grad, torch.zeros(1).expand(4), torch.zeros(4), 1)
+    assert "nikki.torch.adamw_: exp_avg must be a tensor that can be written in place" in message(info)

@@ -391,7 +391,10 @@ def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_a
     shape; `step` counts from 1."""
     tensors = (("param", param), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))
     for name, t in tensors:
-        _tensor(t, f"nikki.torch.adamw_: {name}")
+        _tensor(t, f"nikki.torch.adamw_: {name}", min_dim=0)  # a scalar parameter is one element
+        if name != "grad" and any(stride == 0 and n > 1 for stride, n in zip(t.stride(), t.shape)):
+            raise argument_error(f"nikki.torch.adamw_: {name}", "a tensor that can be written in place", t,
+                                 got="a view repeating its elements (stride 0)", hint="pass a materialized copy")
     _one_device("nikki.torch.adamw_", tensors)
     try:
         beta1, beta2 = betas
@@ -404,6 +407,8 @@ def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_a
     if len(shapes) != 1:
         raise ValueError(f"nikki.torch.adamw_: param, grad, exp_avg and exp_avg_sq must have one shape, got "
                          f"{[tuple(t.shape) for t in (param, grad, exp_avg, exp_avg_sq)]}")
+    if param.numel() == 0:
+        return  # nothing to update, as for torch.optim.AdamW
     flat = [t.detach().reshape(-1).contiguous() for t in (param, grad, exp_avg, exp_avg_sq)]
     new = library_op("adamw")(*flat, **hyper, step=step)
     for target, value in zip((param, exp_avg, exp_avg_sq), new):
