@@ -465,6 +465,22 @@ def _rms_norm_ref(x, weight=None, eps=1e-6):
     return y if weight is None else y * weight
 
 
+def _adamw_step(param, grad, exp_avg, exp_avg_sq, step, lr, eps, weight_decay):
+    """nikki.torch.adamw_ on copies of the tensors it updates (the case's arguments stay as drawn,
+    for the reference), returning the updated (param, exp_avg, exp_avg_sq)."""
+    updated = [t.clone() if isinstance(t, torch.Tensor) else t for t in (param, exp_avg, exp_avg_sq)]
+    ntorch.adamw_(updated[0], grad, updated[1], updated[2], step, lr=lr, eps=eps, weight_decay=weight_decay)
+    return tuple(updated)
+
+
+def _adamw_ref(param, grad, exp_avg, exp_avg_sq, step, lr, eps, weight_decay, betas=(0.9, 0.999)):
+    """One AdamW step (torch.optim.AdamW's update, adamw_'s default betas) in float64."""
+    m = betas[0] * exp_avg + (1 - betas[0]) * grad
+    v = betas[1] * exp_avg_sq + (1 - betas[1]) * grad * grad
+    denominator = torch.sqrt(v / (1 - betas[1] ** step)) + eps
+    return param * (1 - lr * weight_decay) - lr * (m / (1 - betas[0] ** step)) / denominator, m, v
+
+
 TORCH_FUNCTIONS = [
     TorchFunction("softmax", lambda r: {"x": ("tensor", _t(r, P, F)), "dim": ("int", -1)},
                   ntorch.softmax, _softmax_ref),
@@ -479,6 +495,10 @@ TORCH_FUNCTIONS = [
                                                 "v": ("tensor", _t(r, 1, 1, 16, F)), "causal": ("bool", False),
                                                 "scale": ("optional", 0.5)},
                   ntorch.flash_attention, lambda q, k, v, causal, scale: _flash_reference(q, k, v, causal, scale)[0]),
+    TorchFunction("adamw_", lambda r: {"param": ("tensor", _t(r, F)), "grad": ("tensor", _t(r, F)),
+                                       "exp_avg": ("tensor", _t(r, F)), "exp_avg_sq": ("tensor", _t(r, F).abs()),
+                                       "step": ("int", 3), "lr": ("finite", 1e-2), "eps": ("finite", 1e-8),
+                                       "weight_decay": ("finite", 1e-2)}, _adamw_step, _adamw_ref),
 ]
 
 
@@ -715,9 +735,10 @@ def run_case(case: Case) -> tuple:
         valid = True if value is not None and math.isclose(float(value), float(base), rel_tol=1e-6) else None
         if value is None:
             return "skipped", f"a {bad.label} cannot stand for {base!r}"
-    if entry.torch_facing and isinstance(entry, Library) and kind in ("bool", "finite", "optional"):
+    if entry.torch_facing and isinstance(entry, Library) and kind in ("bool", "int", "finite", "optional"):
         # torch's schema parser converts scalars before nikki sees them (True is 1.0 where a float
-        # goes, a number is a bool where a bool goes, None is the parameter's default): whether such a
+        # goes and 1 where an int goes, a number is a bool where a bool goes, None is the
+        # parameter's default): whether such a
         # value is taken is torch's rule, what nikki then computes must still be right
         valid = True if bad.valid else None
     if is_tensor and isinstance(value, np.ndarray) and not entry.accepts_numpy:
