@@ -556,3 +556,13 @@ def test_adamw_of_an_empty_parameter_does_nothing_and_a_broadcast_one_is_named()
     with pytest.raises(nki.KernelError) as info:
         ntorch.adamw_(torch.ones(4), grad, torch.zeros(1).expand(4), torch.zeros(4), 1)
     assert "nikki.torch.adamw_: exp_avg must be a tensor that can be written in place" in message(info)
+
+
+def test_a_library_input_of_a_dtype_no_input_takes_is_named():
+    with pytest.raises(nki.KernelError) as info:
+        ntorch.matmul(torch.ones(4, 8, dtype=torch.int32), torch.ones(8, 4, dtype=torch.int32))
+    assert "kernel 'matmul': input 'a' has dtype int32" in message(info)
+    assert "matmul takes float32, bfloat16, float16" in message(info)
+    with pytest.raises(nki.KernelError) as info:
+        nk.softmax(np.ones((4, 8), np.int8))
+    assert "kernel 'softmax': input 'x' has dtype int8" in message(info)

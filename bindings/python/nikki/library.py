@@ -97,6 +97,7 @@ class LibraryKernel(Kernel):
             if not isinstance(spec, _TensorArg):
                 raise KernelError(f"kernel '{self.name}': input '{name}' must be an array or tensor, "
                                   f"got {type(spec).__name__}")
+            self._check_input_dtype(name, spec.dtype)
             tensors.append((list(spec.shape), spec.dtype.core))
         try:
             kernel = _core.trace_library(self.name, tensors, self.param_values(specs), target)
@@ -105,11 +106,20 @@ class LibraryKernel(Kernel):
         output_specs = [(tuple(shape), to_dtype(dt)) for shape, dt in kernel.output_specs()]
         return kernel, (output_specs, [("output", k) for k in range(len(output_specs))])
 
+    def _check_input_dtype(self, name: str, dtype) -> None:
+        """A KernelError naming the input when no input of the kernel takes its dtype (the engines
+        would reject it deep inside the kernel, naming an instruction's operand instead)."""
+        if dtype.core not in self.info["dtypes"]:
+            taken = ", ".join(d.name for d in self.info["dtypes"])
+            raise KernelError(f"kernel '{self.name}': input '{name}' has dtype {dtype.name}",
+                              limit=f"{self.name} takes {taken}", hint="convert the input to one of these dtypes")
+
     def _inline(self, ctx, values):
         views = []
         for name, v in zip(self.inputs, values):
             if not isinstance(v, NkiTensor):
                 raise KernelError(f"kernel '{self.name}': input '{name}' must be a tensor, got {type(v).__name__}")
+            self._check_input_dtype(name, v.dtype)
             views.append(v._view)
         try:
             results = _core.inline_library(ctx.builder, self.name, views, self.param_values(values))
