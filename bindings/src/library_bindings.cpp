@@ -2,6 +2,9 @@
 // library kernel into its own Kernel, and inlining one into a kernel being traced from Python.
 #include "library_bindings.hpp"
 
+#include <algorithm>
+#include <cmath>
+
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -33,9 +36,22 @@ py::list case_inputs(const kernels::ExampleCase& ex) {
   return inputs;
 }
 
-py::dict case_params(const kernels::ExampleCase& ex) {
+/** A parameter's value as the Python type of its kind (NaN, "not given", is None). */
+py::object param_value(const kernels::ParamSpec& p, double v) {
+  if (std::isnan(v)) return py::none();
+  switch (p.kind) {
+    case kernels::ParamKind::boolean: return py::bool_(v != 0);
+    case kernels::ParamKind::integer: return py::int_(static_cast<int64_t>(v));
+    default: return py::float_(v);
+  }
+}
+
+py::dict case_params(const kernels::KernelInfo& k, const kernels::ExampleCase& ex) {
   py::dict values;
-  for (const auto& [name, v] : ex.params.values()) values[py::str(name)] = v;
+  for (const auto& [name, v] : ex.params.values()) {
+    auto spec = std::find_if(k.params.begin(), k.params.end(), [&](const kernels::ParamSpec& p) { return p.name == name; });
+    values[py::str(name)] = spec == k.params.end() ? py::object(py::float_(v)) : param_value(*spec, v);
+  }
   return values;
 }
 
@@ -50,16 +66,12 @@ py::dict describe(const kernels::KernelInfo& k) {
   d["saved_outputs"] = k.saved_outputs;
   py::list params;
   for (const kernels::ParamSpec& p : k.params) {
-    py::object def = p.kind == kernels::ParamKind::optional_real ? py::none()
-                     : p.kind == kernels::ParamKind::boolean     ? py::object(py::bool_(p.default_value != 0))
-                     : p.kind == kernels::ParamKind::integer
-                         ? py::object(py::int_(static_cast<int64_t>(p.default_value)))
-                         : py::object(py::float_(p.default_value));
+    py::object def = p.kind == kernels::ParamKind::optional_real ? py::none() : param_value(p, p.default_value);
     params.append(py::make_tuple(p.name, kind_name(p.kind), def, p.doc));
   }
   d["params"] = params;
   py::list examples;
-  for (const kernels::ExampleCase& ex : k.examples) examples.append(py::make_tuple(case_inputs(ex), case_params(ex), ex.label));
+  for (const kernels::ExampleCase& ex : k.examples) examples.append(py::make_tuple(case_inputs(ex), case_params(k, ex), ex.label));
   d["examples"] = examples;
   py::list dtypes;
   for (DType t : k.dtypes) dtypes.append(t);
@@ -70,7 +82,7 @@ py::dict describe(const kernels::KernelInfo& k) {
   if (k.benchmark) {
     py::dict b;
     b["inputs"] = case_inputs(k.benchmark->shape);
-    b["params"] = case_params(k.benchmark->shape);
+    b["params"] = case_params(k, k.benchmark->shape);
     b["label"] = k.benchmark->shape.label;
     b["bound"] = k.benchmark->bound == kernels::Bound::tensor_engine ? "tensor_engine" : "hbm";
     b["useful_flops"] = k.benchmark->useful_flops ? k.benchmark->useful_flops(k.benchmark->shape) : 0.0;
@@ -101,7 +113,7 @@ kernels::RefTensor from_numpy(const py::array_t<double, py::array::c_style | py:
 py::dict describe_case(const kernels::KernelInfo& k, const kernels::ExampleCase& c, uint64_t seed) {
   py::dict d;
   d["inputs"] = case_inputs(c);
-  d["params"] = case_params(c);
+  d["params"] = case_params(k, c);
   d["label"] = c.label;
   kernels::CaseRng rng(seed);
   py::list values;

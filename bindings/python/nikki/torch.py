@@ -327,6 +327,12 @@ def _register_matmul_autograd(op) -> None:
 _AUTOGRAD_RULES = {"matmul": _register_matmul_autograd}
 
 
+def differentiable(name: str) -> bool:
+    """Whether autograd can differentiate ``torch.ops.nikki.<name>``: the kernel has a backward
+    kernel or a gradient written with other library ops (an optimizer step has neither)."""
+    return bool(_library.library_kernels()[name].backward) or name in _AUTOGRAD_RULES
+
+
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``torch.softmax(x, dim)`` with nikki's softmax kernel (any rank; rows along `dim`)."""
     _tensor(x, "nikki.torch.softmax: x")

@@ -32,10 +32,10 @@ Args:       param, exp_avg, exp_avg_sq: float32; grad: float32 or bfloat16 (wide
 Returns:    the updated param, exp_avg and exp_avg_sq, float32.
 Notes:      The operations and their order are torch's single-tensor AdamW in float32, each
             rounded to float32, with the host constants (1 - lr * weight_decay, 1 - beta1, the
-            bias corrections) computed in double as torch does. exp_avg_sq equals
-            torch.optim.AdamW's bit for bit. Two differences of rounding remain: torch's lerp of
-            exp_avg fuses a multiply-add (one rounding where nikki rounds twice: exp_avg within
-            one unit in the last place), and the engines have no divide, so torch's two divisions
+            bias corrections) computed in double as torch does. Differences of rounding remain
+            where torch's CPU kernels fuse a multiply-add (its lerp of exp_avg and, on hosts with
+            FMA, its addcmul of exp_avg_sq: one rounding where nikki rounds twice, so within one
+            unit in the last place), and the engines have no divide, so torch's two divisions
             become multiplies by reciprocals (param within a few units in the last place).
 Pseudocode: param = param * (1 - lr * weight_decay)
             exp_avg = exp_avg + (1 - beta1) * (grad - exp_avg)
