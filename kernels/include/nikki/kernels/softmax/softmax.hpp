@@ -67,12 +67,18 @@ inline Tensor softmax(const Tensor& x, Loc loc = Loc::current()) {
   const DType stat = es == 2 ? dt : nl::float32;
   Tensor out = nl::ndarray({R, C}, dt, nl::shared_hbm, "out");
 
-  // In flight per column of a row: four input tiles (loading, waiting, computing, storing; the
-  // result overwrites its input) and two fp32 exp tiles.
-  constexpr int64_t kInputs = 4, kExps = 2, kSmall = 8;
+  // In flight per column of a row: the input tiles (loading, waiting, computing, storing, and two
+  // more so that loads run ahead while a store drains; the result overwrites its input) and two
+  // fp32 exp tiles. Rows too long for six input tiles keep four rather than take two passes.
+  constexpr int64_t kExps = 2, kSmall = 8;
   toolkit::Budget budget(check);
-  const toolkit::RowPlan plan =
-      toolkit::plan_rows(R, C, kInputs * es + kExps * 4, budget.sbuf_capacity() * 3 / 4, P, softmax_detail::kNarrowRow);
+  auto plan_for = [&](int64_t inputs) {
+    return toolkit::plan_rows(R, C, inputs * es + kExps * 4, budget.sbuf_capacity() * 3 / 4, P,
+                              softmax_detail::kNarrowRow);
+  };
+  int64_t kInputs = 6;
+  toolkit::RowPlan plan = plan_for(kInputs);
+  if (!plan.whole_rows && plan_for(4).whole_rows) plan = plan_for(kInputs = 4);
   const int64_t g = plan.g, W = plan.whole_rows ? C : plan.chunk, J = int64_t(plan.chunks.size());
   toolkit::Ring x_ring = budget.sbuf_ring({P, g, W}, dt, kInputs, "x_tile");
   toolkit::Ring e_ring = budget.sbuf_ring({P, g, W}, nl::float32, kExps, "exp");
