@@ -47,6 +47,33 @@ Operand to_operand(const py::handle& h) {
 
 AluOp alu_of(const py::handle& h) { return h.cast<AluOp>(); }
 
+std::string operand_kinds_text(uint8_t kinds) {
+  std::string text;
+  for (auto [bit, name] : {std::pair{kTensor, "a tensor"}, std::pair{kImm, "a number"}, std::pair{kReg, "a register"}})
+    if (kinds & bit) text += (text.empty() ? "" : " or ") + std::string(name);
+  return text;
+}
+
+/**
+ * A KernelError, at the user's line, for an operand an opcode's slot does not take: from Python such
+ * an operand is the user's mistake (None for a required operand, a number where a tile goes), which
+ * the builder's own slot check would report as an internal error.
+ */
+void check_user_operands(const KernelBuilder& b, const Instruction& inst) {
+  const OpcodeSpec& spec = inst.spec();
+  for (int s = 0; s < spec.num_slots; ++s) {
+    const SlotSpec& slot = spec.slots[s];
+    const Operand& o = inst.operands[s];
+    const uint8_t kind = o.is_none() ? 0 : o.is_tensor() ? kTensor : o.is_imm() ? kImm : kReg;
+    if (kind == 0 ? slot.optional : (slot.kinds & kind) != 0) continue;
+    const std::string expected = operand_kinds_text(slot.kinds);
+    throw KernelError(kind == 0 ? fmt::format("{}: {} is required, got None", spec.name, slot.name)
+                                : fmt::format("{}: {} must be {}, got {}", spec.name, slot.name, expected,
+                                              operand_kinds_text(kind)),
+                      b.source(inst.loc), {}, {}, fmt::format("pass {} as {}", expected, slot.name));
+  }
+}
+
 void set_attribute(Attributes& a, const std::string& key, const py::handle& v) {
   if (key == "op0") a.op0 = alu_of(v);
   else if (key == "op1") a.op1 = alu_of(v);
@@ -179,6 +206,8 @@ PYBIND11_MODULE(_core, m) {
       .value("unknown", Engine::unknown);
   py::enum_<AluOp> alu(m, "AluOp");
   for (int i = 0; i < kNumAluOps; ++i) alu.value(std::string(kAluOpNames[i]).c_str(), static_cast<AluOp>(i));
+  // Unary operators ignore their second operand, so an instruction may leave it out.
+  alu.def_property_readonly("is_unary", [](AluOp op) { return is_unary_op(op); });
   py::enum_<ActFunc> act(m, "ActFunc");
   for (int i = 0; i < kNumActFuncs; ++i) act.value(std::string(kActFuncNames[i]).c_str(), static_cast<ActFunc>(i));
   py::enum_<ReduceCmd>(m, "ReduceCmd")
@@ -194,7 +223,15 @@ PYBIND11_MODULE(_core, m) {
   py::enum_<Opcode> opcode(m, "Opcode");
   for (int i = 0; i < kNumOpcodes; ++i)
     opcode.value(std::string(kOpcodeSpecs[i].name).c_str(), static_cast<Opcode>(i));
+  // The NKI parameter name of each operand slot, for errors about an operand the user passed.
+  opcode.def_property_readonly("slot_names", [](Opcode op) {
+    const OpcodeSpec& spec = kOpcodeSpecs[static_cast<int>(op)];
+    std::vector<std::string> names;
+    for (int s = 0; s < spec.num_slots; ++s) names.emplace_back(spec.slots[s].name);
+    return names;
+  });
 
+  m.attr("max_rank") = kMaxRank;
   m.def("dtype_size", [](DType d) { return dtype_size(d); });
   m.def("dtype_is_float", [](DType d) { return is_float(d); });
   m.def("target_names", [] { return std::vector<std::string>{"trn1", "trn2"}; });
@@ -431,6 +468,7 @@ PYBIND11_MODULE(_core, m) {
                  throw KernelError(fmt::format("{}: {}", opcode_name(op), e.what), b.source(loc),
                                    std::string(opcode_name(op)), e.limit, e.hint);
                }
+               check_user_operands(b, inst);
              });
              return b.kernel().instructions.size() - 1;
            })

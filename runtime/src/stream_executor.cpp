@@ -1,3 +1,4 @@
+#include <charconv>
 #include <cstdlib>
 #include <string_view>
 
@@ -23,9 +24,19 @@ std::pair<StreamOrder, uint64_t> stream_order_from_env() {
   std::string_view v(env);
   if (v == "latest") return {StreamOrder::latest_first, 1};
   if (v == "earliest") return {StreamOrder::earliest_first, 1};
-  if (v.substr(0, 7) == "random:") return {StreamOrder::random, std::strtoull(env + 7, nullptr, 10)};
+  constexpr std::string_view kRandom = "random:";
+  if (v.substr(0, kRandom.size()) == kRandom) {
+    const std::string_view digits = v.substr(kRandom.size());
+    uint64_t seed = 0;
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), seed);
+    if (!digits.empty() && error == std::errc{} && end == digits.data() + digits.size())
+      return {StreamOrder::random, seed};
+    throw KernelError(fmt::format("NIKKI_STREAM_ORDER={}: the seed '{}' is not a non-negative integer", v, digits),
+                      {}, {}, "orders: latest, earliest, random:<seed> with a decimal seed below 2**64",
+                      "set NIKKI_STREAM_ORDER=random:42, latest or earliest");
+  }
   throw KernelError(fmt::format("NIKKI_STREAM_ORDER={} is not a stream order", v), {}, {},
-                    "orders: latest, earliest, random:<seed>", {});
+                    "orders: latest, earliest, random:<seed>", "set NIKKI_STREAM_ORDER=latest, earliest or random:42");
 }
 
 struct StreamExecutor::Impl {

@@ -131,6 +131,8 @@ def to_dtype(value) -> dtype:
     """Normalizes any dtype spelling (nikki, NKI string, numpy, ml_dtypes, torch) to a dtype."""
     if isinstance(value, (dtype, PackedDType)):
         return value
+    if value is None:  # np.dtype(None) is float64, which would make the error about float64
+        raise TypeError("None is not a dtype; pass one such as nl.float32 or np.float32")
     if isinstance(value, _core.DType):
         return BY_CORE_INDEX[int(value)]
     if isinstance(value, str):

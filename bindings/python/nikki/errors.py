@@ -119,6 +119,21 @@ def kernel_error_at(frame, summary: str, limit: str = "", hint: str = "", instru
     return KernelError(summary, code.co_filename, line, column, end_column, instruction, limit, hint)
 
 
+def kernel_error_in_traceback(err: BaseException, summary: str, hint: str = "") -> KernelError:
+    """A KernelError located at the innermost line of the user's code in `err`'s traceback (the
+    line of a kernel that made nikki raise `err`); unlocated when no such line is in it."""
+    tb, user = err.__traceback__, None
+    while tb is not None:
+        if not is_internal_frame(tb.tb_frame.f_code.co_filename):
+            user = tb
+        tb = tb.tb_next
+    if user is None:
+        return KernelError(summary, hint=hint)
+    code = user.tb_frame.f_code
+    line, column, end_column = _positions(code, user.tb_lasti) or (user.tb_lineno, 0, 0)
+    return KernelError(summary, code.co_filename, line, column, end_column, hint=hint)
+
+
 def _positions(code, lasti: int):
     """(line, column, end_column) of the bytecode instruction at `lasti`, if available."""
     try:

@@ -27,7 +27,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from .errors import KernelError, kernel_error_at, user_frame
+from .errors import KernelError, ViewError, kernel_error_at, user_frame
 from .tensor import DynSlice, NkiTensor
 
 __all__ = ["arange", "mgrid", "IndexExpr", "IndexedTensor", "BlockTensor", "uses_index_expr", "subscript",
@@ -742,7 +742,11 @@ class IndexedTensor(NkiTensor):
         for axis, (lo, hi) in enumerate(self._ranges):
             offset += axis_stride[axis] * lo
             pairs.append((axis_stride[axis], hi - lo + 1))
-        view = self._base_view.with_pattern(pairs, offset, self._base_view.dtype)
+        try:
+            view = self._base_view.with_pattern(pairs, offset, self._base_view.dtype)
+        except ViewError as err:  # e.g. an index grid of more axes than a view has dims
+            raise kernel_error_at(user_frame(), f"index expression: {err.what}", limit=err.limit,
+                                  hint=err.hint) from None
         if self._runtime is None:
             return view
         from .isa import VirtualRegister

@@ -12,9 +12,12 @@ import enum
 import sys
 import types as _types
 
+import numpy as np
+
 from . import _core
+from .arguments import EXACT_INT_LIMIT, argument_error, check_bool, check_int, check_real, is_bool, is_real
 from .dtypes import to_dtype
-from .errors import KernelError, kernel_error_at, user_frame
+from .errors import KernelError, kernel_error_at, kernel_error_in_traceback, user_frame
 from .ops import act_func, alu_op
 from .tensor import ComparisonTile, NkiTensor, psum, sbuf
 from .tracing import current
@@ -125,20 +128,37 @@ class VirtualRegister:
 
 # --- emission helpers -----------------------------------------------------------------------
 
-def _operand(x):
+def _operand(x, opcode=None, slot: int = 0):
     if x is None:
         return None
     if isinstance(x, NkiTensor):
         return x._view
     if isinstance(x, VirtualRegister):
         return x._reg
-    if isinstance(x, bool):
-        return float(x)
-    if isinstance(x, (int, float)):
+    if x.__class__ is int and -EXACT_INT_LIMIT < x < EXACT_INT_LIMIT:
         return x
-    if hasattr(x, "__float__"):
-        return float(x)
-    raise kernel_error_at(user_frame(3), f"unsupported operand {x!r}", hint="pass a tensor, a number or a register")
+    what = f"nisa.{opcode.name}: {opcode.slot_names[slot]}" if opcode is not None else "operand"
+    return _number(x, what)
+
+
+# Integer attributes the engines compute with in int32 (iota and affine_select offsets and patterns).
+_INT32_MIN, _INT32_MAX = -(2 ** 31), 2 ** 31 - 1
+
+
+def _int32(value, what: str) -> int:
+    value = check_int(value, what)
+    if not _INT32_MIN <= value <= _INT32_MAX:
+        raise kernel_error_at(user_frame(), f"{what} {value} does not fit in int32, which the engines compute it in",
+                              limit=f"an integer in [{_INT32_MIN}, {_INT32_MAX}]")
+    return value
+
+
+def _number(value, what: str) -> float:
+    """A number operand of an instruction (a bool is 0 or 1, NaN and infinities are values), or a
+    KernelError naming the argument `what`: strings, None and arrays are not numbers."""
+    if value is True or value is False or isinstance(value, np.bool_):
+        return float(value)
+    return check_real(value, what)
 
 
 # Opcodes whose operands are never staged by _partition_broadcast. Callers pass the enum's class
@@ -165,7 +185,7 @@ def _emit(opcode, operands, eng=engine.unknown, name=None, **attrs) -> int:
         else:
             if stage and i:
                 o = _partition_broadcast(o)
-            converted.append(_operand(o))
+            converted.append(_operand(o, opcode, i))
     return ctx.builder.emit(opcode, _engine(eng), loc, converted, name or "", **attrs)
 
 
@@ -184,12 +204,12 @@ def _partition_broadcast(x):
 def _engine(e) -> _core.Engine:
     if e.__class__ is _core.Engine:  # an identity test: hashing a bound enum is slow
         return e
-    core = _ENGINES.get(e)  # a dict lookup before the IntEnum constructor, which is slow
-    if core is not None:
-        return core
     try:
+        core = _ENGINES.get(e)  # a dict lookup before the IntEnum constructor, which is slow
+        if core is not None:
+            return core
         return _ENGINES[engine(e)]
-    except ValueError:
+    except (ValueError, TypeError):
         raise kernel_error_at(user_frame(3), f"engine={e!r} is not an engine", hint="use nisa.engine.vector, ...") from None
 
 
@@ -204,6 +224,43 @@ def _core_reduce_cmd(cmd) -> _core.ReduceCmd:
         raise kernel_error_at(user_frame(3), f"reduce_cmd={cmd!r} is not a reduce command",
                               hint="use nisa.reduce_cmd.idle, reset, reduce, reset_reduce or load_reduce")
     return core
+
+
+def _call_error(err: TypeError):
+    """The KernelError for a TypeError of calling a public instruction with arguments neither of its
+    forms takes (Python's message names the private function of the form it was read as), located
+    at the user's call; None for any other TypeError."""
+    tb = err.__traceback__
+    if tb is None:
+        return None
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    public = globals().get(code.co_name)
+    if getattr(public, "__code__", None) is not code or code.co_name.startswith("_"):
+        return None  # raised inside an instruction, not by the call into one of its forms
+    message = str(err)
+    form = "the legacy form (returning a new tile)" if message.startswith("_legacy") else "the form with dst"
+    message = message.split("() ", 1)[-1] if "() " in message else message
+    return kernel_error_in_traceback(err, f"nisa.{code.co_name}: {message} (read as {form})",
+                                     hint=f"see help(nisa.{code.co_name}) for its parameters")
+
+
+def _flag(value, api: str, param: str) -> bool:
+    """A bool instruction attribute; the common literals are tested by identity (tracing hot path)."""
+    if value is False or value is True:
+        return value
+    return check_bool(value, f"nisa.{api}: {param}")
+
+
+def _alu_operand(op: _core.AluOp, operand, api: str, op_param: str, operand_param: str):
+    """The operand of ALU operator `op`: None only for unary operators, which ignore it."""
+    if operand is not None:
+        return operand
+    if op.is_unary:
+        return 0.0
+    raise kernel_error_at(user_frame(), f"nisa.{api}: {operand_param} is None, but {op_param}={op.name} takes an "
+                          "operand", hint=f"pass a number or a [P, 1] tile as {operand_param}")
 
 
 def _check_tensor(x, param: str) -> NkiTensor:
@@ -251,6 +308,13 @@ def _legacy(kwargs, is_legacy: bool, args=(), first: str = "") -> bool:
     if first and first in kwargs and args and isinstance(args[0], NkiTensor):
         return False
     return is_legacy
+
+
+def _legacy_operand(x) -> bool:
+    """Whether a positional argument where the current form has a tensor reads as the legacy form's
+    argument there (an operator, a number, a shape): neither a tensor nor None, since None is a
+    missing tensor, reported by name in the current form."""
+    return x is not None and x.__class__ is not NkiTensor
 
 
 def _masked_extras(mask, *extras):
@@ -335,7 +399,7 @@ def _legacy_unary(fn, src=None, *, dtype=None, mask=None, **kwargs):
 
 def tensor_tensor(*args, **kwargs):
     """``tensor_tensor(dst, data1, data2, op)``: dst = op(data1, data2)."""
-    if _legacy(kwargs, len(args) < 3 or not isinstance(args[2], NkiTensor), args, "data1"):
+    if _legacy(kwargs, len(args) < 3 or len(args) == 3 and _legacy_operand(args[2]), args, "data1"):
         return _legacy_tensor_tensor(*args, **kwargs)
     return _tensor_tensor(*args, **kwargs)
 
@@ -362,21 +426,23 @@ def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=eng
 def tensor_scalar(*args, **kwargs):
     """``tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False)``:
     dst = (data op0 operand0) op1 operand1; operands are numbers or [P, 1] tensors."""
-    if _legacy(kwargs, len(args) < 2 or not isinstance(args[1], NkiTensor), args, "data"):
+    if _legacy(kwargs, len(args) < 2 or _legacy_operand(args[1]), args, "data"):
         return _legacy_tensor_scalar(*args, **kwargs)
     return _tensor_scalar(*args, **kwargs)
 
 
 def _tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False,
                    engine=engine.unknown, name=None, mask=None):
-    attrs = {"op0": alu_op(op0, "op0"), "reverse0": bool(reverse0), "reverse1": bool(reverse1)}
-    if (op1 is None) != (operand1 is None):
-        raise kernel_error_at(user_frame(2), "tensor_scalar: op1 and operand1 must be given together",
-                              hint="pass both op1= and operand1=, or neither")
+    attrs = {"op0": alu_op(op0, "op0"), "reverse0": _flag(reverse0, "tensor_scalar", "reverse0"),
+             "reverse1": _flag(reverse1, "tensor_scalar", "reverse1")}
     if op1 is not None:
         attrs["op1"] = alu_op(op1, "op1")
-    if operand0 is None:
-        operand0 = 0.0  # unary operators take no operand
+    if (op1 is None) != (operand1 is None) and not (operand1 is None and attrs["op1"].is_unary):
+        raise kernel_error_at(user_frame(2), "tensor_scalar: op1 and operand1 must be given together",
+                              hint="pass both op1= and operand1=, or neither")
+    if op1 is not None and operand1 is None:
+        operand1 = 0.0  # a unary op1 ignores its operand
+    operand0 = _alu_operand(attrs["op0"], operand0, "tensor_scalar", "op0", "operand0")
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
     if ops is not None:
         operand0, operand1 = _masked_extras(mask, operand0, operand1)
@@ -393,15 +459,17 @@ def _legacy_tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand
 def scalar_tensor_tensor(*args, **kwargs):
     """``scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1)``:
     dst = (data op0 operand0) op1 operand1, operand1 a full tile."""
-    if _legacy(kwargs, not (len(args) >= 2 and isinstance(args[1], NkiTensor)), args, "data"):
+    if _legacy(kwargs, len(args) < 2 or _legacy_operand(args[1]), args, "data"):
         return _legacy_scalar_tensor_tensor(*args, **kwargs)
     return _scalar_tensor_tensor(*args, **kwargs)
 
 
 def _scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1, reverse0=False, reverse1=False, name=None,
                           mask=None):
-    attrs = {"op0": alu_op(op0, "op0"), "op1": alu_op(op1, "op1"), "reverse0": bool(reverse0),
-             "reverse1": bool(reverse1)}
+    attrs = {"op0": alu_op(op0, "op0"), "op1": alu_op(op1, "op1"),
+             "reverse0": _flag(reverse0, "scalar_tensor_tensor", "reverse0"),
+             "reverse1": _flag(reverse1, "scalar_tensor_tensor", "reverse1")}
+    operand0 = _alu_operand(attrs["op0"], operand0, "scalar_tensor_tensor", "op0", "operand0")
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"), _check_tensor(operand1, "operand1"))
     if ops is not None:
         d, x, y = ops
@@ -421,7 +489,7 @@ def activation(*args, **kwargs):
     dst = op(data * scale + bias) on the Scalar engine."""
     if "dst" in kwargs or (args and args[0].__class__ is NkiTensor):  # the current form, tested cheaply
         return _activation(*args, **kwargs)
-    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+    if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
         return _legacy_activation(*args, **kwargs)
     return _activation(*args, **kwargs)
 
@@ -435,9 +503,8 @@ def _activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=
             raise kernel_error_at(user_frame(2), "activation: reduce_res needs reduce_op", hint="pass reduce_op=nl.add")
         if cmd is _CORE_IDLE:
             cmd = _CORE_REDUCE_CMD[_ReduceCmd.reset_reduce]
-    if bias is not None and bias.__class__ is not NkiTensor and isinstance(bias, (int, float)) \
-            and not isinstance(bias, bool):
-        bias = _constant_bias(data, float(bias))
+    if bias is not None and bias.__class__ is not NkiTensor and (is_real(bias) or is_bool(bias)):
+        bias = _constant_bias(data, _number(bias, "nisa.activation: bias"))
     if mask is None:
         ops = (_check_tensor(dst, "dst"), _check_tensor(data, "data"))
     else:
@@ -470,7 +537,7 @@ def _legacy_activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce
 def activation_reduce(*args, **kwargs):
     """``activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0)``: activation plus a
     reduction of each partition of the result into reduce_res ([P, 1])."""
-    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+    if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
         return _legacy_activation_reduce(*args, **kwargs)
     return _activation_reduce(*args, **kwargs)
 
@@ -501,10 +568,11 @@ def _reciprocal(dst, data, name=None, mask=None, engine=engine.unknown):
 
 # --- reductions and scans -------------------------------------------------------------------
 
-def _axes_mask(axis, rank: int) -> int:
+def _axes_mask(axis, rank: int, api: str) -> int:
     axes = axis if isinstance(axis, (tuple, list)) else (axis,)
     mask = 0
     for a in axes:
+        a = check_int(a, f"nisa.{api}: axis")
         d = a + rank if a < 0 else a
         if not 0 <= d < rank:
             raise kernel_error_at(user_frame(3), f"axis {a} is out of range for data of rank {rank}")
@@ -514,29 +582,29 @@ def _axes_mask(axis, rank: int) -> int:
 
 def tensor_reduce(*args, **kwargs):
     """``tensor_reduce(dst, op, data, axis, negate=False, keepdims=False)``: reduces the last free axes."""
-    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+    if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
         return _legacy_tensor_reduce(*args, **kwargs)
     return _tensor_reduce(*args, **kwargs)
 
 
 def _tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None, mask=None):
     data = _check_tensor(data, "data")
-    attrs = {"op0": alu_op(op, "op"), "axes": _axes_mask(axis, data.ndim), "negate": bool(negate),
-             "keepdims": bool(keepdims)}
+    attrs = {"op0": alu_op(op, "op"), "axes": _axes_mask(axis, data.ndim, "tensor_reduce"),
+             "negate": _flag(negate, "tensor_reduce", "negate"), "keepdims": _flag(keepdims, "tensor_reduce", "keepdims")}
     dst = _check_tensor(dst, "dst")
     if mask is None:
         ops = (dst, data)
     else:
         from . import index_expr
 
-        ops = index_expr.apply_reduction_mask(mask, dst, data, attrs["axes"], bool(keepdims))
+        ops = index_expr.apply_reduction_mask(mask, dst, data, attrs["axes"], attrs["keepdims"])
     if ops is not None:
         _emit(_core.Opcode.tensor_reduce, ops, engine.vector, name, **attrs)
 
 
 def _legacy_tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False, keepdims=False, name=None):
     data = _check_tensor(data, "data")
-    axes = _axes_mask(axis, data.ndim)
+    axes = _axes_mask(axis, data.ndim, "tensor_reduce")
     shape = [1 if axes & (1 << d) else n for d, n in enumerate(data.shape)]
     if not keepdims:
         shape = [n for d, n in enumerate(data.shape) if not axes & (1 << d)]
@@ -549,7 +617,7 @@ def _legacy_tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False
 
 def tensor_scalar_reduce(*args, **kwargs):
     """``tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False)``."""
-    if _legacy(kwargs, not (len(args) >= 2 and isinstance(args[1], NkiTensor)), args, "data"):
+    if _legacy(kwargs, len(args) < 2 or _legacy_operand(args[1]), args, "data"):
         return _legacy_tensor_scalar_reduce(*args, **kwargs)
     return _tensor_scalar_reduce(*args, **kwargs)
 
@@ -557,12 +625,15 @@ def tensor_scalar_reduce(*args, **kwargs):
 def _tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res=None, reverse0=False,
                           reduce_cmd=reduce_cmd.reset_reduce, reduce_init=None, reduce_res_negate=False, name=None,
                           mask=None):
-    if int(reduce_cmd) != int(_ReduceCmd.reset_reduce) or reduce_init is not None or reduce_res_negate:
+    if _core_reduce_cmd(reduce_cmd) is not _CORE_REDUCE_CMD[_ReduceCmd.reset_reduce] or reduce_init is not None \
+            or reduce_res_negate:
         _not_implemented("tensor_scalar_reduce with reduce_cmd other than reset_reduce, reduce_init or "
                          "reduce_res_negate")
     if reduce_res is None:
         _not_implemented("tensor_scalar_reduce(reduce_res=None) (accumulator-only reductions)")
-    attrs = {"op0": alu_op(op0, "op0"), "reduce_op": alu_op(reduce_op, "reduce_op"), "reverse0": bool(reverse0)}
+    attrs = {"op0": alu_op(op0, "op0"), "reduce_op": alu_op(reduce_op, "reduce_op"),
+             "reverse0": _flag(reverse0, "tensor_scalar_reduce", "reverse0")}
+    operand0 = _alu_operand(attrs["op0"], operand0, "tensor_scalar_reduce", "op0", "operand0")
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data, "data"))
     if ops is not None:
         operand0, reduce_res = _masked_extras(mask, operand0, reduce_res)
@@ -579,14 +650,15 @@ def _legacy_tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, 
 def tensor_tensor_scan(*args, **kwargs):
     """``tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False)``:
     res[i] = (data0[i] op0 res[i-1]) op1 data1[i] along each partition, res[-1] = initial."""
-    if _legacy(kwargs, len(args) < 3 or not isinstance(args[2], NkiTensor), args, "data0"):
+    if _legacy(kwargs, len(args) < 3 or _legacy_operand(args[2]), args, "data0"):
         return _legacy_tensor_tensor_scan(*args, **kwargs)
     return _tensor_tensor_scan(*args, **kwargs)
 
 
 def _tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False, name=None, mask=None):
-    attrs = {"op0": alu_op(op0, "op0"), "op1": alu_op(op1, "op1"), "reverse0": bool(reverse0),
-             "reverse1": bool(reverse1)}
+    attrs = {"op0": alu_op(op0, "op0"), "op1": alu_op(op1, "op1"),
+             "reverse0": _flag(reverse0, "tensor_tensor_scan", "reverse0"),
+             "reverse1": _flag(reverse1, "tensor_tensor_scan", "reverse1")}
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(data0, "data0"), _check_tensor(data1, "data1"))
     if ops is not None:
         (initial,) = _masked_extras(mask, initial)
@@ -602,7 +674,7 @@ def _legacy_tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, 
 
 def tensor_partition_reduce(*args, **kwargs):
     """``tensor_partition_reduce(dst, op, data)``: reduces across partitions on GpSimd."""
-    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+    if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
         return _legacy_tensor_partition_reduce(*args, **kwargs)
     return _tensor_partition_reduce(*args, **kwargs)
 
@@ -626,7 +698,10 @@ def nc_matmul(*args, **kwargs):
     """``nc_matmul(dst, stationary, moving, ..., accumulate=None)``: dst (+)= stationary.T @ moving, in fp32
     PSUM. accumulate=None: the first matmul into a PSUM location overwrites, later ones add."""
     tensors = sum(isinstance(a, NkiTensor) for a in args) + sum(k in kwargs for k in ("stationary", "moving"))
-    if _legacy(kwargs, tensors < 3):
+    # A third positional argument that is not a legacy flag makes it the current form, where a
+    # non-tensor operand is reported by name.
+    third_operand = len(args) >= 3 and not is_bool(args[2])
+    if _legacy(kwargs, tensors < 3 and not third_operand):
         return _legacy_nc_matmul(*args, **kwargs)
     return _nc_matmul(*args, **kwargs)
 
@@ -649,8 +724,9 @@ def _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_p
             raise kernel_error_at(user_frame(3), f"nc_matmul: tile_position {tuple(tile_position)} / tile_size "
                                   f"{tuple(tile_size)} is not a legal PE-array tile",
                                   limit="the start must be a multiple of the tile size and the tile within 128")
-    return {"is_stationary_onezero": bool(is_stationary_onezero), "is_moving_onezero": bool(is_moving_onezero),
-            "is_transpose": bool(is_transpose)}
+    return {"is_stationary_onezero": _flag(is_stationary_onezero, "nc_matmul", "is_stationary_onezero"),
+            "is_moving_onezero": _flag(is_moving_onezero, "nc_matmul", "is_moving_onezero"),
+            "is_transpose": _flag(is_transpose, "nc_matmul", "is_transpose")}
 
 
 def _nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_onezero=False, is_transpose=False,
@@ -658,7 +734,8 @@ def _nc_matmul(dst, stationary, moving, is_stationary_onezero=False, is_moving_o
                mask=None):
     attrs = _matmul_attrs(is_stationary_onezero, is_moving_onezero, is_transpose, tile_position, tile_size)
     attrs["accumulate"] = (_core.Accumulate.automatic if accumulate is None else
-                           _core.Accumulate.accumulate if accumulate else _core.Accumulate.overwrite)
+                           _core.Accumulate.accumulate if _flag(accumulate, "nc_matmul", "accumulate")
+                           else _core.Accumulate.overwrite)
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(stationary, "stationary"),
                   _check_tensor(moving, "moving"))
     if ops is None:
@@ -746,7 +823,8 @@ def _legacy_nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, 
                               "[partition, free] tile", limit="transposes swap the partition dim and one free dim",
                               hint="reshape the tile to 2-D first, e.g. x.reshape((p, f))")
     p, f = data.shape[0], data.size // data.shape[0]
-    on_vector = int(engine) == int(_Engine.vector) or (int(engine) == 0 and p <= 32 and f <= 32)
+    chosen = _engine(engine)
+    on_vector = chosen == _core.Engine.vector or (chosen == _core.Engine.unknown and p <= 32 and f <= 32)
     out = _new_tile((f, p), data.dtype, sbuf if on_vector else psum)
     _nc_transpose(out, data, _Engine.vector if on_vector else _Engine.tensor, name=name,
                   mask=mask)
@@ -761,7 +839,7 @@ def _legacy_nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, 
 
 def memset(*args, **kwargs):
     """``memset(dst, value, engine=...)``: fills dst with value (legacy: ``memset(shape, value, dtype)``)."""
-    if _legacy(kwargs, len(args) >= 1 and not isinstance(args[0], NkiTensor) or "shape" in kwargs):
+    if _legacy(kwargs, len(args) >= 1 and _legacy_operand(args[0]) or "shape" in kwargs):
         return _legacy_memset(*args, **kwargs)
     return _memset(*args, **kwargs)
 
@@ -778,18 +856,22 @@ def _legacy_memset(shape, value, dtype, *, mask=None, engine=engine.unknown, nam
     return out
 
 
-def _pattern(pattern):
+def _pattern(pattern, api: str):
     try:
-        return [(int(step), int(num)) for step, num in pattern]
-    except (TypeError, ValueError):
-        raise kernel_error_at(user_frame(3), "pattern must be a list of [step, num] pairs") from None
+        pairs = [tuple(pair) for pair in pattern]
+    except TypeError:
+        pairs = None
+    if pairs is None or any(len(p) != 2 for p in pairs):
+        raise argument_error(f"nisa.{api}: pattern", "a list of [step, num] pairs", pattern)
+    return [(_int32(step, f"nisa.{api}: pattern step"), check_int(num, f"nisa.{api}: pattern num", 1, _INT32_MAX))
+            for step, num in pairs]
 
 
 def iota(*args, **kwargs):
     """``iota(dst, pattern, offset=0, channel_multiplier=0)``:
     dst[c, i...] = offset + c * channel_multiplier + sum(step_k * i_k), computed in int32.
     Legacy: ``tile = iota(expr, dtype)`` with an nl.arange index expression."""
-    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+    if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
         from . import index_expr
 
         return index_expr.legacy_iota(*args, **kwargs)
@@ -799,15 +881,16 @@ def iota(*args, **kwargs):
 def _iota(dst, pattern, offset=0, channel_multiplier=0, name=None, mask=None):
     ops = _masked(mask, _check_tensor(dst, "dst"))
     if ops is not None:
-        _emit(_core.Opcode.iota, ops, engine.gpsimd, name, pattern=_pattern(pattern), offset=int(offset),
-              channel_multiplier=int(channel_multiplier))
+        _emit(_core.Opcode.iota, ops, engine.gpsimd, name, pattern=_pattern(pattern, "iota"),
+              offset=_int32(offset, "nisa.iota: offset"),
+              channel_multiplier=_int32(channel_multiplier, "nisa.iota: channel_multiplier"))
 
 
 def affine_select(*args, **kwargs):
     """``affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal, offset=0)``:
     dst = on_true_tile where cmp_op(affine value, 0), else on_false_value (affine value as in iota).
     Legacy: ``tile = affine_select(pred, on_true_tile, on_false_value)`` with an index-expression predicate."""
-    if _legacy(kwargs, len(args) == 0 or not isinstance(args[0], NkiTensor)):
+    if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
         from . import index_expr
 
         return index_expr.legacy_affine_select(*args, **kwargs)
@@ -821,8 +904,10 @@ def _affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_valu
     cmp = alu_op(cmp_op if cmp_op is not None else nl.equal, "cmp_op")
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(on_true_tile, "on_true_tile"))
     if ops is not None:
-        _emit(_core.Opcode.affine_select, (*ops, float(on_false_value)), engine.gpsimd, name,
-              pattern=_pattern(pattern), channel_multiplier=int(channel_multiplier), cmp_op=cmp, offset=int(offset))
+        _emit(_core.Opcode.affine_select, (*ops, _number(on_false_value, "nisa.affine_select: on_false_value")),
+              engine.gpsimd, name, pattern=_pattern(pattern, "affine_select"),
+              channel_multiplier=_int32(channel_multiplier, "nisa.affine_select: channel_multiplier"), cmp_op=cmp,
+              offset=_int32(offset, "nisa.affine_select: offset"))
 
 
 # --- statistics -----------------------------------------------------------------------------
@@ -871,7 +956,8 @@ def tensor_copy_predicated(dst=None, src=None, predicate=None, reverse_pred=Fals
     if ops is not None:
         d, pred = ops[0], ops[1]
         s = ops[2] if isinstance(src, NkiTensor) else src
-        _emit(_core.Opcode.tensor_copy_predicated, (d, s, pred), engine.vector, name, reverse_pred=bool(reverse_pred))
+        _emit(_core.Opcode.tensor_copy_predicated, (d, s, pred), engine.vector, name,
+              reverse_pred=_flag(reverse_pred, "tensor_copy_predicated", "reverse_pred"))
 
 
 def select_reduce(dst=None, predicate=None, on_true=None, on_false=None, reduce_res=None,
@@ -880,7 +966,8 @@ def select_reduce(dst=None, predicate=None, on_true=None, on_false=None, reduce_
     from . import language as nl
 
     attrs = {"reduce_op": alu_op(reduce_op if reduce_op is not None else nl.maximum, "reduce_op"),
-             "reduce_cmd": _core_reduce_cmd(reduce_cmd), "reverse_pred": bool(reverse_pred)}
+             "reduce_cmd": _core_reduce_cmd(reduce_cmd),
+             "reverse_pred": _flag(reverse_pred, "select_reduce", "reverse_pred")}
     if reduce_res is not None and int(reduce_cmd) == 0:
         attrs["reduce_cmd"] = _core.ReduceCmd.reset_reduce
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(predicate, "predicate"),
@@ -1194,10 +1281,12 @@ def _assign(dst: NkiTensor, value: NkiTensor) -> None:
 
 
 def _assign_scalar(dst: NkiTensor, value) -> None:
+    value = _number(value, f"the value assigned to tensor '{dst.name}'")
     if not dst.dtype.is_float:
+        if value != value or value in (float("inf"), float("-inf")):
+            raise kernel_error_at(user_frame(), f"cannot store {value} in tensor '{dst.name}' of dtype "
+                                  f"{dst.dtype.name}", hint="integer tiles hold finite values only")
         value = int(value)
-    else:
-        value = float(value)
     _memset(dst, value)
 
 
@@ -1230,7 +1319,7 @@ def _update_in_place(dst: NkiTensor, other, op: str) -> None:
         else:
             _tensor_tensor(dst, dst, other, alu)
     else:
-        _tensor_scalar(dst, dst, alu, float(other))
+        _tensor_scalar(dst, dst, alu, _number(other, f"the operand of an in-place {op} of tensor '{dst.name}'"))
 
 
 # --- nki.isa.constants ------------------------------------------------------------------------

@@ -14,11 +14,13 @@ import warnings
 
 import numpy as np
 
-from . import _core
+from . import _core, isa
+from .arguments import describe, is_int
 from .dtypes import from_numpy, from_torch, numpy_dtype, to_dtype, torch_dtype
 from .spec import TensorSpec
 from .specialization_cache import SpecializationCache
-from .errors import (KernelError, SpillWarning, is_internal_frame, kernel_error_at, user_frame,
+from .errors import (KernelError, SpillWarning, is_internal_frame, kernel_error_at, kernel_error_in_traceback,
+                     user_frame,
                      without_internal_frames)
 from .tensor import NkiTensor, shared_hbm
 from .tracing import TraceContext
@@ -35,9 +37,15 @@ DEFAULT_MAX_GRID_PROGRAMS = 4096
 
 
 def max_grid_programs() -> int:
-    """The grid limit: NIKKI_MAX_GRID_PROGRAMS when set to a positive integer, else the default."""
+    """The grid limit: NIKKI_MAX_GRID_PROGRAMS when set, else the default."""
     value = os.environ.get("NIKKI_MAX_GRID_PROGRAMS", "")
-    return int(value) if value.isdigit() and int(value) > 0 else DEFAULT_MAX_GRID_PROGRAMS
+    if not value:
+        return DEFAULT_MAX_GRID_PROGRAMS
+    if not value.isdigit() or int(value) < 1:
+        raise KernelError(f"NIKKI_MAX_GRID_PROGRAMS={value} is not a number of program instances",
+                          limit="a positive decimal integer",
+                          hint=f"set e.g. NIKKI_MAX_GRID_PROGRAMS=8192, or unset it for {DEFAULT_MAX_GRID_PROGRAMS}")
+    return int(value)
 
 
 def _check_grid(grid: tuple, frame) -> None:
@@ -127,6 +135,8 @@ class Kernel:
     """
 
     def __init__(self, fn, target=None, grid=(), **options):
+        if not callable(fn) or not hasattr(fn, "__code__"):
+            raise TypeError(f"a kernel is a Python function, got {describe(fn)}")
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.target = target
@@ -150,8 +160,9 @@ class Kernel:
     def __getitem__(self, grid) -> "Kernel":
         grid = grid if isinstance(grid, tuple) else (grid,)
         for g in grid:
-            if not isinstance(g, int) or g < 1:
+            if not is_int(g) or g < 1:
                 raise kernel_error_at(user_frame(2), f"launch grid {grid} must be positive integers")
+        grid = tuple(int(g) for g in grid)
         _check_grid(grid, user_frame(2))
         launched = Kernel.__new__(Kernel)
         launched.__dict__.update(self.__dict__)
@@ -208,7 +219,12 @@ class Kernel:
         if self.grid:
             return self.grid
         lnc = os.environ.get("NEURON_LOGICAL_NC_CONFIG")
-        grid = (int(lnc),) if lnc and lnc.isdigit() and int(lnc) > 1 else ()
+        if not lnc:
+            return ()
+        if not lnc.isdigit() or int(lnc) < 1:
+            raise KernelError(f"NEURON_LOGICAL_NC_CONFIG={lnc} is not a number of logical cores",
+                              hint="set NEURON_LOGICAL_NC_CONFIG=1 or 2, or unset it")
+        grid = (int(lnc),) if int(lnc) > 1 else ()
         _check_grid(grid, user_frame(2))
         return grid
 
@@ -308,18 +324,23 @@ class Kernel:
         return Compiled(programs, output_specs, [i for i, s in enumerate(specs) if isinstance(s, _TensorArg)
                                                  and (i in self._mutable or i in in_out)], results, constants)
 
+    def _param_name(self, index) -> str:
+        return self._params[index].name if index < len(self._params) else f"arg{index}"
+
     def _classify(self, index, value):
-        name = self._params[index].name if index < len(self._params) else f"arg{index}"
+        name = self._param_name(index)
         try:
             if isinstance(value, TensorSpec):
-                return _TensorArg(value.shape, to_dtype(value.dtype), False)
+                return _tensor_arg(name, value.shape, to_dtype(value.dtype), False)
             if isinstance(value, np.ndarray):
-                return _TensorArg(value.shape, from_numpy(value.dtype), False)
+                if isinstance(value, np.ma.MaskedArray):
+                    raise _masked_array_error(name)
+                return _tensor_arg(name, value.shape, from_numpy(value.dtype), False)
             if _is_torch(value):
-                if value.device.type != "cpu":
-                    raise KernelError(f"argument '{name}' is a torch tensor on {value.device}; nikki runs on CPU "
-                                      "tensors", hint="move it with .cpu()")
-                return _TensorArg(tuple(value.shape), from_torch(value.dtype), True)
+                problem = _torch_problem(name, value)
+                if problem is not None:
+                    raise problem
+                return _tensor_arg(name, tuple(value.shape), from_torch(value.dtype), True)
         except TypeError as err:
             raise KernelError(f"argument '{name}': {err}") from None
         if isinstance(value, list):
@@ -344,10 +365,27 @@ class Kernel:
                     call_args.append(NkiTensor(ctx, view))
                 else:
                     call_args.append(spec)
-            result = fn(*call_args)
+            try:
+                result = fn(*call_args)
+            except AttributeError as err:
+                raise self._constant_used_as_tensor(err, specs) or err
+            except TypeError as err:
+                raise isa._call_error(err) or err
         outputs = self._outputs(ctx, result, call_args)
         self._traced_constants = ctx.constants  # taken by compile_for
         return ctx.builder.finish(), outputs
+
+    def _constant_used_as_tensor(self, err: AttributeError, specs) -> KernelError | None:
+        """The KernelError for a kernel body that asked a constant argument (None, a string, a
+        number: anything but an array or tensor) for a tensor attribute such as ``.shape``, located
+        at that line and naming the argument; None when the attribute error is about anything else."""
+        culprit = getattr(err, "obj", _NOT_AN_ARGUMENT)
+        index = next((i for i, spec in enumerate(specs) if spec is culprit and not isinstance(spec, _TensorArg)), None)
+        if index is None or not hasattr(NkiTensor, getattr(err, "name", "") or ""):
+            return None
+        return kernel_error_in_traceback(err, f"argument '{self._param_name(index)}' is {describe(culprit)}, but the "
+                                         f"kernel uses it as a tensor (.{err.name})",
+                                         hint="pass a numpy array or a torch CPU tensor")
 
     def _error_at_return(self, summary: str, limit: str = "", hint: str = "", at_def: bool = False) -> KernelError:
         """A KernelError about what the kernel returns, located at its return statement (or at its
@@ -409,13 +447,22 @@ class Kernel:
         if launch_observers:
             for observe in launch_observers:
                 observe(self, compiled)
+        if compiled.writable_inputs:
+            for i in compiled.writable_inputs:
+                _check_writable(self._param_name(i), values[i])
         _check_host_memory(self, compiled, values)
         in_ptrs, keep, write_back, torch_out = [], [], [], False
         for i, v in enumerate(values):
             if isinstance(v, np.ndarray):
-                arr = v if v.flags.c_contiguous else np.ascontiguousarray(v)
-                if arr is not v and i in compiled.writable_inputs:
-                    write_back.append((v, arr))
+                if v.__class__ is not np.ndarray and isinstance(v, np.ma.MaskedArray):
+                    raise _masked_array_error(self._param_name(i))
+                flags = v.flags
+                if flags.c_contiguous and flags.aligned and v.dtype.isnative:
+                    arr = v
+                else:  # the device reads C-ordered, aligned elements in the machine's byte order
+                    arr = np.require(v, v.dtype.newbyteorder("="), ("C", "A"))
+                    if i in compiled.writable_inputs:
+                        write_back.append((v, arr))
                 keep.append(arr)
                 in_ptrs.append(arr.__array_interface__["data"][0] if arr.size else 0)
             elif _is_torch(v):
@@ -425,6 +472,12 @@ class Kernel:
                 keep.append(t)
                 in_ptrs.append(t.data_ptr())
                 torch_out = True
+            elif isinstance(v, TensorSpec):
+                raise KernelError(f"argument '{self._param_name(i)}' is {v!r}, a placeholder without data",
+                                  hint="placeholders stand in for arrays in nikki.estimate and Kernel.specialize; "
+                                       "pass a numpy array or a torch CPU tensor to run the kernel")
+        if compiled.writable_inputs:
+            _separate_aliased_inputs(self, compiled, values, keep, in_ptrs)
         for constant in compiled.constants:
             in_ptrs.append(constant.__array_interface__["data"][0] if constant.size else 0)
         outputs = []
@@ -446,6 +499,112 @@ class Kernel:
             original[...] = copy
         results = [outputs[k] if kind == "output" else values[k] for kind, k in compiled.results]
         return results[0] if len(results) == 1 else tuple(results)
+
+
+_NOT_AN_ARGUMENT = object()
+_strided = None
+
+
+def _torch_strided():
+    """torch.strided, imported on first use (nikki runs without torch installed)."""
+    global _strided
+    if _strided is None:
+        import torch
+
+        _strided = torch.strided
+    return _strided
+
+
+def _tensor_arg(name: str, shape, dtype, is_torch: bool) -> _TensorArg:
+    """The tensor argument `name` of this shape, if NKI can hold it: at least one dim, at most the
+    IR's rank (an empty dim is fine until the kernel accesses it)."""
+    shape = tuple(int(s) for s in shape)
+    if not shape:
+        raise KernelError(f"argument '{name}' is 0-dimensional; NKI tensors have at least one dim",
+                          hint="reshape it, e.g. x.reshape(1, 1)")
+    if len(shape) > _core.max_rank:
+        raise KernelError(f"argument '{name}' has {len(shape)} dims", limit=f"tensors have at most {_core.max_rank} dims",
+                          hint="merge dims with reshape before the call")
+    return _TensorArg(shape, dtype, is_torch)
+
+
+def _masked_array_error(name: str) -> KernelError:
+    return KernelError(f"argument '{name}' is a numpy masked array; a kernel reads every element and would ignore "
+                       "the mask", hint="pass a.filled(value), or a.data to compute on the masked elements too")
+
+
+def _torch_problem(name: str, tensor) -> KernelError | None:
+    """The KernelError for a torch tensor nikki cannot read through its data pointer: on another
+    device than the CPU, or not a dense (strided) tensor."""
+    if tensor.device.type != "cpu":
+        return KernelError(f"argument '{name}' is a torch tensor on {tensor.device}; nikki runs on CPU tensors",
+                           hint="move it with .cpu()")
+    if tensor.layout is not _torch_strided():
+        return KernelError(f"argument '{name}' is a {tensor.layout} torch tensor; nikki takes dense tensors",
+                           hint="convert it with .to_dense()")
+    return None
+
+
+def _check_writable(name: str, value) -> None:
+    """A KernelError unless the kernel may write `value`, the argument of an nt.mutable_tensor
+    parameter, in place."""
+    why = hint = ""
+    if isinstance(value, np.ndarray):
+        if not value.flags.writeable:
+            why, hint = "is a read-only numpy array", "pass a writable array, e.g. a copy: a.copy()"
+        elif any(stride == 0 and n > 1 for stride, n in zip(value.strides, value.shape)):
+            why, hint = "repeats its elements (a stride-0 broadcast view)", "pass a materialized copy: a.copy()"
+    elif _is_torch(value):
+        import torch
+
+        if value.requires_grad and torch.is_grad_enabled():
+            why = "requires grad, and nikki would write it in place behind autograd's back"
+            hint = ("pass a.detach() or call under torch.no_grad(); for autograd, register the kernel with "
+                    "nikki.torch.nki_op(..., mutates_args=...)")
+        elif any(stride == 0 and n > 1 for stride, n in zip(value.stride(), value.shape)):
+            why, hint = "repeats its elements (a stride-0 expanded view)", "pass a materialized copy: a.clone()"
+    if why:
+        raise KernelError(f"argument '{name}' {why}; the kernel writes it (nt.mutable_tensor)", hint=hint)
+
+
+def _byte_span(value) -> tuple:
+    """[first, last) bytes an array or tensor argument covers (0-size: an empty span)."""
+    if isinstance(value, np.ndarray):
+        start = stop = value.__array_interface__["data"][0]
+        item = value.itemsize
+    else:
+        start = stop = value.data_ptr()
+        item = value.element_size()
+    strides = value.strides if isinstance(value, np.ndarray) else [s * item for s in value.stride()]
+    for n, stride in zip(value.shape, strides):
+        if n == 0:
+            return (start, start)
+        if stride < 0:
+            start += (n - 1) * stride
+        else:
+            stop += (n - 1) * stride
+    return (start, stop + item)
+
+
+def _separate_aliased_inputs(kernel, compiled, values, keep, in_ptrs) -> None:
+    """Inputs are distinct tensors in the kernel's model. When an argument the kernel writes
+    shares memory with another argument, the other one gets a private copy taken before the run
+    (it reads the values it had at the call); two written arguments sharing memory are an error."""
+    slots = [i for i, v in enumerate(values) if isinstance(v, np.ndarray) or _is_torch(v)]
+    spans = {i: _byte_span(values[i]) for i in slots}
+    for w in compiled.writable_inputs:
+        ws, we = spans[w]
+        for position, j in enumerate(slots):
+            js, je = spans[j]
+            if j == w or ws >= je or js >= we:
+                continue
+            if j in compiled.writable_inputs:
+                raise KernelError(f"arguments '{kernel._param_name(w)}' and '{kernel._param_name(j)}' share memory, "
+                                  "and the kernel writes both (nt.mutable_tensor)", hint="pass separate arrays")
+            private = keep[position].copy() if isinstance(keep[position], np.ndarray) else keep[position].clone()
+            keep[position] = private
+            in_ptrs[position] = private.__array_interface__["data"][0] if isinstance(private, np.ndarray) \
+                else private.data_ptr()
 
 
 def _host_available_bytes():
@@ -470,13 +629,19 @@ def _bytes_text(nbytes: int) -> str:
 def _check_host_memory(kernel, compiled: Compiled, values) -> None:
     """A KernelError, before anything is allocated or copied, when the launch's host buffers (the
     outputs, and contiguous copies of strided or broadcast inputs) need more memory than the host
-    has available. The verifier has already held every HBM tensor to the device's capacity."""
+    has available. The verifier has already held every HBM tensor to the device's capacity. First
+    of all, every torch tensor must be a dense CPU tensor, whose data nikki reads by its pointer."""
     needs = []
     for i, v in enumerate(values):
         if isinstance(v, np.ndarray) and not v.flags.c_contiguous:
             needs.append((v.nbytes, f"a contiguous copy of argument '{kernel._params[i].name}'"))
-        elif _is_torch(v) and not v.is_contiguous():
-            needs.append((v.numel() * v.element_size(), f"a contiguous copy of argument '{kernel._params[i].name}'"))
+        elif _is_torch(v):
+            # Checked on every launch, not only when compiling: the specialization key holds shape
+            # and dtype, not the device or the layout (a sparse tensor has no strides to ask about).
+            if not v.is_cpu or v.layout is not _torch_strided():
+                raise _torch_problem(kernel._param_name(i), v)
+            if not v.is_contiguous():
+                needs.append((v.numel() * v.element_size(), f"a contiguous copy of argument '{kernel._params[i].name}'"))
     for k, (shape, dt) in enumerate(compiled.output_specs):
         needs.append((int(np.prod(shape, dtype=np.int64)) * dt.itemsize, f"output {k} {tuple(shape)}"))
     total = sum(n for n, _ in needs)

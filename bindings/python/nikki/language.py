@@ -18,6 +18,7 @@ from . import isa as _isa
 from .dtypes import PACKED_DTYPES as _PACKED_DTYPES
 from .dtypes import dtype as _dtype_cls
 from .dtypes import numpy_dtype as _numpy_dtype
+from .arguments import check_int, check_real, describe, is_int
 from .dtypes import to_dtype
 from .errors import is_internal_frame, kernel_error_at, user_frame
 from .ops import register_op
@@ -72,19 +73,24 @@ class par_dim(int):
 # --- tensor creation ------------------------------------------------------------------------
 
 def _shape(shape) -> tuple:
-    if isinstance(shape, int):
-        return (shape,)
+    if is_int(shape):
+        return (int(shape),)
     try:
-        return tuple(int(s) for s in shape)
-    except (TypeError, ValueError):
-        raise kernel_error_at(user_frame(3), f"shape {shape!r} is not a tuple of integers") from None
+        dims = tuple(shape)
+    except TypeError:
+        dims = None
+    if dims is None or isinstance(shape, str) or not builtins.all(is_int(s) for s in dims):
+        raise kernel_error_at(user_frame(3), f"shape {shape!r} is not a tuple of integers",
+                              hint="dims are ints (a float or a bool is not a size)")
+    return tuple(int(s) for s in dims)
 
 
 def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTensor:
     """A new uninitialized tensor (reads before writes see NaN for floats, 4 for integers)."""
     ctx = current("nl.ndarray")
     shape_t = _shape(shape)
-    if any(isinstance(s, par_dim) for s in shape) and not isinstance(shape[0], par_dim):
+    if isinstance(shape, (tuple, list)) and any(isinstance(s, par_dim) for s in shape) \
+            and not isinstance(shape[0], par_dim):
         from . import index_expr
 
         return index_expr.block_tensor(shape, dtype, buffer, name)
@@ -92,10 +98,19 @@ def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTenso
     if not shape_t or any(s < 1 for s in shape_t):
         raise kernel_error_at(user_frame(2), f"nl.ndarray shape {shape_t} must have positive extents",
                               hint="give the tensor a shape such as (128, 512)")
+    if len(shape_t) > _core.max_rank:
+        raise kernel_error_at(user_frame(2), f"nl.ndarray shape {shape_t} has {len(shape_t)} dims",
+                              limit=f"tensors have at most {_core.max_rank} dims", hint="merge dims")
     if address is not None and not region.is_on_chip:
         raise kernel_error_at(user_frame(2), f"address= is only meaningful for sbuf and psum tensors, not {region.name}")
     if address is not None:
-        address = (int(address[0]), int(address[1]))
+        try:
+            partition, byte = address
+        except (TypeError, ValueError):
+            raise kernel_error_at(user_frame(2), f"nl.ndarray: address={address!r} must be a (partition, byte) "
+                                  "pair") from None
+        address = (check_int(partition, "nl.ndarray: address partition", minimum=0),
+                   check_int(byte, "nl.ndarray: address byte offset", minimum=0))
     role = "output" if region is shared_hbm else "scratch"
     if not name:
         caller = sys._getframe(1)
@@ -112,6 +127,7 @@ def full(shape, fill_value, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
     if not region.is_on_chip:
         raise kernel_error_at(user_frame(2), f"creating an HBM tensor ({region.name}) with an initial value is not "
                               "supported", hint="create it in nl.sbuf, or allocate with nl.ndarray and dma_copy into it")
+    fill_value = _isa._number(fill_value, "nl.full: fill_value")
     # named after the user's variable (acc = nl.zeros(...)), as ndarray names what it is assigned to
     t = ndarray(shape, dtype, buffer=region, name=name or assigned_name(user_frame(2)))
     _isa._assign_scalar(t, fill_value)
@@ -203,6 +219,13 @@ tile_size = _TileSize()
 
 # --- iterators and control flow -------------------------------------------------------------
 
+def _loop_range(api: str, start, stop, step) -> range:
+    """The iterations of a trace-time loop, its bounds checked as integers."""
+    if stop is None:
+        return range(check_int(start, f"{api}: stop"))
+    return range(check_int(start, f"{api}: start"), check_int(stop, f"{api}: stop"), check_int(step, f"{api}: step"))
+
+
 def affine_range(start, stop=None, step=1, directives=None):
     """A loop whose iterations do not depend on one another: NKI may reorder and overlap them.
 
@@ -212,7 +235,7 @@ def affine_range(start, stop=None, step=1, directives=None):
     accumulations such as ``psum += nl.matmul(...)``) is a KernelError. Beta 1's loop
     ``directives=`` (e.g. ``nki.compiler.multi_buffer(2)``) are scheduling hints and change nothing.
     """
-    values = range(start, stop, step) if stop is not None else range(start)
+    values = _loop_range("affine_range", start, stop, step)
     ctx = maybe_current()
     if ctx is None or not ctx.sanitize:
         return values
@@ -232,25 +255,27 @@ def _recorded_iterations(ctx, values: range, loc: int):
 
 def sequential_range(start, stop=None, step=1, directives=None):
     """A loop whose iterations may depend on one another (run in order); unrolls at trace time."""
-    return range(start, stop, step) if stop is not None else range(start)
+    return _loop_range("sequential_range", start, stop, step)
 
 
 def static_range(start, stop=None, step=1, directives=None):
     """A loop unrolled at trace time, iterations in order."""
-    return range(start, stop, step) if stop is not None else range(start)
+    return _loop_range("static_range", start, stop, step)
 
 
 from .index_expr import arange, mgrid  # noqa: E402  (legacy index expressions)
 
 
 def ds(start, size) -> DynSlice:
-    """The slice [start, start + size)."""
+    """The slice [start, start + size): `start` an integer or a runtime value (a register or a 1x1
+    tensor), `size` a positive integer."""
     return DynSlice(start, size)
 
 
 def _loop(lower, upper, step: int):
-    if not isinstance(step, int) or step <= 0:
+    if not is_int(step) or step <= 0:
         raise kernel_error_at(user_frame(3), f"loop step {step!r} must be a positive compile-time integer")
+    step = int(step)
     ctx = current()
     counter = ctx.builder.new_register()
     begin = _isa._emit(_core.Opcode.loop_begin, (_isa.VirtualRegister(counter), lower, upper), _isa.engine.sync,
@@ -294,6 +319,7 @@ def no_reorder():
 def program_id(axis: int = 0) -> int:
     """This program instance's coordinate along `axis` of the launch grid."""
     ctx = current("nl.program_id")
+    axis = check_int(axis, "nl.program_id: axis")
     if not ctx.grid:
         if axis == 0:
             return 0
@@ -310,6 +336,7 @@ def num_programs(axes=None) -> int:
         return math.prod(ctx.grid) if ctx.grid else 1
     if isinstance(axes, (tuple, list)):
         return math.prod(num_programs(a) for a in axes)
+    axes = check_int(axes, "nl.num_programs: axes")
     if not ctx.grid and axes == 0:
         return 1
     if not 0 <= axes < len(ctx.grid):
@@ -330,7 +357,7 @@ def nc(n: int) -> int:
 
 def spmd_dim(*sizes) -> int:
     """Legacy grid dim built from several sizes (``nl.spmd_dim(nl.nc(2), 2)``): their product."""
-    return math.prod(int(s) for s in sizes)
+    return math.prod(check_int(s, "nl.spmd_dim: size", minimum=1) for s in sizes)
 
 
 def device_print(print_prefix, tensor: NkiTensor) -> None:
@@ -366,12 +393,17 @@ def _binary_tile(op: str, x, y, dtype=None, mask=None):
     fn = globals()[op if op != "divide" else "multiply"]
     x_t, y_t = isinstance(x, NkiTensor), isinstance(y, NkiTensor)
     if not x_t and not y_t:
-        raise kernel_error_at(user_frame(3), f"nl.{op} needs at least one tensor operand")
+        raise kernel_error_at(user_frame(3), f"nl.{op}: x or y must be a tensor, got {describe(x)} and {describe(y)}",
+                              hint="apply Python arithmetic to plain numbers")
+    if not x_t:
+        x = _isa._number(x, f"nl.{op}: x")
+    if not y_t:
+        y = _isa._number(y, f"nl.{op}: y")
     if op == "divide":
         if y_t:
             y = reciprocal(y)
         else:
-            y = 1.0 / float(y)
+            y = 1.0 / y if y else math.copysign(math.inf, y)  # x / 0 as x * inf: +-inf, or NaN for 0 / 0
     # Comparisons and logical operators give 0/1 results: a bool_ tile unless dtype= says otherwise
     # (Beta 1's default, dtype=bool; write dtype=nl.float32 for NKI 0.3+'s input-dtype default).
     comparison = op in _COMPARISONS
@@ -402,7 +434,7 @@ def _binary_tile(op: str, x, y, dtype=None, mask=None):
         return out
     tile, number, reverse = (x, y, False) if x_t else (y, x, True)
     out = _result_tile(tile.shape, _out_dtype(dtype, comparison, tile))
-    _isa._tensor_scalar(out, tile, fn, float(number), reverse0=reverse, mask=mask)
+    _isa._tensor_scalar(out, tile, fn, number, reverse0=reverse, mask=mask)
     return out
 
 
@@ -473,6 +505,7 @@ for _name in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "po
 
 def _activation_fn(name: str, func: str, doc: str):
     def fn(x, dtype=None, mask=None):
+        x = _isa._check_tensor(x, "x")
         out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
         _isa._activation(out, getattr(_core.ActFunc, func), x, mask=mask)
         return out
@@ -517,6 +550,7 @@ register_op(square, alu="square", act="square")
 
 def rsqrt(x, dtype=None, mask=None):
     """1 / sqrt(x), on GpSimd as NKI does (higher precision than the Scalar engine)."""
+    x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, rsqrt, 0.0, engine=_isa.engine.gpsimd, mask=mask)
     return out
@@ -524,6 +558,7 @@ def rsqrt(x, dtype=None, mask=None):
 
 def reciprocal(x, dtype=None, mask=None):
     """1 / x on the Vector engine."""
+    x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._reciprocal(out, x, mask=mask)
     return out
@@ -531,6 +566,7 @@ def reciprocal(x, dtype=None, mask=None):
 
 def negative(x, dtype=None, mask=None):
     """-x."""
+    x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, multiply, -1.0, mask=mask)
     return out
@@ -538,6 +574,7 @@ def negative(x, dtype=None, mask=None):
 
 def invert(x, dtype=None, mask=None):
     """Bitwise not of an integer tile."""
+    x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, invert, 0, mask=mask)
     return out
@@ -707,9 +744,10 @@ def loop_reduce(x, op, loop_indices, dtype=None, mask=None):
 
 # --- reductions -----------------------------------------------------------------------------
 
-def _reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False):
+def _reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False, api="reduce"):
     x = _isa._check_tensor(x, "x")
     axes = axis if isinstance(axis, (tuple, list)) else (axis,)
+    axes = tuple(check_int(a, f"nl.{api}: axis", -x.ndim, x.ndim - 1) for a in axes)
     axes = tuple(a + x.ndim if a < 0 else a for a in axes)
     kept = [1 if d in axes else n for d, n in enumerate(x.shape)] if keepdims else \
         [n for d, n in enumerate(x.shape) if d not in axes]
@@ -728,32 +766,32 @@ def _reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False):
 
 def sum(x, axis, dtype=None, keepdims=False, mask=None):
     """Sum over the given free axes."""
-    return _reduce(add, x, axis, dtype, keepdims, mask)
+    return _reduce(add, x, axis, dtype, keepdims, mask, api="sum")
 
 
 def prod(x, axis, dtype=None, keepdims=False, mask=None):
     """Product over the given free axes."""
-    return _reduce(multiply, x, axis, dtype, keepdims, mask)
+    return _reduce(multiply, x, axis, dtype, keepdims, mask, api="prod")
 
 
 def max(x, axis, dtype=None, keepdims=False, mask=None):
     """Maximum over the given free axes."""
-    return _reduce(maximum, x, axis, dtype, keepdims, mask)
+    return _reduce(maximum, x, axis, dtype, keepdims, mask, api="max")
 
 
 def min(x, axis, dtype=None, keepdims=False, mask=None):
     """Minimum over the given free axes."""
-    return _reduce(minimum, x, axis, dtype, keepdims, mask)
+    return _reduce(minimum, x, axis, dtype, keepdims, mask, api="min")
 
 
 def all(x, axis, dtype=None, mask=None):
     """1 where every element along the axes is nonzero."""
-    return _reduce(logical_and, x, axis, dtype if dtype is not None else bool_, False, mask)
+    return _reduce(logical_and, x, axis, dtype if dtype is not None else bool_, False, mask, api="all")
 
 
 def mean(x, axis, dtype=None, keepdims=False, mask=None):
     """Mean over the given free axes (computed in fp32)."""
-    s = _reduce(add, x, axis, float32, keepdims, mask)
+    s = _reduce(add, x, axis, float32, keepdims, mask, api="mean")
     count = x.size // (s.size if s.size else 1)
     out = _result_tile(s.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, s, multiply, 1.0 / count, mask=mask)
@@ -874,6 +912,7 @@ def _annotated_fields(cls) -> list:
 def softmax(x, axis=-1, dtype=None, compute_dtype=None, mask=None):
     """softmax along the last free axis: exp(x - max) / sum(exp(x - max))."""
     x = _isa._check_tensor(x, "x")
+    axis = check_int(axis, "nl.softmax: axis")
     axis_n = axis + x.ndim if axis < 0 else axis
     if axis_n != x.ndim - 1 or axis_n == 0:
         raise kernel_error_at(user_frame(2), f"nl.softmax: axis={axis} is not the last free axis of a tile of shape "
@@ -901,7 +940,11 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=N
     _isa._activation(squares, square, x, reduce_op=add, reduce_res=ss, reduce_cmd=_isa.reduce_cmd.reset_reduce,
                      mask=mask)
     mean_eps = _result_tile((p, 1), float32)
-    _isa._tensor_scalar(mean_eps, ss, multiply, 1.0 / float(n), op1=add, operand1=float(epsilon), mask=mask)
+    n = check_real(n, "nl.rms_norm: n", finite=True)
+    if n <= 0:
+        raise kernel_error_at(user_frame(2), f"nl.rms_norm: n must be the positive element count, got {n}")
+    epsilon = check_real(epsilon, "nl.rms_norm: epsilon", finite=True)
+    _isa._tensor_scalar(mean_eps, ss, multiply, 1.0 / n, op1=add, operand1=epsilon, mask=mask)
     inv_rms = _result_tile((p, 1), float32)
     _isa._tensor_scalar(inv_rms, mean_eps, rsqrt, 0.0, engine=_isa.engine.gpsimd, mask=mask)
     normed = _result_tile(x.shape, float32)
@@ -984,12 +1027,13 @@ def where(condition, x, y, dtype=None, mask=None):
     if isinstance(y, NkiTensor):
         _isa._tensor_copy(out, y, mask=mask)
     else:
-        _isa._assign_scalar(out, y)
+        _isa._assign_scalar(out, _isa._number(y, "nl.where: y"))
     pred = condition
     if condition.dtype not in (uint8, uint16, uint32, bool_):
         pred = _result_tile(condition.shape, uint8)
         _isa._tensor_scalar(pred, condition, not_equal, 0.0)
-    _isa.tensor_copy_predicated(out, x if isinstance(x, NkiTensor) else float(x), pred, mask=mask)
+    _isa.tensor_copy_predicated(out, x if isinstance(x, NkiTensor) else _isa._number(x, "nl.where: x"), pred,
+                                mask=mask)
     return out
 
 

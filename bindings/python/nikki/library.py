@@ -9,9 +9,10 @@ its body there.
 from __future__ import annotations
 
 import inspect
-import math
+import re
 
 from . import _core
+from .arguments import EXACT_INT_LIMIT, argument_error, check_bool, check_int, check_real, is_real
 from .dtypes import to_dtype
 from .errors import KernelError, user_frame
 from .kernel import Kernel, _TensorArg, _for_user
@@ -77,17 +78,17 @@ class LibraryKernel(Kernel):
             if name not in self.param_kinds:
                 continue
             kind = self.param_kinds[name]
-            if value is None and kind == "float?":
+            what = f"kernel '{self.name}': parameter '{name}'"
+            if kind == "bool":
+                out[name] = float(check_bool(value, what))
+            elif kind == "int":
+                out[name] = float(check_int(value, what, -EXACT_INT_LIMIT, EXACT_INT_LIMIT))
+            elif value is None and kind == "float?":
                 out[name] = None
-                continue
-            ok = isinstance(value, bool) if kind == "bool" else (
-                isinstance(value, int) and not isinstance(value, bool) if kind == "int" else
-                isinstance(value, (int, float)) and not isinstance(value, bool))
-            if not ok or (kind != "bool" and not math.isfinite(float(value))):
-                raise KernelError(f"kernel '{self.name}': parameter '{name}' must be "
-                                  f"{'a bool' if kind == 'bool' else 'an int' if kind == 'int' else 'a finite number'}"
-                                  f"{' or None' if kind == 'float?' else ''}, got {value!r}")
-            out[name] = float(value)
+            elif kind == "float?" and not is_real(value):
+                raise argument_error(what, "a finite number or None", value)
+            else:
+                out[name] = check_real(value, what, finite=True)
         return out
 
     def _trace(self, specs, target, grid, program_ids, sanitize: bool = False):
@@ -96,16 +97,29 @@ class LibraryKernel(Kernel):
             if not isinstance(spec, _TensorArg):
                 raise KernelError(f"kernel '{self.name}': input '{name}' must be an array or tensor, "
                                   f"got {type(spec).__name__}")
+            self._check_input_dtype(name, spec.dtype)
             tensors.append((list(spec.shape), spec.dtype.core))
-        kernel = _core.trace_library(self.name, tensors, self.param_values(specs), target)
+        try:
+            kernel = _core.trace_library(self.name, tensors, self.param_values(specs), target)
+        except KernelError as err:
+            raise _naming_the_input(err, self.inputs, specs) from None
         output_specs = [(tuple(shape), to_dtype(dt)) for shape, dt in kernel.output_specs()]
         return kernel, (output_specs, [("output", k) for k in range(len(output_specs))])
+
+    def _check_input_dtype(self, name: str, dtype) -> None:
+        """A KernelError naming the input when no input of the kernel takes its dtype (the engines
+        would reject it deep inside the kernel, naming an instruction's operand instead)."""
+        if dtype.core not in self.info["dtypes"]:
+            taken = ", ".join(d.name for d in self.info["dtypes"])
+            raise KernelError(f"kernel '{self.name}': input '{name}' has dtype {dtype.name}",
+                              limit=f"{self.name} takes {taken}", hint="convert the input to one of these dtypes")
 
     def _inline(self, ctx, values):
         views = []
         for name, v in zip(self.inputs, values):
             if not isinstance(v, NkiTensor):
                 raise KernelError(f"kernel '{self.name}': input '{name}' must be a tensor, got {type(v).__name__}")
+            self._check_input_dtype(name, v.dtype)
             views.append(v._view)
         try:
             results = _core.inline_library(ctx.builder, self.name, views, self.param_values(values))
@@ -113,6 +127,21 @@ class LibraryKernel(Kernel):
             raise _for_user(err, user_frame(2)) from None  # at the kernel's line that calls the library
         tensors = tuple(NkiTensor(ctx, view) for view in results)
         return tensors[0] if len(tensors) == 1 else tensors
+
+
+def _naming_the_input(err: KernelError, names, specs) -> KernelError:
+    """`err`, a library kernel's check of its inputs, naming the input it is about when it does not:
+    the C++ checks quote an input by its dtype and shape ("got bfloat16[1]"), which identifies it."""
+    summary = err.summary
+    if any(re.search(rf"\b{re.escape(name)}\b", summary) for name in names):
+        return err
+    described = {name: f"{spec.dtype.name}[{', '.join(str(d) for d in spec.shape)}]"
+                 for name, spec in zip(names, specs) if isinstance(spec, _TensorArg)}
+    matches = [name for name, text in described.items() if text in summary]
+    if not matches:
+        return err
+    which = " or ".join(f"'{name}'" for name in matches)
+    return KernelError(f"argument {which} ({described[matches[0]]}): {summary}", limit=err.limit, hint=err.hint)
 
 
 def _named_stub(name: str, doc: str, signature: inspect.Signature):

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 
 from . import _core
+from .arguments import check_int
 from .errors import KernelError, kernel_error_at, user_frame
 from .entry import DecoratedKernel, as_kernel
 from .kernel import Kernel
@@ -67,8 +68,11 @@ class Profile:
 
     def utilization(self, engine: str) -> float:
         """Busy fraction of an engine: "tensor", "vector", "scalar", "gpsimd" (or a queue name)."""
-        name = engine if engine.startswith("q") else {
-            "tensor": "qTensor", "vector": "qVector", "scalar": "qScalar", "gpsimd": "qGpSimd", "sync": "qSync"}[engine]
+        engines = {"tensor": "qTensor", "vector": "qVector", "scalar": "qScalar", "gpsimd": "qGpSimd", "sync": "qSync"}
+        name = engines.get(engine, engine)
+        if name not in self.engines() and name not in engines.values():
+            raise ValueError(f"utilization(): engine {engine!r} is not one of {', '.join(engines)} "
+                             f"or a queue ({', '.join(self.engines())})")
         busy = self.engines().get(name, (0.0, 0))[0]
         return busy / self.total_ns if self.total_ns else 0.0
 
@@ -97,6 +101,7 @@ class Profile:
 
     def summary(self, top: int = 8) -> str:
         """A text summary, labelled as an estimate."""
+        top = check_int(top, "Profile.summary: top", minimum=0)
         parts = [_core.profile_summary(p, prog, top) for prog, p in zip(self._programs, self._profiles)]
         if len(parts) > 1:
             parts.insert(0, f"{len(parts)} program instances, {self.total_us:.3f} us estimated in total\n")
@@ -250,6 +255,9 @@ def benchmark(kernel=None, warmup=10, iters=100, save_neff_name=None, save_trace
     """Legacy ``@nki.benchmark``: estimates the kernel's latency on the modelled NeuronCore (the
     inputs' values are not used and the outputs are undefined, as in NKI); afterwards
     ``fn.benchmark_result.nc_latency.get_latency_percentile(50)`` is the estimate in microseconds."""
+
+    warmup = check_int(warmup, "nki.benchmark: warmup", minimum=0)
+    iters = check_int(iters, "nki.benchmark: iters", minimum=1)
 
     def wrap(fn):
         return DecoratedKernel(_as_kernel(fn), _benchmark)

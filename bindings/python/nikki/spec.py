@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from . import _core
+from .arguments import check_shape
 from .dtypes import to_dtype
 
 __all__ = ["TensorSpec", "spec"]
@@ -13,7 +15,7 @@ class TensorSpec:
     __slots__ = ("shape", "dtype")
 
     def __init__(self, shape, dtype):
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = check_shape(shape, "nikki.spec: shape", _core.max_rank, minimum=0)  # as empty arrays
         self.dtype = to_dtype(dtype)
 
     def __repr__(self) -> str:

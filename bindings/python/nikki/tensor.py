@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from . import _core
+from .arguments import argument_error, check_int, check_shape, is_int
 from .dtypes import BY_CORE_INDEX as _DTYPE_BY_INDEX
 from .dtypes import dtype as _dtype_cls
 from .dtypes import to_dtype
@@ -56,6 +57,10 @@ def region_of(buffer) -> MemoryRegion:
                           hint="use nl.sbuf, nl.psum, nl.hbm, nl.shared_hbm or nl.private_hbm")
 
 
+# Subscripts beyond this cannot address any tensor, and do not fit the IR's 64-bit indices.
+_INDEX_LIMIT = 2 ** 62
+
+
 class DynSlice:
     """``nl.ds(start, size)``: the slice [start, start + size). `start` may be a runtime value (a
     register or a 1x1 integer tensor); `size` is a compile-time integer."""
@@ -63,8 +68,8 @@ class DynSlice:
     __slots__ = ("start", "size")
 
     def __init__(self, start, size: int):
-        self.start = start
-        self.size = size
+        self.size = check_int(size, "nl.ds: size", 1, _INDEX_LIMIT)
+        self.start = start if _is_runtime_index(start) else check_int(start, "nl.ds: start", 0, _INDEX_LIMIT)
 
     @property
     def is_runtime(self) -> bool:
@@ -83,6 +88,26 @@ def _is_runtime_index(x) -> bool:
     from .isa import VirtualRegister
 
     return isinstance(x, (VirtualRegister, NkiTensor))
+
+
+def _checked_index(k) -> int:
+    """An integer subscript as an int (bools are not subscripts: numpy reads them as masks)."""
+    return int(k)  # one beyond int64 is named by the view's own check
+
+
+def _checked_slice(k: slice) -> slice:
+    """A slice subscript whose bounds are integers and whose step is positive: an access pattern
+    walks a dim forwards only."""
+    for part in (k.start, k.stop, k.step):
+        if part is not None and part.__class__ is not int:
+            if not is_int(part):
+                raise argument_error("a slice bound", "an integer or None", part)
+            return _checked_slice(slice(*(None if p is None else int(p) for p in (k.start, k.stop, k.step))))
+    if k.step is not None and k.step <= 0:
+        raise kernel_error_at(user_frame(), f"slice step must be positive, got {k.step} in "
+                              f"[{'' if k.start is None else k.start}:{'' if k.stop is None else k.stop}:{k.step}]",
+                              hint="reverse iteration is not expressible as an NKI access pattern")
+    return k
 
 
 def _view_error(err: ViewError, name: str) -> KernelError:
@@ -192,10 +217,10 @@ class NkiTensor:
                 if k.is_runtime:
                     runtime.append((len(subs), k.start))
                 subs.append(k.as_slice())
-            elif isinstance(k, slice) or isinstance(k, int):
-                subs.append(k)
-            elif hasattr(k, "__index__"):
-                subs.append(k.__index__())
+            elif k.__class__ is slice:
+                subs.append(_checked_slice(k))
+            elif is_int(k):
+                subs.append(_checked_index(k))
             elif _is_runtime_index(k):
                 if isinstance(k, NkiTensor) and k.size != 1:
                     raise kernel_error_at(user_frame(2), f"subscript is a tensor of shape {k.shape}; a runtime "
@@ -258,7 +283,8 @@ class NkiTensor:
 
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
         """Elements [start, end) with `step` along `dim`."""
-        return self._derive("slice", dim, start, end, step)
+        return self._derive("slice", check_int(dim, "slice(): dim"), check_int(start, "slice(): start"),
+                            check_int(end, "slice(): end"), check_int(step, "slice(): step"))
 
     def select(self, dim: int, index) -> "NkiTensor":
         """Fixes `dim` at `index` and removes it; `index` may be a runtime register or 1x1 tensor."""
@@ -267,22 +293,28 @@ class NkiTensor:
                 raise kernel_error_at(user_frame(2), f"select(): index is a tensor of shape {index.shape}; a runtime "
                                       "index is a register or a 1x1 tensor")
             d = dim + self.ndim if dim < 0 else dim
+            dim = check_int(dim, "select(): dim")
             selected = self._derive("select", dim, 0)
             stride = self._view.strides[d] if 0 <= d < self.ndim else 0
             return NkiTensor(self._ctx, self._with_runtime_offset(selected._view, stride, index))
-        return self._derive("select", dim, index)
+        return self._derive("select", check_int(dim, "select(): dim"), check_int(index, "select(): index"))
 
     def permute(self, dims) -> "NkiTensor":
         """Reorders dims: result dim k is input dim dims[k]."""
-        return self._derive("permute", list(dims))
+        try:
+            order = list(dims)
+        except TypeError:
+            raise argument_error("permute(): dims", "a sequence of dim indices", dims) from None
+        return self._derive("permute", [check_int(d, "permute(): dim") for d in order])
 
     def broadcast(self, dim: int, size: int) -> "NkiTensor":
         """Repeats a size-1 dim `size` times without copying (stride 0)."""
-        return self._derive("broadcast", dim, size)
+        return self._derive("broadcast", check_int(dim, "broadcast(): dim"),
+                            check_int(size, "broadcast(): size", minimum=1))
 
     def broadcast_to(self, shape) -> "NkiTensor":
         """Broadcasts size-1 dims to `shape` (same rank)."""
-        shape = tuple(shape)
+        shape = check_shape(shape, "broadcast_to(): shape", _core.max_rank)
         if len(shape) != self.ndim:
             raise kernel_error_at(user_frame(2), f"broadcast_to{shape} needs rank {self.ndim}")
         t = self
@@ -292,13 +324,16 @@ class NkiTensor:
         return t
 
     def expand_dim(self, dim: int) -> "NkiTensor":
-        return self._derive("expand_dim", dim)
+        """A view with a size-1 dim inserted at `dim`."""
+        return self._derive("expand_dim", check_int(dim, "expand_dim(): dim"))
 
     def expand_dims(self, axis: int) -> "NkiTensor":
-        return self._derive("expand_dim", axis)
+        """A view with a size-1 dim inserted at `axis`."""
+        return self._derive("expand_dim", check_int(axis, "expand_dims(): axis"))
 
     def squeeze_dim(self, dim: int) -> "NkiTensor":
-        return self._derive("squeeze_dim", dim)
+        """A view without size-1 dim `dim`."""
+        return self._derive("squeeze_dim", check_int(dim, "squeeze_dim(): dim"))
 
     def reshape(self, *shape, **kwargs) -> "NkiTensor":
         """Same elements with a new shape (no copy; merged dims must be contiguous): ``t.reshape(a, b)``,
@@ -311,13 +346,17 @@ class NkiTensor:
             raise TypeError(f"reshape() got an unexpected keyword argument '{next(iter(kwargs))}'")
         if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
             shape = tuple(shape[0])
-        return self._derive("reshape", [int(s) for s in shape])
+        return self._derive("reshape", list(check_shape(shape, "reshape(): shape", _core.max_rank)))
 
     def reshape_dim(self, dim: int, shape) -> "NkiTensor":
-        return self._derive("reshape_dim", dim, [int(s) for s in shape])
+        """A view with dim `dim` split into `shape`."""
+        return self._derive("reshape_dim", check_int(dim, "reshape_dim(): dim"),
+                            list(check_shape(shape, "reshape_dim(): shape", _core.max_rank)))
 
     def flatten_dims(self, start_dim: int, end_dim: int) -> "NkiTensor":
-        return self._derive("flatten_dims", start_dim, end_dim)
+        """A view with dims start_dim..end_dim merged into one."""
+        return self._derive("flatten_dims", check_int(start_dim, "flatten_dims(): start_dim"),
+                            check_int(end_dim, "flatten_dims(): end_dim"))
 
     def view(self, dtype) -> "NkiTensor":
         """Reinterprets the bytes as `dtype`; the last dim is rescaled."""
@@ -362,10 +401,13 @@ class NkiTensor:
 
         dt = to_dtype(dtype).core if dtype is not None else self._ctx.builder.storage(self._view.storage)["dtype"]
         try:
-            pairs = [(int(s), int(c)) for s, c in pattern]
-        except (TypeError, ValueError):
-            raise kernel_error_at(user_frame(2), "ap(): pattern must be a list of [stride, count] pairs") from None
-        v = self._derive("with_pattern", pairs, int(offset or 0), dt)._view
+            pairs = [tuple(pair) for pair in pattern]
+        except TypeError:
+            pairs = None
+        if pairs is None or any(len(p) != 2 or not (is_int(p[0]) and is_int(p[1])) for p in pairs):
+            raise kernel_error_at(user_frame(2), "ap(): pattern must be a list of [stride, count] pairs of integers")
+        pairs = [(int(stride), int(count)) for stride, count in pairs]
+        v = self._derive("with_pattern", pairs, check_int(offset or 0, "ap(): offset"), dt)._view
         if scalar_offset is None and vector_offset is None:
             return NkiTensor(self._ctx, v)
         if scalar_offset is not None and vector_offset is not None:

@@ -20,7 +20,9 @@ import textwrap
 import torch
 
 from . import library as _library
-from .dtypes import torch_dtype
+from .arguments import argument_error, check_bool, check_int, check_real, check_shape
+from .dtypes import from_torch, torch_dtype
+from .errors import kernel_error_at, user_frame
 from .kernel import Kernel
 from .spec import TensorSpec
 
@@ -41,6 +43,8 @@ def nki_op(name: str, *, mutates_args=(), schema: str | None = None):
     Returns torch's ``CustomOpDef``: call it like the kernel, and add a backward with
     ``op.register_autograd(backward, setup_context=...)``. ``op.kernel`` is the kernel.
     """
+    if not isinstance(name, str) or name.count("::") != 1 or not all(name.split("::")):
+        raise ValueError(f"nki_op: name must be 'namespace::op', got {name!r}")
     mutates = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)
 
     def register(kernel):
@@ -62,7 +66,7 @@ def nki_op(name: str, *, mutates_args=(), schema: str | None = None):
             specs = [TensorSpec(tuple(int(s) for s in a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
                      for a in args]
             output_specs, results = kernel.trace_outputs(kernel._bind(specs, {}))
-            device = next((a.device for a in args if isinstance(a, torch.Tensor)), None)
+            device = _one_device(name, [(kernel._param_name(i), a) for i, a in enumerate(args)])
             outs = [torch.empty(shape, dtype=torch_dtype(dt), device=device) for shape, dt in output_specs]
             returned = [outs[k] for kind, k in results if kind == "output"]
             return None if not returned else returned[0] if len(returned) == 1 else tuple(returned)
@@ -73,6 +77,20 @@ def nki_op(name: str, *, mutates_args=(), schema: str | None = None):
         return op
 
     return register
+
+
+def _one_device(api: str, named_args) -> torch.device | None:
+    """The device of the tensors among (name, value) arguments, which must be one (as for torch's
+    own ops); a KernelError naming the first argument on another device."""
+    device, first = None, None
+    for name, value in named_args:
+        if isinstance(value, torch.Tensor):
+            if device is None:
+                device, first = value.device, name
+            elif value.device != device:
+                raise kernel_error_at(user_frame(), f"{api}: argument '{name}' is on {value.device}, but '{first}' is "
+                                      f"on {device}", hint="put all tensor arguments on one device")
+    return device
 
 
 def _op_results(kernel, args, results):
@@ -242,12 +260,44 @@ def _register_library_autograd(op, forward, backward_op) -> None:
 
 # --- PyTorch-style functions ----------------------------------------------------------------------
 
+def _tensor(x, what: str, min_dim: int = 1) -> torch.Tensor:
+    """`x` if it is a dense torch tensor of at least `min_dim` dims; else a KernelError naming the
+    argument `what` (e.g. "nikki.torch.softmax: x")."""
+    if not isinstance(x, torch.Tensor):
+        hint = "convert it with torch.from_numpy(x)" if type(x).__module__ == "numpy" else "pass a torch.Tensor"
+        raise argument_error(what, "a torch.Tensor", x, hint=hint)
+    if x.layout is not torch.strided:
+        raise argument_error(what, "a dense (strided) torch.Tensor", x, hint="convert it with .to_dense()")
+    try:
+        from_torch(x.dtype)
+    except TypeError as err:
+        raise argument_error(what, "a tensor of an NKI dtype", x, hint=str(err)) from None
+    if x.dim() < min_dim:
+        raise argument_error(what, f"a tensor of at least {min_dim} dim{'s' if min_dim > 1 else ''}", x,
+                             got=f"a {x.dim()}-d tensor")
+    return x
+
+
+def _optional_tensor(x, what: str, shape: tuple, shape_of: str):
+    """`x` when None or a tensor of exactly `shape` (which is `shape_of`, e.g. "the last dim of x");
+    else a KernelError naming the argument."""
+    if x is None:
+        return None
+    _tensor(x, what)
+    if tuple(x.shape) != shape:
+        raise argument_error(what, f"None or a tensor of shape {shape} ({shape_of})", x)
+    return x
+
+
 def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b`` with nikki's matmul kernel: a [..., M, K] (leading dims flattened into M) and
     b [K, N]. Differentiable: the gradients run the same kernel on transposed operands."""
+    _tensor(a, "nikki.torch.matmul: a")
+    _tensor(b, "nikki.torch.matmul: b")
     if a.dim() < 2 or b.dim() != 2:
         raise ValueError(f"nikki.torch.matmul takes a [..., M, K] and b [K, N], got {tuple(a.shape)} and "
                          f"{tuple(b.shape)}")
+    _one_device("nikki.torch.matmul", (("a", a), ("b", b)))
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"nikki.torch.matmul: inner dimensions differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
     out = _mm(a.reshape(-1, a.shape[-1]), b)
@@ -285,6 +335,8 @@ def differentiable(name: str) -> bool:
 
 def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """``torch.softmax(x, dim)`` with nikki's softmax kernel (any rank; rows along `dim`)."""
+    _tensor(x, "nikki.torch.softmax: x")
+    dim = check_int(dim, "nikki.torch.softmax: dim", -x.dim(), x.dim() - 1)
     moved = x.movedim(dim, -1)
     out = library_op("softmax")(moved.reshape(-1, moved.shape[-1]).contiguous())
     return out.reshape(moved.shape).movedim(-1, dim)
@@ -293,22 +345,31 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` with nikki's layernorm kernel (statistics with bn_stats / bn_aggr)."""
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    _tensor(x, "nikki.torch.layer_norm: x")
+    shape = check_shape(normalized_shape, "nikki.torch.layer_norm: normalized_shape", max(x.dim(), 1))
     if tuple(x.shape[len(x.shape) - len(shape):]) != shape:
         raise ValueError(f"nikki.torch.layer_norm: normalized_shape {shape} does not match the trailing "
                          f"dimensions of x {tuple(x.shape)}")
+    weight = _optional_tensor(weight, "nikki.torch.layer_norm: weight", shape, "normalized_shape")
+    bias = _optional_tensor(bias, "nikki.torch.layer_norm: bias", shape, "normalized_shape")
+    eps = check_real(eps, "nikki.torch.layer_norm: eps", finite=True)
+    _one_device("nikki.torch.layer_norm", (("x", x), ("weight", weight), ("bias", bias)))
     h = math.prod(shape)
     weight = torch.ones(h, dtype=x.dtype) if weight is None else weight.reshape(h)
     bias = torch.zeros(h, dtype=x.dtype) if bias is None else bias.reshape(h)
-    out, _mean, _rstd = library_op("layernorm")(x.reshape(-1, h).contiguous(), weight, bias, eps=float(eps))
+    out, _mean, _rstd = library_op("layernorm")(x.reshape(-1, h).contiguous(), weight, bias, eps=eps)
     return out.reshape(x.shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
     """``F.rms_norm(x, (H,), weight, eps)`` over the last dimension with nikki's rmsnorm kernel."""
+    _tensor(x, "nikki.torch.rms_norm: x")
     h = x.shape[-1]
+    weight = _optional_tensor(weight, "nikki.torch.rms_norm: weight", (h,), "the last dim of x")
+    eps = check_real(eps, "nikki.torch.rms_norm: eps", finite=True)
+    _one_device("nikki.torch.rms_norm", (("x", x), ("weight", weight)))
     weight = torch.ones(h, dtype=x.dtype) if weight is None else weight
-    out, _rstd = library_op("rmsnorm")(x.reshape(-1, h).contiguous(), weight, eps=float(eps))
+    out, _rstd = library_op("rmsnorm")(x.reshape(-1, h).contiguous(), weight, eps=eps)
     return out.reshape(x.shape)
 
 
@@ -317,8 +378,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)``
     with nikki's flash attention kernels: q [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv
     dividing H (grouped-query attention)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _tensor(t, f"nikki.torch.flash_attention: {name}")
+    causal = check_bool(causal, "nikki.torch.flash_attention: causal")
+    _one_device("nikki.torch.flash_attention", (("q", q), ("k", k), ("v", v)))
+    if scale is not None:
+        scale = check_real(scale, "nikki.torch.flash_attention: scale", finite=True)
     out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(),
-                                              causal=bool(causal), scale=None if scale is None else float(scale))
+                                              causal=causal, scale=scale)
     return out
 
 
@@ -328,13 +395,28 @@ def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_a
     """One AdamW step in place (``torch.optim.AdamW``'s update) with nikki's adamw kernel: param,
     exp_avg and exp_avg_sq are float32 tensors of any shape, grad float32 or bfloat16 of the same
     shape; `step` counts from 1."""
+    tensors = (("param", param), ("grad", grad), ("exp_avg", exp_avg), ("exp_avg_sq", exp_avg_sq))
+    for name, t in tensors:
+        _tensor(t, f"nikki.torch.adamw_: {name}", min_dim=0)  # a scalar parameter is one element
+        if name != "grad" and any(stride == 0 and n > 1 for stride, n in zip(t.stride(), t.shape)):
+            raise argument_error(f"nikki.torch.adamw_: {name}", "a tensor that can be written in place", t,
+                                 got="a view repeating its elements (stride 0)", hint="pass a materialized copy")
+    _one_device("nikki.torch.adamw_", tensors)
+    try:
+        beta1, beta2 = betas
+    except (TypeError, ValueError):
+        raise argument_error("nikki.torch.adamw_: betas", "a pair of numbers", betas) from None
+    hyper = {"lr": lr, "beta1": beta1, "beta2": beta2, "eps": eps, "weight_decay": weight_decay}
+    hyper = {name: check_real(value, f"nikki.torch.adamw_: {name}", finite=True) for name, value in hyper.items()}
+    step = check_int(step, "nikki.torch.adamw_: step", minimum=1)
     shapes = {tuple(t.shape) for t in (param, grad, exp_avg, exp_avg_sq)}
     if len(shapes) != 1:
         raise ValueError(f"nikki.torch.adamw_: param, grad, exp_avg and exp_avg_sq must have one shape, got "
                          f"{[tuple(t.shape) for t in (param, grad, exp_avg, exp_avg_sq)]}")
+    if param.numel() == 0:
+        return  # nothing to update, as for torch.optim.AdamW
     flat = [t.detach().reshape(-1).contiguous() for t in (param, grad, exp_avg, exp_avg_sq)]
-    new = library_op("adamw")(*flat, lr=float(lr), beta1=float(betas[0]), beta2=float(betas[1]), eps=float(eps),
-                              weight_decay=float(weight_decay), step=int(step))
+    new = library_op("adamw")(*flat, **hyper, step=step)
     for target, value in zip((param, exp_avg, exp_avg_sq), new):
         target.copy_(value.reshape(target.shape))
 
