@@ -33,7 +33,6 @@ test-cpp: build
 
 # tests/fuzz runs a bounded fuzz campaign (a few hundred generated kernels per front end).
 test-python: build
-<<<<<<< HEAD
 	BUILD=$(BUILD) PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest tests/python tests/fuzz -q
 
 # The fuzzer at full size: 10^5 generated kernels per front end, from seed NIKKI_FUZZ_SEED (default
@@ -41,9 +40,6 @@ test-python: build
 fuzz: build
 	BUILD=$(BUILD) NIKKI_FUZZ_CASES=100000 PYTHONPATH=$(CURDIR)/bindings/python \
 		$(PYTHON) -m pytest tests/fuzz -q -s
-=======
-	PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest tests/python tests/fuzz -q
->>>>>>> inputs
 
 test: test-cpp test-python
 
