@@ -138,7 +138,13 @@ int main(int argc, char** argv) {
   try {
     std::vector<Registered> rows;
     for (const kernels::KernelInfo& k : kernels::registry())
-      if (k.benchmark) rows.push_back(estimate_registered(k, target));
+      if (k.benchmark) {
+        try {
+          rows.push_back(estimate_registered(k, target));
+        } catch (const KernelError& e) {
+          std::fprintf(stderr, "%s: %s\n", k.name.c_str(), e.what());
+        }
+      }
     if (markdown) {
       std::printf("| kernel | shape | metric | estimate | goal |\n|--------|-------|--------|----------|------|\n");
       for (const Registered& r : rows)

@@ -3,7 +3,8 @@
 
 #include "nikki/kernels/toolkit/registration.hpp"
 #include "nikki/kernels/norm/norm_cases.hpp"
-#include "nikki/kernels/norm/row_norm.hpp"
+#include "nikki/kernels/norm/row_norm_backward.hpp"
+#include "nikki/kernels/norm/row_norm_forward.hpp"
 
 namespace nikki::kernels {
 

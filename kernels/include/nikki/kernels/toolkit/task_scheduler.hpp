@@ -75,12 +75,15 @@ class TaskScheduler {
     for (const std::function<void()>& emit : alternatives) {
       const size_t mark = builder_.num_instructions();
       emit();
-      Alternative alt{Engine::unknown, 0.0, builder_.take_instructions_since(mark)};
+      Alternative alt{Engine::unknown, 0.0, {}, builder_.take_instructions_since(mark)};
       for (const Instruction& inst : alt.code) {
         internal_check(alt.engine == Engine::unknown || alt.engine == inst.engine,
                        "task scheduler: a task's instructions run on more than one engine");
         alt.engine = inst.engine;
         alt.ns += cost::busy_ns(k, inst);
+        const SharedPorts ports = shared_ports(k, inst);
+        alt.ports.sbuf = alt.ports.sbuf || ports.sbuf;
+        alt.ports.psum = alt.ports.psum || ports.psum;
         hazards::add_footprints(k, inst, hazards::Placement::storage, f);
       }
       if (!alt.code.empty()) task.alternatives.push_back(std::move(alt));
@@ -100,6 +103,7 @@ class TaskScheduler {
       simulate();
     }
     tasks_.clear();
+    dependents_.clear();
     tracker_.clear();
   }
 
@@ -108,10 +112,31 @@ class TaskScheduler {
 
  private:
   static constexpr double kWhenNeeded = -1.0;
+  static constexpr double kClearlyShorter = 0.99;
+
+  /** The on-chip ports an instruction holds while it runs, on targets whose engines share them
+   *  (NeuronCore-v2: VectorE and GpSimd take turns on SBUF, VectorE and ScalarE on PSUM); the
+   *  rule the timing model applies. */
+  struct SharedPorts {
+    bool sbuf = false;
+    bool psum = false;
+  };
+  static SharedPorts shared_ports(const Kernel& k, const Instruction& inst) {
+    const TargetConfig& t = k.config();
+    auto touches = [&](Buffer b) {
+      for (int s = 0; s < inst.spec().num_slots; ++s)
+        if (inst.operands[s].is_tensor() && k.storage(inst.operands[s].ap.storage).buffer == b) return true;
+      return false;
+    };
+    const Engine e = inst.engine;
+    return {t.shared_sbuf_port && (e == Engine::vector || e == Engine::gpsimd) && touches(Buffer::sbuf),
+            t.shared_psum_port && (e == Engine::vector || e == Engine::scalar) && touches(Buffer::psum)};
+  }
 
   struct Alternative {
     Engine engine;
     double ns;  // estimated busy time of its engine
+    SharedPorts ports;  // the shared on-chip ports it holds meanwhile (NeuronCore-v2)
     std::vector<Instruction> code;
   };
   struct Task {
@@ -142,35 +167,48 @@ class TaskScheduler {
   }
   static constexpr int kUnits = 6;
 
+  /** How a simulation picks among a task's alternatives. */
+  enum class Choice {
+    earliest_finish,  // the alternative that would finish first, when the task is scheduled
+    balanced,         // fixed beforehand: each to the engine with the least work assigned so far
+  };
+
+  /** The tasks in simulated start order, each with its alternative, and the simulated end. */
+  struct Schedule {
+    std::vector<std::pair<int, size_t>> order;
+    double makespan = 0;
+  };
+
   /**
-   * The greedy simulation: each engine is an in-order queue with its clock; a DMA transfer pays
-   * the fixed latency, then holds the shared bandwidth for its data. Among the ready tasks, the
-   * ones that can start earliest compete: the one with the longest chain of work behind it
-   * (critical path first), except that DMA transfers among themselves go by priority, since
-   * they share one bandwidth in the order they are issued.
+   * Simulates both ways of choosing alternatives and emits the schedule that ends first. Choosing
+   * the alternative that would finish first is blind to the work still to come: it gives a fast
+   * engine flexible work that the engine's own tasks later wait behind. Balancing the engines'
+   * total work instead is blind to timing. Neither wins everywhere. The balanced schedule has to
+   * be clearly shorter to be taken: the simulation approximates the timing model, and a kernel's
+   * schedule should not flip on differences within that approximation.
    */
   void simulate() {
-    const TargetConfig& t = builder_.config();
     const size_t n = tasks_.size();
-    std::vector<int> waiting(n, 0);
-    std::vector<double> ready(n, 0.0);
-    std::vector<std::vector<int>> dependents(n);
-    std::vector<int> candidates;
-    for (size_t i = 0; i < n; ++i) {
-      for (int j : tasks_[i].deps) dependents[size_t(j)].push_back(int(i));
-      waiting[i] = int(tasks_[i].deps.size());
-      if (waiting[i] == 0) candidates.push_back(int(i));
+    dependents_.assign(n, {});
+    for (size_t i = 0; i < n; ++i)
+      for (int j : tasks_[i].deps) dependents_[size_t(j)].push_back(int(i));
+    set_transfer_priorities();
+    Schedule best = simulate(Choice::earliest_finish);
+    const bool flexible = std::any_of(tasks_.begin(), tasks_.end(), [](const Task& t) { return t.alternatives.size() > 1; });
+    if (flexible) {
+      Schedule balanced = simulate(Choice::balanced);
+      if (balanced.makespan < kClearlyShorter * best.makespan) best = std::move(balanced);
     }
-    // Bottom level: the longest chain of estimated durations from a task to the end.
-    std::vector<double> level(n, 0.0);
-    for (size_t i = n; i-- > 0;) {
-      double after = 0;
-      for (int d : dependents[i]) after = std::max(after, level[size_t(d)]);
-      level[i] = shortest(tasks_[i]) + after;
-    }
-    // When a transfer's data is needed: the compute work declared before its first reader (or
-    // before the transfer itself, for one nobody reads, such as a store), so loads go in the
-    // order the program consumes them and stores after the loads needed before them.
+    for (const auto& [id, alternative] : best.order) emit(tasks_[size_t(id)], alternative);
+  }
+
+  /**
+   * When a transfer's data is needed: the compute work declared before its first reader (or
+   * before the transfer itself, for one nobody reads, such as a store), so loads go in the order
+   * the program consumes them and stores after the loads needed before them.
+   */
+  void set_transfer_priorities() {
+    const size_t n = tasks_.size();
     std::vector<double> declared_work(n, 0.0);
     for (size_t i = 1; i < n; ++i) {
       const Task& prev = tasks_[i - 1];
@@ -180,9 +218,56 @@ class TaskScheduler {
       Task& task = tasks_[i];
       if (task.priority != kWhenNeeded) continue;
       task.priority = declared_work[i];
-      for (int d : dependents[i]) task.priority = std::min(task.priority, declared_work[size_t(d)]);
+      for (int d : dependents_[i]) task.priority = std::min(task.priority, declared_work[size_t(d)]);
+    }
+  }
+
+  /** For Choice::balanced: each task's alternative, in declaration order the one whose engine
+   *  then has the least estimated work in total. */
+  std::vector<size_t> balanced_choices() const {
+    double assigned[kUnits] = {0, 0, 0, 0, 0, 0};
+    std::vector<size_t> choice(tasks_.size(), 0);
+    for (size_t i = 0; i < tasks_.size(); ++i) {
+      const Task& task = tasks_[i];
+      for (size_t a = 1; a < task.alternatives.size(); ++a) {
+        const Alternative &cand = task.alternatives[a], &inc = task.alternatives[choice[i]];
+        if (assigned[unit(cand.engine)] + cand.ns < assigned[unit(inc.engine)] + inc.ns) choice[i] = a;
+      }
+      const Alternative& chosen = task.alternatives[choice[i]];
+      assigned[unit(chosen.engine)] += chosen.ns;
+    }
+    return choice;
+  }
+
+  /**
+   * The greedy simulation: each engine is an in-order queue with its clock; a DMA transfer pays
+   * the fixed latency, then holds the shared bandwidth for its data; an engine's task waits for
+   * the on-chip ports it shares with another engine (NeuronCore-v2). Among the ready tasks, the
+   * ones that can start earliest compete: the one with the longest chain of work behind it
+   * (critical path first), except that DMA transfers among themselves go by priority, since
+   * they share one bandwidth in the order they are issued.
+   */
+  Schedule simulate(Choice choice) const {
+    const TargetConfig& t = builder_.config();
+    const size_t n = tasks_.size();
+    const std::vector<size_t> fixed = choice == Choice::balanced ? balanced_choices() : std::vector<size_t>{};
+    auto duration = [&](size_t i) { return fixed.empty() ? shortest(tasks_[i]) : tasks_[i].alternatives[fixed[i]].ns; };
+    std::vector<int> waiting(n, 0);
+    std::vector<double> ready(n, 0.0);
+    std::vector<int> candidates;
+    for (size_t i = 0; i < n; ++i) {
+      waiting[i] = int(tasks_[i].deps.size());
+      if (waiting[i] == 0) candidates.push_back(int(i));
+    }
+    // Bottom level: the longest chain of estimated durations from a task to the end.
+    std::vector<double> level(n, 0.0);
+    for (size_t i = n; i-- > 0;) {
+      double after = 0;
+      for (int d : dependents_[i]) after = std::max(after, level[size_t(d)]);
+      level[i] = duration(i) + after;
     }
     double free[kUnits] = {0, 0, 0, 0, 0, 0};
+    double sbuf_port_free = 0, psum_port_free = 0;
     auto timing = [&](int id, const Alternative& a) {  // (start, end) of alternative a
       const int u = unit(a.engine);
       const double r = ready[size_t(id)];
@@ -192,7 +277,8 @@ class TaskScheduler {
         return std::pair<double, double>{std::max(r, free[u] - t.dma_fixed_latency_ns),
                                          std::max(r + t.dma_fixed_latency_ns, free[u]) + a.ns};
       }
-      const double start = std::max(free[u], r);
+      const double start =
+          std::max({free[u], r, a.ports.sbuf ? sbuf_port_free : 0.0, a.ports.psum ? psum_port_free : 0.0});
       return std::pair<double, double>{start, start + a.ns};
     };
     struct Option {
@@ -200,15 +286,18 @@ class TaskScheduler {
       double start = 0, end = 0;
     };
     std::vector<Option> options;
+    Schedule schedule;
     for (size_t done = 0; done < n; ++done) {
       options.assign(candidates.size(), Option{});
       double earliest = 0;
       for (size_t c = 0; c < candidates.size(); ++c) {
-        const Task& task = tasks_[size_t(candidates[c])];
+        const size_t id = size_t(candidates[c]);
+        const Task& task = tasks_[id];
         Option& o = options[c];
         for (size_t a = 0; a < task.alternatives.size(); ++a) {
+          if (!fixed.empty() && a != fixed[id]) continue;
           auto [s, e] = timing(candidates[c], task.alternatives[a]);
-          if (a == 0 || e < o.end) o = Option{a, s, e};
+          if (o.end == 0 || e < o.end) o = Option{a, s, e};
         }
         if (c == 0 || o.start < earliest) earliest = o.start;
       }
@@ -231,19 +320,24 @@ class TaskScheduler {
       const int id = candidates[best];
       const Option o = options[best];
       candidates.erase(candidates.begin() + std::ptrdiff_t(best));
-      Task& task = tasks_[size_t(id)];
-      free[unit(task.alternatives[o.alternative].engine)] = o.end;
-      emit(task, o.alternative);
-      for (int d : dependents[size_t(id)]) {
+      const Alternative& chosen = tasks_[size_t(id)].alternatives[o.alternative];
+      free[unit(chosen.engine)] = o.end;
+      if (chosen.ports.sbuf) sbuf_port_free = o.end;
+      if (chosen.ports.psum) psum_port_free = o.end;
+      schedule.order.emplace_back(id, o.alternative);
+      schedule.makespan = std::max(schedule.makespan, o.end);
+      for (int d : dependents_[size_t(id)]) {
         ready[size_t(d)] = std::max(ready[size_t(d)], o.end);
         if (--waiting[size_t(d)] == 0) candidates.push_back(d);
       }
     }
+    return schedule;
   }
 
   KernelBuilder& builder_;
   TaskOrder order_;
   std::vector<Task> tasks_;
+  std::vector<std::vector<int>> dependents_;  // per task: the later tasks that depend on it
   hazards::Tracker tracker_;
 };
 
