@@ -424,6 +424,29 @@ def test_matmul_psum_accumulation_legacy_idiom(rng):
     assert "tensor_tensor" not in k.specialize(x, y).text(locations=False)
 
 
+def test_lazy_initialization_is_a_hint_that_changes_no_value(rng):
+    @nki.jit
+    def k(x_in, y_in):
+        acc = nl.zeros((x_in.shape[1], y_in.shape[1]), nl.float32, buffer=nl.psum, lazy_initialization=True)
+        for kt in nl.affine_range(x_in.shape[0] // 128):
+            acc += nl.matmul(nl.load(x_in[kt * 128:(kt + 1) * 128, :]), nl.load(y_in[kt * 128:(kt + 1) * 128, :]),
+                             transpose_x=True)
+        low = nl.full((x_in.shape[1], 4), -3.0, nl.float32, lazy_initialization=False)
+        return store(acc), store(low)
+
+    x, y = f32(rng, 256, 128), f32(rng, 256, 64)
+    acc, low = k(x, y)
+    np.testing.assert_allclose(acc, x.astype(np.float64).T @ y, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(low, np.full((128, 4), -3.0, np.float32))
+
+    @nki.jit
+    def bad(x_in):
+        return store(nl.zeros((128, 4), nl.float32, lazy_initialization="yes"))
+
+    with pytest.raises(nki.KernelError, match="lazy_initialization"):
+        bad(x)
+
+
 @pytest.mark.parametrize("shape", [(32, 16), (128, 96)])
 def test_transpose(rng, shape):
     a = f32(rng, *shape)

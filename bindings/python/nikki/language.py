@@ -18,7 +18,7 @@ from . import isa as _isa
 from .dtypes import PACKED_DTYPES as _PACKED_DTYPES
 from .dtypes import dtype as _dtype_cls
 from .dtypes import numpy_dtype as _numpy_dtype
-from .arguments import check_int, check_real, describe, is_int
+from .arguments import check_bool, check_int, check_real, describe, is_int
 from .dtypes import to_dtype
 from .errors import is_internal_frame, kernel_error_at, user_frame
 from .ops import register_op
@@ -121,8 +121,13 @@ def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTenso
     return NkiTensor(ctx, view)
 
 
-def full(shape, fill_value, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
-    """A tensor filled with `fill_value` (on-chip memories only)."""
+def full(shape, fill_value, dtype, buffer=sbuf, name: str = "", lazy_initialization=None) -> NkiTensor:
+    """A tensor filled with `fill_value` (on-chip memories only).
+
+    Beta 1's ``lazy_initialization=`` (whether the compiler may fold the fill into the tensor's
+    first write) is a scheduling hint: it changes no value and is accepted as such."""
+    if lazy_initialization is not None:
+        check_bool(lazy_initialization, "nl.full: lazy_initialization")
     region = region_of(buffer)
     if not region.is_on_chip:
         raise kernel_error_at(user_frame(2), f"creating an HBM tensor ({region.name}) with an initial value is not "
@@ -134,14 +139,14 @@ def full(shape, fill_value, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
     return t
 
 
-def zeros(shape, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
-    """A tensor of zeros."""
-    return full(shape, 0, dtype, buffer, name)
+def zeros(shape, dtype, buffer=sbuf, name: str = "", lazy_initialization=None) -> NkiTensor:
+    """A tensor of zeros (``lazy_initialization=`` as in ``full``)."""
+    return full(shape, 0, dtype, buffer, name, lazy_initialization)
 
 
-def ones(shape, dtype, buffer=sbuf, name: str = "") -> NkiTensor:
-    """A tensor of ones."""
-    return full(shape, 1, dtype, buffer, name)
+def ones(shape, dtype, buffer=sbuf, name: str = "", lazy_initialization=None) -> NkiTensor:
+    """A tensor of ones (``lazy_initialization=`` as in ``full``)."""
+    return full(shape, 1, dtype, buffer, name, lazy_initialization)
 
 
 def zeros_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTensor:
