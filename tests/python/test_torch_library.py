@@ -112,6 +112,17 @@ def test_flash_attention(dtype, causal, heads, kv_heads, seq, kv_seq, dim, scale
            [q, k, v], dtype)
 
 
+@pytest.mark.parametrize("a_shape,b_shape", [((130, 0), (0, 70)), ((0, 64), (64, 70)), ((2, 3, 64), (64, 0))])
+def test_matmul_of_empty_operands_is_torchs(a_shape, b_shape):
+    a = torch.randn(a_shape, requires_grad=True)
+    b = torch.randn(b_shape, requires_grad=True)
+    out = nt.matmul(a, b)
+    assert out.shape == torch.matmul(a, b).shape
+    assert bool((out == 0).all())  # an empty sum where K is 0
+    out.sum().backward()
+    assert a.grad.shape == a.shape and b.grad.shape == b.shape
+
+
 def _smallest_example(name):
     """Arguments of the registration's smallest example of a kernel: torch tensors in the example's
     dtypes (float inputs of differentiable ops require grad, so opcheck also checks the autograd

@@ -300,6 +300,9 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     _one_device("nikki.torch.matmul", (("a", a), ("b", b)))
     if a.shape[-1] != b.shape[0]:
         raise ValueError(f"nikki.torch.matmul: inner dimensions differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
+    if a.numel() == 0 or b.numel() == 0:
+        # Nothing for a device to compute: an empty result, or zeros (an empty sum) when K is 0.
+        return torch.matmul(a, b)
     out = _mm(a.reshape(-1, a.shape[-1]), b)
     return out.reshape(*a.shape[:-1], b.shape[1])
 
