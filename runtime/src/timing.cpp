@@ -120,27 +120,15 @@ class Replay {
     ++pos_[s];
   }
 
-  /** NeuronCore-v2 port sharing: VectorE/GpSimdE take turns on SBUF, VectorE/ScalarE on PSUM. */
-  bool touches(const Instruction& inst, Buffer b) const {
-    for (int s = 0; s < inst.spec().num_slots; ++s)
-      if (inst.operands[s].is_tensor() && k_.storage(inst.operands[s].ap.storage).buffer == b) return true;
-    return false;
-  }
+  /** NeuronCore-v2 port sharing (cost::shared_ports): an instruction waits for the ports it needs. */
   double port_ready(const Instruction& inst) const {
-    double t = 0;
-    const Engine e = inst.engine;
-    if (t_.shared_sbuf_port && (e == Engine::vector || e == Engine::gpsimd) && touches(inst, Buffer::sbuf))
-      t = std::max(t, sbuf_port_free_);
-    if (t_.shared_psum_port && (e == Engine::vector || e == Engine::scalar) && touches(inst, Buffer::psum))
-      t = std::max(t, psum_port_free_);
-    return t;
+    const cost::SharedPorts ports = cost::shared_ports(k_, inst);
+    return std::max(ports.sbuf ? sbuf_port_free_ : 0.0, ports.psum ? psum_port_free_ : 0.0);
   }
   void hold_ports(const Instruction& inst, double end) {
-    const Engine e = inst.engine;
-    if (t_.shared_sbuf_port && (e == Engine::vector || e == Engine::gpsimd) && touches(inst, Buffer::sbuf))
-      sbuf_port_free_ = end;
-    if (t_.shared_psum_port && (e == Engine::vector || e == Engine::scalar) && touches(inst, Buffer::psum))
-      psum_port_free_ = end;
+    const cost::SharedPorts ports = cost::shared_ports(k_, inst);
+    if (ports.sbuf) sbuf_port_free_ = end;
+    if (ports.psum) psum_port_free_ = end;
   }
 
   /** Registers the model can follow without data: immediates and register copies. */

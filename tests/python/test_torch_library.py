@@ -131,12 +131,8 @@ def _smallest_example(name):
     sizes = [sum(math.prod(shape) for shape, _ in inputs) for inputs, _, _ in kernel.info["examples"]]
     case = _core.library_case(name, "example", sizes.index(min(sizes)))
     tensors = [torch.from_numpy(v).to(torch_dtype(to_dtype(d))) for v, (_, d) in zip(case["values"], case["inputs"])]
-    kinds = {p[0]: p[1] for p in kernel.info["params"]}
-    params = []
-    for pname, kind, default, _doc in kernel.info["params"]:
-        value = case["params"].get(pname, default)
-        params.append(None if kind == "float?" and (value is None or math.isnan(value)) else
-                      bool(value) if kind == "bool" else value)
+    # Case parameters come typed by their kind (None for an optional real not given).
+    params = [case["params"].get(pname, default) for pname, _kind, default, _doc in kernel.info["params"]]
     grads = nt.differentiable(name)
     return tuple(t.requires_grad_() if grads and t.is_floating_point() else t for t in tensors) + tuple(params)
 

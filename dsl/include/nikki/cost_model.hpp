@@ -252,4 +252,26 @@ inline double busy_ns(const Kernel& k, const Instruction& inst) {
   return compute_cycles(k, inst) / clock_ghz(t, inst.engine);
 }
 
+/** @brief The on-chip ports an instruction holds while it runs, where engines share them. */
+struct SharedPorts {
+  bool sbuf = false;
+  bool psum = false;
+};
+
+/**
+ * @brief The shared ports `inst` takes turns on: on targets with shared_sbuf_port (NeuronCore-v2)
+ * VectorE and GpSimd take turns on SBUF, with shared_psum_port VectorE and ScalarE on PSUM.
+ */
+inline SharedPorts shared_ports(const Kernel& k, const Instruction& inst) {
+  const TargetConfig& t = k.config();
+  auto touches = [&](bool (*in)(const Kernel&, const Operand&)) {
+    for (int s = 0; s < inst.spec().num_slots; ++s)
+      if (in(k, inst.operands[s])) return true;
+    return false;
+  };
+  const Engine e = inst.engine;
+  return {t.shared_sbuf_port && (e == Engine::vector || e == Engine::gpsimd) && touches(detail::in_sbuf),
+          t.shared_psum_port && (e == Engine::vector || e == Engine::scalar) && touches(detail::in_psum)};
+}
+
 }  // namespace nikki::cost

@@ -81,7 +81,7 @@ class TaskScheduler {
                        "task scheduler: a task's instructions run on more than one engine");
         alt.engine = inst.engine;
         alt.ns += cost::busy_ns(k, inst);
-        const SharedPorts ports = shared_ports(k, inst);
+        const cost::SharedPorts ports = cost::shared_ports(k, inst);
         alt.ports.sbuf = alt.ports.sbuf || ports.sbuf;
         alt.ports.psum = alt.ports.psum || ports.psum;
         hazards::add_footprints(k, inst, hazards::Placement::storage, f);
@@ -114,29 +114,10 @@ class TaskScheduler {
   static constexpr double kWhenNeeded = -1.0;
   static constexpr double kClearlyShorter = 0.99;
 
-  /** The on-chip ports an instruction holds while it runs, on targets whose engines share them
-   *  (NeuronCore-v2: VectorE and GpSimd take turns on SBUF, VectorE and ScalarE on PSUM); the
-   *  rule the timing model applies. */
-  struct SharedPorts {
-    bool sbuf = false;
-    bool psum = false;
-  };
-  static SharedPorts shared_ports(const Kernel& k, const Instruction& inst) {
-    const TargetConfig& t = k.config();
-    auto touches = [&](Buffer b) {
-      for (int s = 0; s < inst.spec().num_slots; ++s)
-        if (inst.operands[s].is_tensor() && k.storage(inst.operands[s].ap.storage).buffer == b) return true;
-      return false;
-    };
-    const Engine e = inst.engine;
-    return {t.shared_sbuf_port && (e == Engine::vector || e == Engine::gpsimd) && touches(Buffer::sbuf),
-            t.shared_psum_port && (e == Engine::vector || e == Engine::scalar) && touches(Buffer::psum)};
-  }
-
   struct Alternative {
     Engine engine;
     double ns;  // estimated busy time of its engine
-    SharedPorts ports;  // the shared on-chip ports it holds meanwhile (NeuronCore-v2)
+    cost::SharedPorts ports;  // the shared on-chip ports it holds meanwhile (NeuronCore-v2)
     std::vector<Instruction> code;
   };
   struct Task {
