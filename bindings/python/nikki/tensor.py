@@ -275,6 +275,14 @@ class NkiTensor:
         elif isinstance(value, NkiTensor):
             if dst._view.same_as(value._view):
                 return  # `t[i] += x` writes in place, then assigns t[i] to itself
+            mask = isa.masked_write_of(value)
+            if mask is not None:  # `t[i] = op(..., mask=m)`: the mask applies to the assignment too
+                from . import index_expr
+
+                ops = index_expr.apply_mask(mask, dst, value)
+                if ops is not None:
+                    isa._assign(*ops)
+                return
             if temporary and isa._produce_in_place(dst, value):
                 return
             isa._assign(dst, value)
