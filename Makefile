@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 
 PYTHON ?= python3
 
-.PHONY: all setup configure build develop test test-cpp test-python fuzz sweep demo clean
+.PHONY: all setup configure build develop test test-cpp test-python fuzz sweep bench demo clean
 
 all: build
 
@@ -50,6 +50,13 @@ sweep: build
 	cd $(BUILD) && NIKKI_SWEEP_CASES=$(SWEEP_CASES) ./tests/cpp/nikki_tests -tc="library kernels: randomly drawn*"
 	NIKKI_SWEEP_CASES=$(SWEEP_CASES) PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest -q \
 		tests/python/kernels/test_kernel_properties.py
+
+# Every library kernel over a size sweep: estimates on trn2/trn1 and host simulation time against
+# PyTorch CPU and numpy-eager; rewrites docs/benchmarks.md and its plots. The Google Benchmark
+# entries of the same kernels are $(BUILD)/bench/nikki_bench_kernels.
+bench: build
+	PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) bench/python/kernel_bench.py \
+		--markdown docs/benchmarks.md --plots docs/benchmarks --json $(BUILD)/benchmarks.json
 
 # The C++ kernels on the reference interpreter, then flash attention from PyTorch with its profile.
 demo: build

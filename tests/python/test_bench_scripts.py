@@ -107,3 +107,38 @@ def test_conformance_quick_mode_on_a_fixture_tree(tmp_path):
     tests = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in text.splitlines()
              if line.startswith("| test/unit/")}
     assert tests == {"test/unit/test_unit_add::test_adds_one": "pass", "test/unit/test_unit_add::test_wrong": "fail"}
+
+
+def test_kernel_benchmarks_quick_mode_covers_every_kernel(tmp_path):
+    """`nikki bench --quick` runs every registered kernel with a benchmark shape, writes JSON,
+    markdown and the three plots; every row has estimates on both targets and host times."""
+    import json
+
+    from nikki.library import library_kernels
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(ROOT, "bindings", "python")
+    out, md, plots = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "plots"
+    done = subprocess.run([sys.executable, "-m", "nikki", "bench", "--quick", "--json", str(out), "--markdown", str(md),
+                           "--plots", str(plots)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(out.read_text())
+    expected = {n for n, k in library_kernels().items() if k.info["benchmark"] is not None}
+    assert {r["kernel"] for r in rows} == expected
+    for r in rows:
+        for target in ("trn2", "trn1"):
+            est = r[target]
+            assert est["us"] > 0 and 0 < est["utilization"] <= 1.0 and 0 < est["roofline_us"] <= est["us"], r
+        assert r["host"]["nikki_s"] > 0, r
+    text = md.read_text()
+    assert all(f"## {name}" in text for name in expected)
+    assert sorted(p.name for p in plots.iterdir()) == ["host.png", "scaling.png", "utilization.png"]
+    assert "] " in done.stderr  # the progress bar
+
+
+def test_kernel_benchmarks_reject_an_unknown_kernel():
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "bindings", "python"))
+    done = subprocess.run([sys.executable, "-m", "nikki", "bench", "--kernel", "no_such_kernel"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "unknown kernel(s) no_such_kernel; the library has" in done.stderr and "softmax" in done.stderr
