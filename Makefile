@@ -52,11 +52,15 @@ sweep: build
 		tests/python/kernels/test_kernel_properties.py
 
 # Every library kernel over a size sweep: estimates on trn2/trn1 and host simulation time against
-# PyTorch CPU and numpy-eager; rewrites docs/benchmarks.md and its plots. The Google Benchmark
+# PyTorch CPU and numpy-eager, plus the matmul tutorial's published latencies; rewrites
+# docs/benchmarks.md and its plots. The Google Benchmark
 # entries of the same kernels are $(BUILD)/bench/nikki_bench_kernels.
+# NKI_LIBRARY=path/to/nki-library also estimates that checkout's kernels beside nikki's.
+NKI_LIBRARY ?=
 bench: build
 	PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) bench/python/kernel_bench.py \
-		--markdown docs/benchmarks.md --plots docs/benchmarks --json $(BUILD)/benchmarks.json
+		--markdown docs/benchmarks.md --plots docs/benchmarks --json $(BUILD)/benchmarks.json \
+		$(if $(NKI_LIBRARY),--nki-library $(NKI_LIBRARY))
 
 # The C++ kernels on the reference interpreter, then flash attention from PyTorch with its profile.
 demo: build

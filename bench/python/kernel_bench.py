@@ -42,6 +42,7 @@ from nikki.dtypes import numpy_dtype, to_dtype
 from nikki.library import library_kernels
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import reference_kernels  # noqa: E402
 from numpy_eager import NumpyEagerExecutor  # noqa: E402
 
 FULL_SCALES = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1)
@@ -168,7 +169,39 @@ def _ratio(a, b) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
 
 
-def markdown(rows: list, command: str) -> str:
+def reference_markdown(references: dict) -> list:
+    """The reference-kernel tables: the matmul tutorial and nki-library pairs."""
+    lines = []
+    tutorial = references.get("matmul_tutorial")
+    if tutorial:
+        lines += ["## Reference kernels: NKI's matmul tutorial", "",
+                  "[4096, 8192] @ [8192, 8192] bf16 on trn1: the tutorial's four kernels (run on nikki) with the "
+                  "latencies the tutorial published for Trn1, and nikki's library matmul on the same problem.", "",
+                  "| kernel | published ms | estimated ms | estimate / published | TensorE util |",
+                  "|---|---:|---:|---:|---:|"]
+        for r in tutorial:
+            published = r["published_ms"]
+            lines.append(f"| {r['kernel']} | {published if published else '-'} | {r['estimate_ms']:.2f} | "
+                         f"{_ratio(r['estimate_ms'], published)} | {100 * r['tensor_utilization']:.1f}% |")
+        lines.append("")
+    library = references.get("nki_library")
+    if library:
+        lines += ["## Reference kernels: AWS's nki-library", "",
+                  f"Kernels of the nki-library checkout at `{references.get('nki_library_commit', '?')}`, run "
+                  "unmodified on nikki and estimated by the same model on trn2, beside nikki's kernel for the "
+                  "same operation on the same problem.", "",
+                  "| operation | shape | nki-library kernel | its µs | nikki kernel | nikki µs | nki-library / nikki |",
+                  "|---|---|---|---:|---|---:|---:|"]
+        for r in library:
+            theirs = f"{r['library_us']:.1f}" if "library_us" in r else f"does not run: {r.get('error', '?')}"
+            ours = f"{r['nikki_us']:.1f}" if "nikki_us" in r else "-"
+            lines.append(f"| {r['nikki_kernel']} | {r['shape']} | `{r['library_kernel']}` | {theirs} | "
+                         f"{r['nikki_kernel']} | {ours} | {_ratio(r.get('library_us'), r.get('nikki_us'))} |")
+        lines.append("")
+    return lines
+
+
+def markdown(rows: list, command: str, references: dict | None = None) -> str:
     lines = ["# Kernel benchmarks", "",
              "Every library kernel over a size sweep of its benchmark shape. Device times are ESTIMATES of",
              "nikki's timing model (docs/performance-model.md), not measurements. Host times were measured on",
@@ -202,7 +235,7 @@ def markdown(rows: list, command: str) -> str:
                          + f" | {_ratio(ms.get('numpy_eager_s'), ms.get('nikki_s'))} "
                          f"| {_ratio(ms.get('torch_s'), ms.get('nikki_s'))} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + reference_markdown(references or {}))
 
 
 def plots(rows: list, folder: str) -> list:
@@ -283,6 +316,13 @@ def text_table(rows: list) -> str:
     return "\n".join(out)
 
 
+def _git_head(path: str) -> str:
+    import subprocess
+
+    done = subprocess.run(["git", "-C", path, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown commit"
+
+
 def main(argv=None, prog=None) -> int:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--kernel", action="append", help="a kernel to run (repeatable; default: every kernel)")
@@ -290,6 +330,11 @@ def main(argv=None, prog=None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON ('-': stdout)")
     parser.add_argument("--markdown", metavar="FILE", help="write the tables as markdown")
     parser.add_argument("--plots", metavar="DIR", help="write utilization.png, scaling.png and host.png")
+    parser.add_argument("--nki-library", metavar="PATH", default=os.environ.get("NIKKI_NKI_LIBRARY"),
+                        help="a checkout of aws-neuron/nki-library: estimate its kernels beside nikki's "
+                             "(default: $NIKKI_NKI_LIBRARY)")
+    parser.add_argument("--no-tutorial", action="store_true",
+                        help="skip the matmul tutorial's reference kernels (skipped by --quick anyway)")
     parser.add_argument("--host-limit", type=int, default=DEFAULT_HOST_LIMIT,
                         help="skip host runs above this many compulsory bytes (default %(default)s)")
     args = parser.parse_args(argv)
@@ -302,17 +347,23 @@ def main(argv=None, prog=None) -> int:
     if no_shape:
         parser.error(f"kernel(s) {', '.join(no_shape)} register no benchmark shape")
     rows = run(names, args.quick, args.host_limit)
+    references = {}
+    if not args.quick and not args.no_tutorial and "matmul" in names:
+        references["matmul_tutorial"] = reference_kernels.matmul_tutorial_rows()
+    if args.nki_library:
+        references["nki_library"] = reference_kernels.library_rows(args.nki_library, names=names)
+        references["nki_library_commit"] = _git_head(args.nki_library)
     if args.json == "-":
-        print(json.dumps(rows, indent=1))
+        print(json.dumps({"kernels": rows, "references": references}, indent=1))
     else:
         print(text_table(rows))
         if args.json:
             with open(args.json, "w") as f:
-                json.dump(rows, f, indent=1)
+                json.dump({"kernels": rows, "references": references}, f, indent=1)
     if args.markdown:
         command = "make bench" if not args.quick else "python bench/python/kernel_bench.py --quick"
         with open(args.markdown, "w") as f:
-            f.write(markdown(rows, command) + "\n")
+            f.write(markdown(rows, command, references) + "\n")
     if args.plots:
         plots(rows, args.plots)
     return 0
