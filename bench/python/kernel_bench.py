@@ -230,7 +230,7 @@ def markdown(rows: list, command: str, references: dict | None = None) -> str:
             t2, t1, h = r["trn2"], r["trn1"], r.get("host", {})
             ms = {k: h[k] * 1e3 for k in ("nikki_s", "torch_s", "numpy_eager_s") if k in h}
             lines.append(f"| {r['size']} | {t2['us']:.1f} | {100 * t2['utilization']:.1f}% | {t2['roofline_us']:.1f} "
-                         f"| {t1['us']:.1f} | {100 * t1['utilization']:.1f}% "
+                         f"| {t1['us']:.1f} | {100 * t1['utilization']:.1f}% | "
                          + " | ".join(f"{ms[k]:.2f}" if k in ms else "-" for k in ("nikki_s", "torch_s", "numpy_eager_s"))
                          + f" | {_ratio(ms.get('numpy_eager_s'), ms.get('nikki_s'))} "
                          f"| {_ratio(ms.get('torch_s'), ms.get('nikki_s'))} |")
@@ -335,6 +335,8 @@ def main(argv=None, prog=None) -> int:
                              "(default: $NIKKI_NKI_LIBRARY)")
     parser.add_argument("--no-tutorial", action="store_true",
                         help="skip the matmul tutorial's reference kernels (skipped by --quick anyway)")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="re-render the markdown and plots of a run saved with --json, measuring nothing")
     parser.add_argument("--host-limit", type=int, default=DEFAULT_HOST_LIMIT,
                         help="skip host runs above this many compulsory bytes (default %(default)s)")
     args = parser.parse_args(argv)
@@ -346,13 +348,18 @@ def main(argv=None, prog=None) -> int:
     no_shape = [n for n in names if kernels[n].info["benchmark"] is None]
     if no_shape:
         parser.error(f"kernel(s) {', '.join(no_shape)} register no benchmark shape")
-    rows = run(names, args.quick, args.host_limit)
-    references = {}
-    if not args.quick and not args.no_tutorial and "matmul" in names:
-        references["matmul_tutorial"] = reference_kernels.matmul_tutorial_rows()
-    if args.nki_library:
-        references["nki_library"] = reference_kernels.library_rows(args.nki_library, names=names)
-        references["nki_library_commit"] = _git_head(args.nki_library)
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        rows, references = saved["kernels"], saved["references"]
+    else:
+        rows = run(names, args.quick, args.host_limit)
+        references = {}
+        if not args.quick and not args.no_tutorial and "matmul" in names:
+            references["matmul_tutorial"] = reference_kernels.matmul_tutorial_rows()
+        if args.nki_library:
+            references["nki_library"] = reference_kernels.library_rows(args.nki_library, names=names)
+            references["nki_library_commit"] = _git_head(args.nki_library)
     if args.json == "-":
         print(json.dumps({"kernels": rows, "references": references}, indent=1))
     else:

@@ -13,11 +13,13 @@
 #include "program_introspection.hpp"
 #include "nikki/builder.hpp"
 #include "nikki/ir_printer.hpp"
+#include "nikki/jit/cache.hpp"
 #include "nikki/jit/compile.hpp"
 #include "nikki/jit/sanitize.hpp"
 #include "nikki/nl.hpp"
 #include "nikki/runtime/executor.hpp"
 #include "nikki/runtime/interpreter.hpp"
+#include "nikki/runtime/explain.hpp"
 #include "nikki/runtime/profile.hpp"
 
 namespace py = pybind11;
@@ -138,6 +140,14 @@ struct PyProgram {
    * program per instance and would otherwise keep a simulated core alive for each. */
   void release_executor() { executor.reset(); }
 };
+
+/** A disk-cache key for the Python side: this build's identity, then the caller's bytes. */
+jit::CacheKey python_cache_key(const py::bytes& key) {
+  const std::string k = key;
+  jit::CacheKey ck;
+  ck.bytes(&jit::build_id(), sizeof(jit::Hash128)).bytes(k.data(), k.size());
+  return ck;
+}
 
 py::dict tile_sizes(const TargetConfig& t) {
   nl::TileSize s = nl::tile_size_of(t);
@@ -643,6 +653,51 @@ PYBIND11_MODULE(_core, m) {
   m.def("profile_chrome_trace", [](const runtime::Profile& prof, const PyProgram& p) {
     return prof.chrome_trace(*p.program.device);
   });
+  // Small artifacts of the Python side (autotuning choices) in the disk compile cache: the key is
+  // this build's identity and the caller's bytes, so a rebuilt nikki never reuses a stale entry.
+  m.def(
+      "cache_load",
+      [](const std::string& category, const py::bytes& key) -> py::object {
+        const jit::DiskCache cache;
+        if (!cache.enabled()) return py::none();
+        const auto payload = cache.load(category, python_cache_key(key));
+        if (!payload) return py::none();
+        return py::bytes(reinterpret_cast<const char*>(payload->data()), payload->size());
+      },
+      py::arg("category"), py::arg("key"));
+  m.def(
+      "cache_store",
+      [](const std::string& category, const py::bytes& key, const py::bytes& payload) {
+        const jit::DiskCache cache;
+        if (!cache.enabled()) return false;
+        const std::string v = payload;
+        cache.store(category, python_cache_key(key), std::vector<uint8_t>(v.begin(), v.end()));
+        return true;
+      },
+      py::arg("category"), py::arg("key"), py::arg("payload"));
+  m.def(
+      "profile_explain",
+      [](const runtime::Profile& prof, const PyProgram& p, double useful_flops, int rows) {
+        const runtime::Explanation e = runtime::explain(prof, *p.program.device, useful_flops);
+        py::dict d;
+        d["limit"] = e.limit;
+        d["total_ns"] = e.total_ns;
+        d["flops"] = e.flops;
+        d["io_bytes"] = e.io_bytes;
+        d["compute_roofline_ns"] = e.compute_roofline_ns;
+        d["memory_roofline_ns"] = e.memory_roofline_ns;
+        py::list idle, path, suggestions;
+        for (const auto& r : e.idle) idle.append(py::make_tuple(r.queue, r.reason, r.ns));
+        for (const auto& l : e.critical_path) path.append(py::make_tuple(l.line, l.queue, l.opcode, l.ns, l.instructions));
+        for (const auto& s : e.suggestions) suggestions.append(py::make_tuple(s.text, s.stake_ns));
+        d["idle"] = idle;
+        d["critical_path"] = path;
+        d["path_instructions"] = e.path_instructions;
+        d["suggestions"] = suggestions;
+        d["text"] = e.text(size_t(rows));
+        return d;
+      },
+      py::arg("profile"), py::arg("program"), py::arg("useful_flops") = 0.0, py::arg("rows") = 5);
 
   nikki::bindings::bind_library(m);
   nikki::bindings::bind_introspection(m);

@@ -6,6 +6,7 @@
 
 #include "nikki/ir_printer.hpp"
 #include "nikki/runtime/profile.hpp"
+#include "source_line.hpp"
 
 namespace nikki::runtime {
 
@@ -22,11 +23,6 @@ std::string json_escape(const std::string& s) {
     out += c;
   }
   return out;
-}
-
-std::string where(const jit::DeviceProgram& p, uint32_t ir) {
-  const SourceLocation& l = p.kernel.location(p.kernel.instructions[ir].loc);
-  return l.known() ? fmt::format("{}:{}", print_detail::basename(l.file), l.line) : std::string();
 }
 
 }  // namespace
@@ -63,7 +59,7 @@ std::string Profile::summary(const jit::DeviceProgram& p, int top) const {
   for (int i = 0; i < top && i < int(longest.size()); ++i) {
     const InstructionTiming& it = *longest[i];
     s += fmt::format("  {:>9.3f} us  {:<8} {:<22} {}\n", (it.end_ns - it.start_ns) / 1000.0, queues[it.queue].name,
-                     opcode_name(p.kernel.instructions[it.ir_index].opcode), where(p, it.ir_index));
+                     opcode_name(p.kernel.instructions[it.ir_index].opcode), source_line(p, it.ir_index));
   }
   return s;
 }
@@ -85,7 +81,7 @@ std::string Profile::chrome_trace(const jit::DeviceProgram& p) const {
   for (const InstructionTiming& it : instructions) {
     const Instruction& inst = p.kernel.instructions[it.ir_index];
     std::string args = fmt::format("\"instruction\":\"{}\",\"source\":\"{}\"",
-                                   json_escape(to_string(p.kernel, inst)), json_escape(where(p, it.ir_index)));
+                                   json_escape(to_string(p.kernel, inst)), json_escape(source_line(p, it.ir_index)));
     if (it.bytes) args += fmt::format(",\"bytes\":{}", it.bytes);
     if (it.cycles) args += fmt::format(",\"cycles\":{:.0f}", it.cycles);
     add(fmt::format("{{\"ph\":\"X\",\"pid\":0,\"tid\":{},\"name\":\"{}\",\"ts\":{:.4f},\"dur\":{:.4f},\"args\":{{{}}}}}",

@@ -26,6 +26,8 @@ class Replay {
     pos_.assign(n, 0);
     free_.assign(n, 0.0);
     ends_.assign(n, {});
+    issued_.assign(n, {});
+    prev_.assign(n, {WaitCause::none, -1});
     regs_.assign(k_.num_registers, std::nullopt);
     barrier_ordinal_.assign(k_.instructions.size(), -1);
     barrier_positions_.resize(n);
@@ -77,8 +79,7 @@ class Replay {
       barrier();
     }
     for (const InstructionTiming& it : profile_.instructions) profile_.total_ns = std::max(profile_.total_ns, it.end_ns);
-    std::sort(profile_.instructions.begin(), profile_.instructions.end(),
-              [](const InstructionTiming& a, const InstructionTiming& b) { return a.start_ns < b.start_ns; });
+    sort_by_start();
     return std::move(profile_);
   }
 
@@ -89,23 +90,29 @@ class Replay {
     InstructionTiming it;
     it.ir_index = op.ir_index;
     it.queue = uint16_t(s);
+    attribute_start(s, op, it);
+    const int32_t index = int32_t(profile_.instructions.size());
     if (inst.engine == Engine::dma) {
       const cost::DmaWork w = cost::dma_work(k_, inst);
       const double data = cost::dma_data_ns(t_, w.bytes, w.buffers);
       const double data_start = std::max(start + t_.dma_fixed_latency_ns, dma_free_);
+      if (dma_free_ > start + t_.dma_fixed_latency_ns) it.data_blocker = dma_holder_;
       it.start_ns = start;
       it.end_ns = data_start + data;
       it.bytes = w.bytes;
       dma_free_ = it.end_ns;
+      dma_holder_ = index;
       profile_.dma_bytes += w.bytes;
       profile_.dma_active_ns += data;
     } else {
       const double cycles = cost::compute_cycles(k_, inst);
-      start = std::max(start, port_ready(inst));
+      const double ports = port_ready(inst);
+      if (ports > start) it.cause = WaitCause::port, it.blocker = port_holder(inst);
+      start = std::max(start, ports);
       it.start_ns = start;
       it.end_ns = start + cycles / cost::clock_ghz(t_, inst.engine);
       it.cycles = cycles;
-      hold_ports(inst, it.end_ns);
+      hold_ports(inst, it.end_ns, index);
       if (inst.opcode == Opcode::nc_matmul) {
         const AccessPattern &st = inst.operands[1].ap, &mv = inst.operands[2].ap;
         profile_.matmul_flops += 2 * st.dims[0].count * st.inner_elements() * mv.inner_elements();
@@ -116,8 +123,26 @@ class Replay {
     profile_.queues[s].instructions += 1;
     profile_.instructions.push_back(it);
     ends_[s].push_back(it.end_ns);
+    issued_[s].push_back(index);
+    prev_[s] = {WaitCause::queue, index};
     free_[s] = it.end_ns;
     ++pos_[s];
+  }
+
+  /** Why the instruction at the head of queue s starts when it does: its queue's previous
+   *  instruction (or the barrier before it), or the semaphore wait that is satisfied last. */
+  void attribute_start(int s, const jit::StreamOp& op, InstructionTiming& it) const {
+    it.cause = prev_[s].first;
+    it.blocker = prev_[s].second;
+    double latest = free_[s];
+    for (const jit::SemaphoreWait& w : op.waits) {
+      const double end = ends_[w.queue][w.count - 1];
+      if (end > latest) {
+        latest = end;
+        it.cause = WaitCause::semaphore;
+        it.blocker = issued_[w.queue][w.count - 1];
+      }
+    }
   }
 
   /** NeuronCore-v2 port sharing (cost::shared_ports): an instruction waits for the ports it needs. */
@@ -125,10 +150,33 @@ class Replay {
     const cost::SharedPorts ports = cost::shared_ports(k_, inst);
     return std::max(ports.sbuf ? sbuf_port_free_ : 0.0, ports.psum ? psum_port_free_ : 0.0);
   }
-  void hold_ports(const Instruction& inst, double end) {
+  int32_t port_holder(const Instruction& inst) const {
     const cost::SharedPorts ports = cost::shared_ports(k_, inst);
-    if (ports.sbuf) sbuf_port_free_ = end;
-    if (ports.psum) psum_port_free_ = end;
+    if (ports.sbuf && ports.psum) return sbuf_port_free_ >= psum_port_free_ ? sbuf_port_holder_ : psum_port_holder_;
+    return ports.sbuf ? sbuf_port_holder_ : psum_port_holder_;
+  }
+  void hold_ports(const Instruction& inst, double end, int32_t index) {
+    const cost::SharedPorts ports = cost::shared_ports(k_, inst);
+    if (ports.sbuf) sbuf_port_free_ = end, sbuf_port_holder_ = index;
+    if (ports.psum) psum_port_free_ = end, psum_port_holder_ = index;
+  }
+
+  /** Instructions in start order, with `blocker` renumbered to match. */
+  void sort_by_start() {
+    std::vector<InstructionTiming>& v = profile_.instructions;
+    std::vector<int32_t> order(v.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int32_t(i);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return v[a].start_ns < v[b].start_ns; });
+    std::vector<int32_t> position(v.size());
+    for (size_t i = 0; i < order.size(); ++i) position[order[i]] = int32_t(i);
+    std::vector<InstructionTiming> sorted;
+    sorted.reserve(v.size());
+    for (int32_t i : order) {
+      InstructionTiming& it = sorted.emplace_back(v[i]);
+      if (it.blocker >= 0) it.blocker = position[it.blocker];
+      if (it.data_blocker >= 0) it.data_blocker = position[it.data_blocker];
+    }
+    v = std::move(sorted);
   }
 
   /** Registers the model can follow without data: immediates and register copies. */
@@ -153,8 +201,11 @@ class Replay {
 
   /** All queues have drained at a barrier: run the loop control once, restart the counts. */
   void barrier() {
-    double now = 0;
-    for (double f : free_) now = std::max(now, f);
+    size_t latest = 0;  // the queue that drains last: every queue's next op follows its last op
+    for (size_t q = 1; q < free_.size(); ++q)
+      if (free_[q] > free_[latest]) latest = q;
+    const double now = free_[latest];
+    const int32_t last = prev_[latest].second;
     const uint32_t ir = p_.streams[0].ops[pos_[0]].ir_index;
     const Instruction& inst = k_.instructions[ir];
     uint32_t target = ir;
@@ -173,6 +224,8 @@ class Replay {
       pos_[s] = barrier_positions_[s][ordinal] + 1;
       free_[s] = now;
       ends_[s].clear();
+      issued_[s].clear();
+      prev_[s] = {last < 0 ? WaitCause::none : WaitCause::barrier, last};
     }
   }
 
@@ -182,16 +235,30 @@ class Replay {
   std::vector<uint32_t> pos_;
   std::vector<double> free_;
   std::vector<std::vector<double>> ends_;  // per queue: end times of the ops since the last barrier
+  std::vector<std::vector<int32_t>> issued_;  // ... and their indices in profile_.instructions
+  std::vector<std::pair<WaitCause, int32_t>> prev_;  // per queue: what its next op follows
   std::vector<std::optional<int64_t>> regs_;
   std::vector<int32_t> barrier_ordinal_;
   std::vector<std::vector<uint32_t>> barrier_positions_;
   double dma_free_ = 0, sbuf_port_free_ = 0, psum_port_free_ = 0;
+  int32_t dma_holder_ = -1, sbuf_port_holder_ = -1, psum_port_holder_ = -1;
   Profile profile_;
 };
 
 }  // namespace
 
 Profile estimate(const jit::DeviceProgram& program) { return Replay(program).run(); }
+
+const char* wait_cause_name(WaitCause c) {
+  switch (c) {
+    case WaitCause::none: return "none";
+    case WaitCause::queue: return "queue";
+    case WaitCause::semaphore: return "semaphore";
+    case WaitCause::barrier: return "barrier";
+    case WaitCause::port: return "port";
+  }
+  return "?";
+}
 
 double Profile::utilization(const std::string& queue) const {
   for (const QueueUsage& q : queues)

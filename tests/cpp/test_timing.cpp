@@ -2,6 +2,7 @@
 // trn1 clocks: TensorE 2.8 GHz, VectorE 1.12 GHz, ScalarE 1.4 GHz; DMA: 16 engines x 17 B/ns,
 // 1300 ns per transfer, 512 B-equivalent per contiguous buffer.
 #include "harness.hpp"
+#include "nikki/runtime/explain.hpp"
 #include "nikki/runtime/profile.hpp"
 
 namespace {
@@ -231,4 +232,74 @@ TEST_CASE("timing: DMA efficiency follows the bytes per contiguous buffer") {
   CHECK(t.at(0).end_ns == doctest::Approx(dma_ns(128 * 2048, 128)));
   const double data1 = (128.0 * 64 * 4 + 128.0 * 64 * kBufferBytes) / kDmaBandwidth;
   CHECK(t.at(1).end_ns == doctest::Approx(std::max(kDmaLatency, t.at(0).end_ns) + data1));
+}
+
+namespace {
+
+/** The IR index of what an instruction's start waited for, or -1. */
+int64_t blocker_ir(const Timeline& t, uint32_t ir) {
+  const int32_t b = t.at(ir).blocker;
+  return b < 0 ? -1 : int64_t(t.profile.instructions[b].ir_index);
+}
+
+}  // namespace
+
+TEST_CASE("timing: each start records what it waited for") {
+  // The timeline of "a dependent instruction on another engine starts when its producer ends".
+  Timeline t = estimate(
+      [](Tensor x) {
+        Tensor a = nl::ndarray({128, 256}, nl::float32), b = nl::ndarray({128, 256}, nl::float32);
+        Tensor c = nl::ndarray({128, 256}, nl::float32);
+        isa::memset(a, 0.5);                   // ir 0
+        isa::memset(c, 0.0);                   // ir 1: after ir 0 on its queue
+        isa::activation(b, nl::exp, a);        // ir 2: waits for ir 0 (semaphore)
+        Tensor out = nl::ndarray({128, 256}, nl::float32, nl::shared_hbm);
+        isa::tensor_tensor(c, c, b, nl::add);  // ir 3: its queue frees at 2 * 229 ns, after ir 2's end at 411 ns
+        isa::dma_copy(out, c);                 // ir 4: waits for ir 3
+        return out;
+      },
+      spec({1, 1}, nl::float32));
+  CHECK(t.at(0).cause == runtime::WaitCause::none);
+  CHECK(t.at(1).cause == runtime::WaitCause::queue);
+  CHECK(blocker_ir(t, 1) == 0);
+  CHECK(t.at(2).cause == runtime::WaitCause::semaphore);
+  CHECK(blocker_ir(t, 2) == 0);
+  CHECK(t.at(3).cause == runtime::WaitCause::queue);
+  CHECK(blocker_ir(t, 3) == 1);
+  CHECK(t.at(4).cause == runtime::WaitCause::semaphore);
+  CHECK(blocker_ir(t, 4) == 3);
+
+  // The critical path follows the blockers back from the last end: 4, 3, 1, 0, and owns the run.
+  const runtime::Explanation e = runtime::explain(t.profile, *t.program.device);
+  CHECK(e.path_instructions == 4);
+  double owned = 0;
+  for (const runtime::PathLine& l : e.critical_path) owned += l.ns;
+  CHECK(owned == doctest::Approx(t.profile.total_ns));
+  // ScalarE idles from 0 until ir 0 ends, waiting for VectorE's memset
+  bool found = false;
+  for (const runtime::IdleReason& r : e.idle)
+    if (r.queue == "qScalar" && r.reason.rfind("waiting for qVector: memset", 0) == 0) {
+      found = true;
+      CHECK(r.ns == doctest::Approx(256 / kVectorGHz));
+    }
+  CHECK(found);
+}
+
+TEST_CASE("timing: a DMA data phase that waits for the bandwidth records the transfer it waited for") {
+  Timeline t = estimate(
+      [](Tensor x) {
+        Tensor a = nl::ndarray({128, 1024}, nl::bfloat16), b = nl::ndarray({128, 1024}, nl::bfloat16);
+        isa::dma_copy(a, x(Slice{0, 128}, Slice{}));    // ir 0
+        isa::dma_copy(b, x(Slice{128, 256}, Slice{}));  // ir 1: data phase after ir 0's
+        Tensor out = nl::ndarray({256, 1024}, nl::bfloat16, nl::shared_hbm);
+        isa::dma_copy(out(Slice{0, 128}, Slice{}), a);
+        isa::dma_copy(out(Slice{128, 256}, Slice{}), b);
+        return out;
+      },
+      spec({256, 1024}, nl::bfloat16));
+  CHECK(t.at(1).cause == runtime::WaitCause::none);  // it starts at once: only its data waits
+  CHECK(t.at(1).data_blocker >= 0);
+  CHECK(t.profile.instructions[t.at(1).data_blocker].ir_index == 0);
+  CHECK(t.at(0).data_blocker == -1);
+  CHECK(std::string(runtime::wait_cause_name(runtime::WaitCause::semaphore)) == "semaphore");
 }

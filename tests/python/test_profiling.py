@@ -166,3 +166,105 @@ def test_estimate_with_static_loop_bounds_runs_every_iteration():
     vector = prof.engines()["qVector"]
     assert vector[1] == 11  # the memset of nl.zeros and ten loop iterations
     np.testing.assert_array_equal(loop(np.zeros((128, 512), np.float32)), np.full((128, 512), 10.0, np.float32))
+
+
+# --- Profile.explain ----------------------------------------------------------------------------
+
+@nki.jit
+def load_scale_store(a):
+    out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a)  # explain: load
+    nisa.tensor_scalar(dst=t, data=t, op0=nl.multiply, operand0=2.0)  # explain: scale
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def _line_of(marker):
+    with open(__file__) as f:
+        return next(n for n, line in enumerate(f, 1) if line.rstrip().endswith(f"# {marker}"))
+
+
+def test_explain_partitions_the_run_along_its_critical_path():
+    prof = nki.estimate(load_scale_store, nki.spec((128, 512), nl.float32), target="trn2")
+    e = prof.explain()
+    # load -> scale -> store depend on each other: the path is all three, and owns the whole run
+    assert e.critical_path and sum(step[3] for step in e.critical_path) == pytest.approx(prof.total_ns)
+    assert sum(step[4] for step in e.critical_path) == 3
+    # VectorE idles until the load has landed, waiting for the DMA queue at the load's line
+    load = f"test_profiling.py:{_line_of('explain: load')}"
+    waits = [r for r in e.idle if r[0] == "qVector" and r[1].startswith("waiting for qDMA")]
+    assert len(waits) == 1 and waits[0][1].endswith(f"dma_copy at {load}"), e.idle
+    scale = [r for r in prof.instructions() if r[1] == "tensor_scalar"][0]
+    assert waits[0][2] == pytest.approx(scale[2])  # the idle time is exactly the scale's start
+    # roofline: 2 x 256 KiB at the DMA peak, no FLOPs
+    assert e.io_bytes == 2 * 128 * 512 * 4 and e.flops == 0
+    assert e.memory_roofline_ns == pytest.approx(prof.roofline_ns())
+    text = str(e)
+    assert "ESTIMATED" in text and "critical path: 3 instructions" in text and "limit:" in text
+
+
+@nki.jit
+def vector_heavy(a):
+    out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+    nisa.dma_copy(dst=t, src=a)
+    for _ in range(40):
+        nisa.tensor_tensor(dst=t, data1=t, data2=t, op=nl.add)  # explain: hot vector line
+    nisa.dma_copy(dst=out, src=t)
+    return out
+
+
+def test_explain_names_the_saturated_engine_and_its_line():
+    prof = nki.estimate(vector_heavy, nki.spec((128, 2048), nl.float32), target="trn2")
+    e = prof.explain()
+    assert e.limit.startswith("VectorE (qVector) is busy"), e.limit
+    hot = f"test_profiling.py:{_line_of('explain: hot vector line')}"
+    assert e.critical_path[0][0] == hot and e.critical_path[0][1] == "qVector"
+    assert e.suggestions and e.suggestions[0][0].startswith("VectorE is busy") and hot in e.suggestions[0][0]
+    assert len(e.suggestions) <= 3
+
+
+@nki.jit
+def narrow_rows(a):
+    out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+    t = nl.ndarray(a.shape, a.dtype, buffer=nl.sbuf)
+    for i in range(a.shape[1] // 8):  # [128, 8] fp32 pieces: 32 B per partition row
+        nisa.dma_copy(dst=t[:, i * 8:(i + 1) * 8], src=a[:, i * 8:(i + 1) * 8])
+    for i in range(a.shape[1] // 8):
+        nisa.dma_copy(dst=out[:, i * 8:(i + 1) * 8], src=t[:, i * 8:(i + 1) * 8])
+    return out
+
+
+def test_explain_suggests_wider_transfers_when_descriptors_are_small():
+    prof = nki.estimate(narrow_rows, nki.spec((128, 512), nl.float32), target="trn2")
+    texts = [s[0] for s in prof.explain().suggestions]
+    assert any("32 B per descriptor" in t and "512 B or more" in t for t in texts), texts
+
+
+def test_explain_rows_must_be_positive():
+    prof = nki.estimate(load_scale_store, nki.spec((128, 512), nl.float32))
+    with pytest.raises(Exception, match="Profile.explain: rows"):
+        prof.explain(rows=0)
+
+
+def test_profile_command_explains(tmp_path):
+    import subprocess
+    import sys
+
+    script = tmp_path / "k.py"
+    script.write_text(
+        "import numpy as np\n"
+        "import nki\n"
+        "import nki.language as nl\n"
+        "@nki.jit\n"
+        "def add_one(a):\n"
+        "    out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)\n"
+        "    nl.store(out, nl.add(nl.load(a), 1.0))\n"
+        "    return out\n"
+        "add_one(np.ones((128, 64), np.float32))\n")
+    env = dict(os.environ, PYTHONPATH=os.path.join(os.path.dirname(__file__), "..", "..", "bindings", "python"))
+    done = subprocess.run([sys.executable, "-m", "nikki", "profile", "--explain", "--out", str(tmp_path / "p"),
+                           str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "limit:" in done.stdout and "critical path:" in done.stdout and "what would help most:" in done.stdout

@@ -15,7 +15,8 @@ from . import isa, language  # noqa: E402
 from . import collectives, compiler, typing  # noqa: E402
 from .dtypes import dtype  # noqa: E402
 from .entry import FrameworkKernel, baremetal, simulate, simulate_kernel  # noqa: E402
-from .profiling import Profile, benchmark, estimate, profile  # noqa: E402
+from .profiling import Explanation, Profile, benchmark, estimate, profile  # noqa: E402
+from .autotune import autotune  # noqa: E402
 from .kernel import Kernel, jit  # noqa: E402
 from .spec import TensorSpec, spec  # noqa: E402
 from .specialization_cache import cache_info, clear_cache, set_cache_limit  # noqa: E402
@@ -26,7 +27,8 @@ tensor = NkiTensor  # Beta 1's nki.tensor class (isinstance checks); the module 
 __version__ = "0.1.0"
 
 __all__ = [
-    "jit", "simulate", "simulate_kernel", "baremetal", "benchmark", "profile", "estimate", "Profile", "Kernel", "KernelError",
+    "jit", "simulate", "simulate_kernel", "baremetal", "benchmark", "profile", "estimate", "Profile", "Explanation",
+    "autotune", "Kernel", "KernelError",
     "SpillWarning", "spec", "TensorSpec", "dtype", "language", "isa", "typing", "compiler", "collectives", "__version__",
     "set_cache_limit", "clear_cache", "cache_info",
 ]

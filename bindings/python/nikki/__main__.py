@@ -4,8 +4,9 @@
   resolve to nikki);
 - ``nikki pytest [pytest args...]`` runs an NKI test suite with pytest, its NKI imports resolved to
   nikki the same way;
-- ``nikki profile [--out DIR] [--top N] file.py [args...]`` runs it the same way and
-  prints the estimated profile of every kernel it launched, writing a Perfetto trace per kernel;
+- ``nikki profile [--out DIR] [--top N] [--explain] file.py [args...]`` runs it the same way and
+  prints the estimated profile of every kernel it launched (``--explain``: what limits it),
+  writing a Perfetto trace per kernel;
 - ``nikki disasm file`` prints a device program file (``Program.serialize()``, ``nki.profile``'s
   NEFF-named output) as a kernel author reads it;
 - ``nikki kernels [--markdown]`` lists the library kernels (``--markdown``: the table of
@@ -40,6 +41,9 @@ def main(argv=None) -> int:
                                           "launches (Perfetto traces in --out)")
     prof.add_argument("--out", default="nikki-profile", help="directory for traces (default: ./nikki-profile)")
     prof.add_argument("--top", type=int, default=8, help="longest instructions listed per kernel")
+    prof.add_argument("--explain", action="store_true",
+                      help="also explain what limits each kernel: roofline, idle time by cause, critical path, "
+                           "the changes that would help most")
     prof.add_argument("file")
     prof.add_argument("args", nargs=argparse.REMAINDER)
     dis = sub.add_parser("disasm", help="print a device program file")
@@ -54,7 +58,7 @@ def main(argv=None) -> int:
     elif ns.command == "pytest":
         return _pytest(ns.args)
     elif ns.command == "profile":
-        return _profile_script(ns.file, ns.args, ns.out, ns.top)
+        return _profile_script(ns.file, ns.args, ns.out, ns.top, ns.explain)
     elif ns.command == "disasm":
         return _disassemble(ns.file)
     elif ns.command == "kernels":
@@ -110,7 +114,7 @@ def _run_script(path: str, args) -> None:
     runpy.run_path(path, run_name="__main__")
 
 
-def _profile_script(path: str, args, out_dir: str, top: int) -> int:
+def _profile_script(path: str, args, out_dir: str, top: int, explain: bool = False) -> int:
     from . import kernel as kernel_module
     from .profiling import Profile
 
@@ -136,6 +140,8 @@ def _profile_script(path: str, args, out_dir: str, top: int) -> int:
         trace = prof.save_trace(os.path.join(out_dir, f"{n:02d}_{k.fn.__name__}.json"))
         print(f"\n== {k.fn.__name__} (launched {launches}x) ==")
         print(prof.summary(top))
+        if explain:
+            print(prof.explain())
         print(f"trace: {trace} (open in https://ui.perfetto.dev or chrome://tracing)")
     return 0
 

@@ -22,7 +22,7 @@ from .errors import KernelError, kernel_error_at, user_frame
 from .entry import DecoratedKernel, as_kernel
 from .kernel import Kernel
 
-__all__ = ["Profile", "estimate", "profile", "benchmark", "BenchmarkResult"]
+__all__ = ["Profile", "Explanation", "estimate", "profile", "benchmark", "BenchmarkResult"]
 
 
 class Profile:
@@ -113,6 +113,18 @@ class Profile:
         memory = self.io_bytes() / self._peak_dma_per_ns if self._peak_dma_per_ns else 0.0
         return max(compute, memory)
 
+    def explain(self, flops: float | None = None, rows: int = 5) -> "Explanation":
+        """What limits this kernel, in words and numbers: the roofline position (FLOPs and bytes
+        against the target's peaks), each engine's busy time and idle time by cause (which engine
+        and line it waited for), the critical path through the kernel's lines, and up to three
+        changes that would help most. ``flops=`` measures the compute roofline by the algorithm's
+        useful FLOPs instead of the matmul FLOPs executed. ``str()`` of the result is the report;
+        SPMD launches explain each program instance."""
+        rows = check_int(rows, "Profile.explain: rows", minimum=1)
+        useful = 0.0 if flops is None else float(flops) / max(1, len(self._profiles))
+        parts = [_core.profile_explain(p, prog, useful, rows) for prog, p in zip(self._programs, self._profiles)]
+        return Explanation(parts)
+
     def instructions(self) -> list:
         """(queue, opcode, start ns, end ns, source) for every instruction, instance after instance."""
         rows, offset = [], 0.0
@@ -165,6 +177,35 @@ class Profile:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+class Explanation:
+    """The explanation of an estimated profile (``Profile.explain()``); every figure is an estimate.
+
+    Attributes (of the first program instance): ``limit`` (one sentence), ``idle`` [(queue, reason,
+    ns)], ``critical_path`` [(line, queue, opcode, ns, instructions)], ``suggestions`` [(text,
+    ns at stake)], the roofline inputs ``flops`` / ``io_bytes`` and times ``compute_roofline_ns`` /
+    ``memory_roofline_ns``. ``instances`` holds every instance's fields."""
+
+    def __init__(self, instances: list):
+        self.instances = instances
+        first = instances[0]
+        self.limit = first["limit"]
+        self.idle = list(first["idle"])
+        self.critical_path = list(first["critical_path"])
+        self.suggestions = list(first["suggestions"])
+        self.flops = first["flops"]
+        self.io_bytes = first["io_bytes"]
+        self.compute_roofline_ns = first["compute_roofline_ns"]
+        self.memory_roofline_ns = first["memory_roofline_ns"]
+
+    def __str__(self) -> str:
+        if len(self.instances) == 1:
+            return self.instances[0]["text"]
+        return "\n".join(f"program instance {i}:\n{e['text']}" for i, e in enumerate(self.instances))
+
+    def __repr__(self) -> str:
+        return f"<nikki.Explanation: {self.limit}>"
 
 
 def _merge_traces(traces, profiles) -> str:

@@ -10,6 +10,18 @@
 
 namespace nikki::runtime {
 
+/** @brief What decided when an instruction started (or, for a DMA, when its data moved). */
+enum class WaitCause : uint8_t {
+  none,           // started at time 0
+  queue,          // its queue's previous instruction (in-order engine)
+  semaphore,      // an instruction of another queue it waits for
+  barrier,        // a loop barrier: every queue drained
+  port,           // NeuronCore-v2's shared SBUF/PSUM port, held by another engine
+};
+
+/** @brief Name of a wait cause ("semaphore", ...). */
+const char* wait_cause_name(WaitCause c);
+
 /** @brief When one instruction ran in the estimate. */
 struct InstructionTiming {
   uint32_t ir_index = 0;
@@ -18,6 +30,9 @@ struct InstructionTiming {
   double end_ns = 0;
   double cycles = 0;        // engine cycles charged (0 for DMA)
   int64_t bytes = 0;        // DMA: bytes moved
+  WaitCause cause = WaitCause::none;  // what decided the start
+  int32_t blocker = -1;     // index in Profile::instructions of the instruction `cause` waited for
+  int32_t data_blocker = -1;  // DMA: the earlier transfer whose data phase its own data waited behind
 };
 
 /** @brief Busy time of one queue. */
