@@ -195,8 +195,9 @@ def reference_markdown(references: dict) -> list:
         for r in library:
             theirs = f"{r['library_us']:.1f}" if "library_us" in r else f"does not run: {r.get('error', '?')}"
             ours = f"{r['nikki_us']:.1f}" if "nikki_us" in r else "-"
+            note = f" ({r['note']})" if r.get("note") else ""
             lines.append(f"| {r['nikki_kernel']} | {r['shape']} | `{r['library_kernel']}` | {theirs} | "
-                         f"{r['nikki_kernel']} | {ours} | {_ratio(r.get('library_us'), r.get('nikki_us'))} |")
+                         f"{r['nikki_kernel']}{note} | {ours} | {_ratio(r.get('library_us'), r.get('nikki_us'))} |")
         lines.append("")
     return lines
 

@@ -17,6 +17,7 @@ import importlib
 import os
 import sys
 
+import ml_dtypes
 import numpy as np
 
 import nikki
@@ -50,12 +51,14 @@ def matmul_tutorial_rows(target: str = "trn1") -> list:
 
 @dataclasses.dataclass
 class Pair:
-    """One operation in both libraries. `shapes` are (label, nki-library kwargs, nikki args,
-    nikki params) makers taking a numpy Generator."""
+    """One operation in both libraries. `shapes` are (label, make): make(rng) returns the
+    nki-library kernel's keyword arguments and nikki's calls [(args, params)] for the same work
+    (several when nikki's kernel does part of it per call, e.g. RoPE of q, then of k)."""
 
     library_kernel: str  # "module:function" under nkilib_src.nkilib
     nikki_kernel: str
     shapes: list
+    note: str = ""  # how the two computations differ, when they do
 
 
 def _normal(rng, shape, dtype):
@@ -71,15 +74,46 @@ def _norm_shape(b, s, h, with_beta):
             beta = _normal(rng, (1, h), np.float16)
             kwargs["beta"] = beta
             args.append(beta.reshape(h))
-        return kwargs, args, {}
+        return kwargs, [(args, {})]
     return f"B={b} S={s} H={h} fp16", make
 
 
 def _cumsum_shape(rows, cols):
     def make(rng):
         x = _normal(rng, (rows, cols), np.float32)
-        return {"x": x}, [x], {}
+        return {"x": x}, [([x], {})]
     return f"[{rows}, {cols}] fp32", make
+
+
+def _cross_entropy_shape(tokens, vocab, chunk):
+    def make(rng):
+        logits = _normal(rng, (tokens, vocab), np.float32)
+        targets = rng.integers(0, vocab, (tokens,), dtype=np.int32)
+        kwargs = {"logits_hbm": logits, "targets_hbm": targets, "positions_per_batch": tokens, "chunk_size": chunk,
+                  "dtype": np.float32}
+        return kwargs, [([logits, targets], {})]
+    return f"T={tokens} V={vocab} fp32", make
+
+
+def _rope_shape(b, heads, kv_heads, s, d):
+    def make(rng):
+        q, k = _normal(rng, (b, heads, s, d), np.float32), _normal(rng, (b, kv_heads, s, d), np.float32)
+        cos, sin = _normal(rng, (b, s, d), np.float32), _normal(rng, (b, s, d), np.float32)
+        kwargs = {"q": q, "k": k, "q_out": np.zeros_like(q), "k_out": np.zeros_like(k), "cos": cos, "sin": sin,
+                  "backward": False}
+        return kwargs, [([q, cos, sin], {}), ([k, cos, sin], {})]
+    return f"B={b} H={heads} Hkv={kv_heads} S={s} D={d} fp32", make
+
+
+def _projection_shape(b, heads, d, s, n):
+    def make(rng):
+        bf16 = ml_dtypes.bfloat16
+        attention = _normal(rng, (b, heads, d, s), bf16)
+        weight, bias = _normal(rng, (heads * d, n), bf16), _normal(rng, (1, n), bf16)
+        attn = np.ascontiguousarray(attention.transpose(0, 3, 1, 2)).reshape(b, s, heads * d)
+        residual = np.zeros((b, s, n), bf16)
+        return {"attention": attention, "weight": weight, "bias": bias}, [([attn, weight, bias.reshape(n), residual], {})]
+    return f"B={b} H={heads} D={d} S={s} N={n} bf16", make
 
 
 PAIRS = [
@@ -88,6 +122,13 @@ PAIRS = [
     Pair("core.subkernels.layernorm_tkg:layernorm_tkg", "layernorm",
          [_norm_shape(1, 4, 1024, True), _norm_shape(4, 32, 4096, True)]),
     Pair("core.cumsum.cumsum:cumsum", "cumsum", [_cumsum_shape(4, 256), _cumsum_shape(2048, 4096)]),
+    Pair("experimental.loss.cross_entropy:cross_entropy_forward", "cross_entropy",
+         [_cross_entropy_shape(32, 1024, 1024), _cross_entropy_shape(128, 32768, 4096)]),
+    Pair("core.embeddings.rope_hf:rope_hf", "rope", [_rope_shape(1, 2, 1, 128, 64), _rope_shape(1, 32, 8, 2048, 128)],
+         note="nikki rotates q and k in two calls"),
+    Pair("core.output_projection.output_projection_cte.output_projection_cte:output_projection_cte",
+         "output_projection", [_projection_shape(1, 2, 64, 128, 512), _projection_shape(1, 32, 128, 2048, 4096)],
+         note="nikki also adds a residual (zeros here): one more [B, S, N] read"),
 ]
 
 
@@ -112,12 +153,14 @@ def library_rows(checkout: str, target: str = "trn2", names=None) -> list:
                          "error": f"not importable: {err}"})
             continue
         for label, make in pair.shapes:
-            kwargs, args, params = make(np.random.default_rng(0))
-            row = {"library_kernel": pair.library_kernel, "nikki_kernel": pair.nikki_kernel, "shape": label}
+            kwargs, calls = make(np.random.default_rng(0))
+            row = {"library_kernel": pair.library_kernel, "nikki_kernel": pair.nikki_kernel, "shape": label,
+                   "note": pair.note}
             try:
                 row["library_us"] = nikki.estimate(theirs, target=target, **kwargs).total_us
             except Exception as err:  # a kernel nikki cannot run yet is reported, not fatal
                 row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
-            row["nikki_us"] = nikki.estimate(ours[pair.nikki_kernel], *args, target=target, **params).total_us
+            row["nikki_us"] = sum(nikki.estimate(ours[pair.nikki_kernel], *args, target=target, **params).total_us
+                                  for args, params in calls)
             rows.append(row)
     return rows
