@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 import types
 
+from . import _core
+
 __all__ = ["install", "ALIASES", "present_simulated_instance", "INSTANCE_TYPE_FILE"]
 
 # module name NKI code imports -> nikki module that serves it
@@ -84,8 +86,6 @@ def present_simulated_instance() -> None:
 
 def _simulated_target() -> str:
     import os
-
-    from . import _core
 
     name = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or _core.default_target()
     try:

@@ -27,8 +27,15 @@ from fractions import Fraction
 
 import numpy as np
 
+from . import _core
+from . import isa as _isa
+from . import language as nl
+from .dtypes import to_dtype
 from .errors import KernelError, ViewError, kernel_error_at, user_frame
-from .tensor import DynSlice, NkiTensor
+from .hooks import hooks
+from .registers import VirtualRegister
+from .tensor import DynSlice, NkiTensor, region_of
+from .tracing import assigned_name
 
 __all__ = ["arange", "mgrid", "IndexExpr", "IndexedTensor", "BlockTensor", "uses_index_expr", "subscript",
            "apply_mask", "legacy_iota", "legacy_affine_select", "block_tensor"]
@@ -51,8 +58,6 @@ def _is_int(x) -> bool:
 
 
 def _describe(x) -> str:
-    from .isa import VirtualRegister
-
     if isinstance(x, NkiTensor):
         return f"tensor '{x.name}' (a run-time value)"
     if isinstance(x, VirtualRegister):
@@ -598,8 +603,6 @@ def subscript(tensor: NkiTensor, key: tuple) -> "IndexedTensor":
                          hint="pass the predicate as mask= of the instruction instead")
         if isinstance(k, IndexExpr) and k.rank == 1:
             raise _error("Indexing a NKI tensor with 1D arange is not supported", hint=_PLACE_HINT)
-    from .isa import VirtualRegister
-
     # Legacy dynamic indexing: one dim may be indexed by a value known only at run time (a register
     # or a 1x1 tensor, e.g. A[batch_idx, i_p, i_f]); the access is offset by it when it executes.
     runtime = [(d, k) for d, k in enumerate(key) if isinstance(k, (NkiTensor, VirtualRegister))]
@@ -749,8 +752,6 @@ class IndexedTensor(NkiTensor):
                                   hint=err.hint) from None
         if self._runtime is None:
             return view
-        from .isa import VirtualRegister
-
         d, index = self._runtime
         if isinstance(index, VirtualRegister):
             return view.with_indirection(None, index._reg, strides[d], None, 0, 0)
@@ -890,10 +891,6 @@ def legacy_iota(expr=None, dtype=None, *, mask=None, name=None, **kwargs):
     """Legacy ``tile = nisa.iota(expr, dtype, mask=...)``: a new SBUF tile of the expression's grid
     shape holding the expression's value at every position (via nisa.iota's pattern, offset and
     channel_multiplier)."""
-    from . import isa as _isa
-    from . import language as nl
-    from .tracing import assigned_name
-
     if kwargs:
         raise _error(f"nisa.iota() got unexpected keyword argument(s) {', '.join(sorted(kwargs))}")
     e = _as_expr(expr, "nisa.iota")
@@ -919,12 +916,6 @@ def legacy_affine_select(pred=None, on_true_tile=None, on_false_value=None, *, m
     """Legacy ``tile = nisa.affine_select(pred, on_true_tile, on_false_value, mask=..., dtype=...)``:
     a new SBUF tile holding on_true_tile where the affine comparison `pred` (e.g. ``i_q >= i_k``) holds
     and on_false_value elsewhere (via nisa.affine_select on lhs - rhs compared with 0)."""
-    from . import _core
-    from . import isa as _isa
-    from . import language as nl
-    from .dtypes import to_dtype
-    from .tracing import assigned_name
-
     if kwargs:
         raise _error(f"nisa.affine_select() got unexpected keyword argument(s) {', '.join(sorted(kwargs))}")
     if isinstance(pred, _BadPred):
@@ -1056,10 +1047,6 @@ class BlockTensor(NkiTensor):
 def block_tensor(shape, dtype, buffer, name):
     """Legacy ``nl.ndarray((B..., nl.par_dim(P), F...), dtype, buffer)``: a :class:`BlockTensor`
     stored partition first."""
-    from . import language as nl
-    from .tensor import region_of
-    from .tracing import assigned_name
-
     shape = tuple(shape)
     nb = next(i for i, s in enumerate(shape) if isinstance(s, nl.par_dim))
     region = region_of(buffer)
@@ -1090,3 +1077,16 @@ class _OverhangingSlice(IndexedTensor):
 
     _view = property(_checked)
 
+
+# The legacy layer plugs into the core: NkiTensor subscripts, nl.ndarray's block tensors, nl.arange /
+# nl.mgrid and the mask= of nki.isa instructions reach this module through these hooks.
+hooks.uses_index_expr = uses_index_expr
+hooks.index_subscript = subscript
+hooks.overhanging_slices = overhanging_slices
+hooks.apply_mask = apply_mask
+hooks.apply_reduction_mask = apply_reduction_mask
+hooks.legacy_iota = legacy_iota
+hooks.legacy_affine_select = legacy_affine_select
+hooks.block_tensor = block_tensor
+hooks.arange = arange
+hooks.mgrid = mgrid

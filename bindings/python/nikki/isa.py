@@ -9,6 +9,7 @@ file and line.
 from __future__ import annotations
 
 import enum
+import math
 import sys
 import types as _types
 
@@ -19,8 +20,10 @@ from .arguments import EXACT_INT_LIMIT, argument_error, check_bool, check_int, c
 from .dtypes import to_dtype
 from .errors import KernelError, kernel_error_at, kernel_error_in_traceback, user_frame
 from .ops import act_func, alu_op
-from .tensor import ComparisonTile, NkiTensor, psum, sbuf
-from .tracing import current
+from .hooks import hooks
+from .registers import VirtualRegister
+from .tensor import ComparisonTile, NkiTensor, ndarray, psum, sbuf
+from .tracing import assigned_name, current
 
 __all__ = [
     "engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine",
@@ -105,25 +108,12 @@ class dma_engine(enum.IntEnum):
     gpsimd_dma = 2
 
 
+_FLOAT32 = to_dtype("float32")
+_UINT32 = to_dtype("uint32")
+
 # NKI's "hardware constraints are violated" exception. nikki raises nikki.KernelError for those,
 # so the NKI name is that class: ``except nisa.NkiValidationError`` catches nikki's errors.
 NkiValidationError = KernelError
-
-
-class VirtualRegister:
-    """A 32-bit sequencer register (nisa.register_alloc)."""
-
-    __slots__ = ("_reg",)
-
-    def __init__(self, reg):
-        self._reg = reg
-
-    def __repr__(self) -> str:
-        return f"VirtualRegister(r{self._reg.id})"
-
-    def __bool__(self):
-        raise kernel_error_at(user_frame(2), "a register's value is only known at run time",
-                              hint="loop on registers with nl.fori_loop / nl.while_loop")
 
 
 # --- emission helpers -----------------------------------------------------------------------
@@ -274,9 +264,7 @@ def _not_implemented(what: str):
 
 
 def _new_tile(shape, dt, buffer=sbuf, name="") -> NkiTensor:
-    from . import language as nl
-
-    return nl.ndarray(tuple(shape), dtype=dt, buffer=buffer, name=name)
+    return ndarray(tuple(shape), dtype=dt, buffer=buffer, name=name)
 
 
 def _tile_shape(data: NkiTensor) -> tuple:
@@ -293,9 +281,7 @@ def _wider(a, b):
         return a if a.is_float else b
     if a.itemsize != b.itemsize:
         return a if a.itemsize > b.itemsize else b
-    from . import language as nl
-
-    return nl.float32 if a.is_float else (a if a.name.startswith("int") else b)
+    return _FLOAT32 if a.is_float else (a if a.name.startswith("int") else b)
 
 
 def _legacy(kwargs, is_legacy: bool, args=(), first: str = "") -> bool:
@@ -325,9 +311,7 @@ def _masked_extras(mask, *extras):
     tensors = [e for e in extras if isinstance(e, NkiTensor)]
     if not tensors:
         return extras
-    from . import index_expr
-
-    masked = index_expr.apply_mask(mask, *tensors)
+    masked = hooks.apply_mask(mask, *tensors)
     if masked is None:
         return extras
     it = iter(masked)
@@ -339,9 +323,7 @@ def _masked(mask, dst, *operands):
     or None when the mask selects nothing (the instruction is skipped)."""
     if mask is None:
         return (dst, *operands)
-    from . import index_expr
-
-    return index_expr.apply_mask(mask, dst, *operands)
+    return hooks.apply_mask(mask, dst, *operands)
 
 
 # --- data movement --------------------------------------------------------------------------
@@ -411,11 +393,17 @@ def _tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None, mask
         _emit(_core.Opcode.tensor_tensor, ops, engine, name, op0=alu_op(op, "op"))
 
 
-def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, name=None):
-    from . import language as nl
+def _broadcast_shape(a: tuple, b: tuple):
+    """numpy's broadcast of two shapes of one rank, or None."""
+    if len(a) != len(b) or not all(m == n or m == 1 or n == 1 for m, n in zip(a, b)):
+        return None
+    return tuple(max(m, n) for m, n in zip(a, b))
 
+
+
+def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, name=None):
     data1, data2 = _check_tensor(data1, "data1"), _check_tensor(data2, "data2")
-    shape = nl._broadcast_shape(data1.shape, data2.shape)
+    shape = _broadcast_shape(data1.shape, data2.shape)
     if shape is not None and data1.shape != data2.shape:  # Beta 1 repeats size-1 dims (e.g. a [P, 1] scale)
         data1, data2 = data1.broadcast_to(shape), data2.broadcast_to(shape)
     out = _new_tile(_tile_shape(data1), to_dtype(dtype) if dtype is not None else _wider(data1.dtype, data2.dtype))
@@ -522,9 +510,10 @@ def _activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=
 
 def _constant_bias(data: NkiTensor, value: float):
     """A [P, 1] fp32 tile holding a compile-time bias (NeuronCore-v3 accepts scalar biases)."""
-    from . import language as nl
-
-    return nl.full((data.shape[0], 1), value, dtype=nl.float32, buffer=sbuf)
+    # named like nl.full names it: after the variable the user's call is assigned to
+    bias = _new_tile((data.shape[0], 1), _FLOAT32, sbuf, name=assigned_name(user_frame()) or "")
+    _assign_scalar(bias, value)
+    return bias
 
 
 def _legacy_activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
@@ -595,9 +584,7 @@ def _tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None,
     if mask is None:
         ops = (dst, data)
     else:
-        from . import index_expr
-
-        ops = index_expr.apply_reduction_mask(mask, dst, data, attrs["axes"], attrs["keepdims"])
+        ops = hooks.apply_reduction_mask(mask, dst, data, attrs["axes"], attrs["keepdims"])
     if ops is not None:
         _emit(_core.Opcode.tensor_reduce, ops, engine.vector, name, **attrs)
 
@@ -784,8 +771,6 @@ def _staged_from_psum(t: NkiTensor) -> NkiTensor:
 
 def _legacy_nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False,
                       is_transpose=False, tile_position=(), tile_size=(), perf_mode=None, mask=None, name=None):
-    from . import language as nl
-
     stationary, moving = _check_tensor(stationary, "stationary"), _check_tensor(moving, "moving")
     # Beta 1 kernels multiply tiles straight out of PSUM (e.g. a transpose's result): the Tensor
     # engine reads SBUF, so such operands are staged through SBUF first.
@@ -793,7 +778,7 @@ def _legacy_nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_mov
     rows = 2 if _is_double_row(perf_mode) else 1  # double_row operands are [K, 2, F]
     m = stationary.size // (stationary.shape[0] * rows)
     n = moving.size // (moving.shape[0] * rows)
-    out = _new_tile((m, n), moving.dtype if is_transpose else nl.float32, psum)
+    out = _new_tile((m, n), moving.dtype if is_transpose else _FLOAT32, psum)
     index = _nc_matmul(out, stationary, moving, is_stationary_onezero, is_moving_onezero, is_transpose, False,
                        tile_position, tile_size, perf_mode, name=name, mask=mask)
     if index is not None and rows == 1:  # `psum += ...` may then retarget the one matmul
@@ -872,9 +857,7 @@ def iota(*args, **kwargs):
     dst[c, i...] = offset + c * channel_multiplier + sum(step_k * i_k), computed in int32.
     Legacy: ``tile = iota(expr, dtype)`` with an nl.arange index expression."""
     if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
-        from . import index_expr
-
-        return index_expr.legacy_iota(*args, **kwargs)
+        return hooks.legacy_iota(*args, **kwargs)
     return _iota(*args, **kwargs)
 
 
@@ -891,17 +874,13 @@ def affine_select(*args, **kwargs):
     dst = on_true_tile where cmp_op(affine value, 0), else on_false_value (affine value as in iota).
     Legacy: ``tile = affine_select(pred, on_true_tile, on_false_value)`` with an index-expression predicate."""
     if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
-        from . import index_expr
-
-        return index_expr.legacy_affine_select(*args, **kwargs)
+        return hooks.legacy_affine_select(*args, **kwargs)
     return _affine_select(*args, **kwargs)
 
 
 def _affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0, name=None,
                    mask=None):
-    from . import language as nl
-
-    cmp = alu_op(cmp_op if cmp_op is not None else nl.equal, "cmp_op")
+    cmp = alu_op(cmp_op if cmp_op is not None else _core.AluOp.equal, "cmp_op")
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(on_true_tile, "on_true_tile"))
     if ops is not None:
         _emit(_core.Opcode.affine_select, (*ops, _number(on_false_value, "nisa.affine_select: on_false_value")),
@@ -963,9 +942,7 @@ def tensor_copy_predicated(dst=None, src=None, predicate=None, reverse_pred=Fals
 def select_reduce(dst=None, predicate=None, on_true=None, on_false=None, reduce_res=None,
                   reduce_cmd=reduce_cmd.idle, reduce_op=None, reverse_pred=False, name=None, mask=None, dtype=None):
     """dst = where(predicate, on_true, on_false), with an optional max-reduction into reduce_res."""
-    from . import language as nl
-
-    attrs = {"reduce_op": alu_op(reduce_op if reduce_op is not None else nl.maximum, "reduce_op"),
+    attrs = {"reduce_op": alu_op(reduce_op if reduce_op is not None else _core.AluOp.maximum, "reduce_op"),
              "reduce_cmd": _core_reduce_cmd(reduce_cmd),
              "reverse_pred": _flag(reverse_pred, "select_reduce", "reverse_pred")}
     if reduce_res is not None and int(reduce_cmd) == 0:
@@ -997,12 +974,10 @@ def _max8(dst, src, name=None, mask=None):
 def nc_find_index8(*args, **kwargs):
     """``nc_find_index8(dst, data, vals)``: index of the first occurrence of each of 8 values per partition."""
     if _legacy(kwargs, len(args) < 3, args, "data"):
-        from . import language as nl
-
         data = _check_tensor(args[0] if args else kwargs.pop("data"), "data")
         vals = args[1] if len(args) > 1 else kwargs.pop("vals")
         dtype = kwargs.pop("dtype", None)
-        out = _new_tile((data.shape[0], 8), to_dtype(dtype) if dtype is not None else nl.uint32)
+        out = _new_tile((data.shape[0], 8), to_dtype(dtype) if dtype is not None else _UINT32)
         _nc_find_index8(out, data, vals, **kwargs)
         return out
     return _nc_find_index8(*args, **kwargs)
@@ -1058,12 +1033,39 @@ class NkiInstruction:
         return self
 
 
-def __getattr__(name: str):
-    if name == "NKIObject":  # NKI also exports it here; defined in nki.language (imported lazily: a cycle)
-        from .language import NKIObject
+class NKIObject:
+    """Base class of the configuration classes NKI kernels pass around. As in NKI, a subclass that
+    declares annotated fields and no constructor of its own takes them as (keyword or positional)
+    arguments, every one optional: a field not given keeps its class default, or None."""
 
-        return NKIObject
-    raise AttributeError(f"module 'nki.isa' has no attribute {name!r}")
+    def __init__(self, *args, **kwargs):
+        fields = _annotated_fields(type(self))
+        if len(args) > len(fields):
+            raise TypeError(f"{type(self).__name__}() takes at most {len(fields)} positional arguments "
+                            f"({', '.join(fields) or 'no fields'}), {len(args)} given")
+        for name, value in zip(fields, args):
+            if name in kwargs:
+                raise TypeError(f"{type(self).__name__}() got multiple values for field '{name}'")
+            kwargs[name] = value
+        for name in fields:
+            if name not in kwargs and not hasattr(type(self), name):
+                setattr(self, name, None)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{n}={getattr(self, n, None)!r}" for n in _annotated_fields(type(self)))
+        return f"{type(self).__name__}({values})"
+
+
+def _annotated_fields(cls) -> list:
+    """Annotated field names of cls and its bases, base classes' first (dataclass order)."""
+    names: list = []
+    for klass in reversed(cls.__mro__):
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            if name not in names and "ClassVar" not in str(annotation):
+                names.append(name)
+    return names
 
 
 # --- data movement and selection added in NKI 0.2+ ----------------------------------------------
@@ -1119,8 +1121,6 @@ def dma_compute(dst=None, srcs=None, reduce_op=None, scales=None, unique_indices
     engines (1 to 4 sources, HBM or SBUF; nl.add and unit scales, as in NKI). A source that is dst
     itself (read-modify-write, e.g. a scatter-add through a vector_offset) sees earlier elements'
     writes, so repeated indices accumulate."""
-    from . import language as nl
-
     dst = _check_tensor(dst, "dst")
     sources = list(srcs) if isinstance(srcs, (list, tuple)) else [srcs]
     if not 1 <= len(sources) <= 4:
@@ -1132,7 +1132,7 @@ def dma_compute(dst=None, srcs=None, reduce_op=None, scales=None, unique_indices
         if any(f != 1.0 for f in factors):
             _not_implemented(f"dma_compute(scales={factors}) (NKI supports only scales of 1.0)")
     _emit(_core.Opcode.dma_compute, (dst, *sources), _core.Engine.dma, name,
-          op0=alu_op(reduce_op if reduce_op is not None else nl.add, "reduce_op"), oob_skip=_oob_skip(oob_mode))
+          op0=alu_op(reduce_op if reduce_op is not None else _core.AluOp.add, "reduce_op"), oob_skip=_oob_skip(oob_mode))
 
 
 def nc_stream_shuffle(*args, **kwargs):
@@ -1173,12 +1173,10 @@ def range_select(dst=None, on_true_tile=None, comp_op0=None, comp_op1=None, boun
                  name=None, mask=None, dtype=None):
     """dst[p, f] = on_true_tile[p, f] where (f + range_start) comp_op0 bound0[p] and (f + range_start)
     comp_op1 bound1[p], else on_false_value; the results reduce (maximum) into reduce_res."""
-    from . import language as nl
-
     if float(range_start) != int(range_start):
         raise kernel_error_at(user_frame(2), f"range_select: range_start={range_start} is not an integer position")
     attrs = {"op0": alu_op(comp_op0, "comp_op0"), "op1": alu_op(comp_op1, "comp_op1"),
-             "reduce_op": alu_op(reduce_op if reduce_op is not None else nl.maximum, "reduce_op"),
+             "reduce_op": alu_op(reduce_op if reduce_op is not None else _core.AluOp.maximum, "reduce_op"),
              "reduce_cmd": _core_reduce_cmd(reduce_cmd), "offset": int(range_start),
              "fill_value": float(on_false_value)}
     if reduce_res is not None and int(reduce_cmd) == 0:
@@ -1207,11 +1205,10 @@ def core_barrier(data=None, cores=(0, 1), engine=engine.unknown, name=None):
     shared HBM tensor `data` are visible. A launch of one program instance is alone on nikki's
     simulated core: nothing to wait for, the barrier has no effect. Instances of a grid run one
     after another, so they cannot wait for each other: a barrier there raises NotImplementedError."""
-    from . import language as nl
-
     _check_tensor(data, "data")
-    if nl.num_programs() > 1:
-        _not_implemented(f"core_barrier between the {nl.num_programs()} program instances of a launch (nikki runs "
+    programs = math.prod(current().grid or (1,))
+    if programs > 1:
+        _not_implemented(f"core_barrier between the {programs} program instances of a launch (nikki runs "
                          "them one after another)")
 
 
@@ -1305,9 +1302,7 @@ def _accumulate_into(dst: NkiTensor, other) -> None:
 
 
 def _update_in_place(dst: NkiTensor, other, op: str) -> None:
-    from . import language as nl
-
-    alu = getattr(nl, op)
+    alu = getattr(_core.AluOp, op)
     if isinstance(other, NkiTensor):
         if dst.buffer is psum and other.buffer is psum:
             # an engine reads at most one PSUM input: stage the other operand through SBUF
@@ -1329,3 +1324,12 @@ for _name in ("engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode"
     setattr(constants, _name, globals()[_name])
 del _name
 sys.modules.setdefault("nikki.isa.constants", constants)
+
+
+# Legacy tile assignment and in-place updates of NkiTensor (t[...] = x, t += x) are these functions.
+hooks.tensor_tensor = _tensor_tensor
+hooks.produce_in_place = _produce_in_place
+hooks.assign = _assign
+hooks.assign_scalar = _assign_scalar
+hooks.accumulate_into = _accumulate_into
+hooks.update_in_place = _update_in_place

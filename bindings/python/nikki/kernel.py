@@ -23,7 +23,8 @@ from .errors import (KernelError, SpillWarning, is_internal_frame, kernel_error_
                      user_frame,
                      without_internal_frames)
 from .tensor import NkiTensor, shared_hbm
-from .tracing import TraceContext
+from .tracing import TraceContext, maybe_current
+from .typing import mutable_tensor
 
 __all__ = ["Kernel", "jit"]
 
@@ -194,8 +195,6 @@ class Kernel:
 
     # --- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        from .tracing import maybe_current
-
         if maybe_current() is not None:
             # Called while another kernel is being traced: a sub-kernel (Beta 1's
             # @nki.jit(mode='trace') helpers), inlined into the caller like any Python function.
@@ -699,8 +698,6 @@ def _constant_key(v):
 def _is_mutable_annotation(annotation, fn_globals) -> bool:
     """True for ``nt.mutable_tensor`` (also as the string annotation `from __future__ import
     annotations` makes of it)."""
-    from .typing import mutable_tensor
-
     if isinstance(annotation, str):
         try:
             annotation = eval(annotation, dict(fn_globals))  # noqa: S307 - the user's own annotation

@@ -17,12 +17,16 @@ from . import _core
 from . import isa as _isa
 from .dtypes import PACKED_DTYPES as _PACKED_DTYPES
 from .dtypes import dtype as _dtype_cls
+from .dtypes import from_numpy, torch_dtype
 from .dtypes import numpy_dtype as _numpy_dtype
 from .arguments import check_bool, check_int, check_real, describe, is_int
 from .dtypes import to_dtype
 from .errors import is_internal_frame, kernel_error_at, user_frame
 from .ops import register_op
-from .tensor import ComparisonTile, DynSlice, LoopReduction, MemoryRegion, NkiTensor, hbm, private_hbm, psum, region_of, sbuf, shared_hbm
+from .hooks import hooks as _hooks
+from .isa import NKIObject, _broadcast_shape
+from .tensor import (ComparisonTile, DynSlice, LoopReduction, MemoryRegion, NkiTensor, hbm, ndarray, par_dim, private_hbm,
+                     psum, region_of, sbuf, shared_hbm)
 from .tracing import assigned_name, current, maybe_current
 
 # --- dtypes ---------------------------------------------------------------------------------
@@ -66,60 +70,7 @@ def is_on_chip(buffer) -> bool:
     return isinstance(buffer, MemoryRegion) and buffer.is_on_chip
 
 
-class par_dim(int):
-    """Legacy marker of the partition dim in a shape with leading block dims (Beta 1)."""
-
-
 # --- tensor creation ------------------------------------------------------------------------
-
-def _shape(shape) -> tuple:
-    if is_int(shape):
-        return (int(shape),)
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        dims = None
-    if dims is None or isinstance(shape, str) or not builtins.all(is_int(s) for s in dims):
-        raise kernel_error_at(user_frame(3), f"shape {shape!r} is not a tuple of integers",
-                              hint="dims are ints (a float or a bool is not a size)")
-    return tuple(int(s) for s in dims)
-
-
-def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTensor:
-    """A new uninitialized tensor (reads before writes see NaN for floats, 4 for integers)."""
-    ctx = current("nl.ndarray")
-    shape_t = _shape(shape)
-    if isinstance(shape, (tuple, list)) and any(isinstance(s, par_dim) for s in shape) \
-            and not isinstance(shape[0], par_dim):
-        from . import index_expr
-
-        return index_expr.block_tensor(shape, dtype, buffer, name)
-    region = region_of(buffer)
-    if not shape_t or any(s < 1 for s in shape_t):
-        raise kernel_error_at(user_frame(2), f"nl.ndarray shape {shape_t} must have positive extents",
-                              hint="give the tensor a shape such as (128, 512)")
-    if len(shape_t) > _core.max_rank:
-        raise kernel_error_at(user_frame(2), f"nl.ndarray shape {shape_t} has {len(shape_t)} dims",
-                              limit=f"tensors have at most {_core.max_rank} dims", hint="merge dims")
-    if address is not None and not region.is_on_chip:
-        raise kernel_error_at(user_frame(2), f"address= is only meaningful for sbuf and psum tensors, not {region.name}")
-    if address is not None:
-        try:
-            partition, byte = address
-        except (TypeError, ValueError):
-            raise kernel_error_at(user_frame(2), f"nl.ndarray: address={address!r} must be a (partition, byte) "
-                                  "pair") from None
-        address = (check_int(partition, "nl.ndarray: address partition", minimum=0),
-                   check_int(byte, "nl.ndarray: address byte offset", minimum=0))
-    role = "output" if region is shared_hbm else "scratch"
-    if not name:
-        caller = sys._getframe(1)
-        if not is_internal_frame(caller.f_code.co_filename):
-            name = assigned_name(caller)
-    view = ctx.builder.add_storage(name or "t", region.core, to_dtype(dtype).core, list(shape_t), role,
-                                   ctx.location(), address)
-    return NkiTensor(ctx, view)
-
 
 def full(shape, fill_value, dtype, buffer=sbuf, name: str = "", lazy_initialization=None) -> NkiTensor:
     """A tensor filled with `fill_value` (on-chip memories only).
@@ -178,8 +129,6 @@ def shared_constant(constant, dtype=None) -> NkiTensor:
     elif data.dtype == np.float64 or data.dtype == np.int64:
         data = data.astype(np.float32 if data.dtype == np.float64 else np.int32)
     data = np.ascontiguousarray(data)
-    from .dtypes import from_numpy
-
     try:
         dt = from_numpy(data.dtype)
     except TypeError as err:
@@ -268,7 +217,23 @@ def static_range(start, stop=None, step=1, directives=None):
     return _loop_range("static_range", start, stop, step)
 
 
-from .index_expr import arange, mgrid  # noqa: E402  (legacy index expressions)
+def arange(*args):
+    """Legacy index expression ``nl.arange(n)`` / ``nl.arange(start, stop)`` (an affine index over a
+    tile's dim, placed with ``[:, None]`` / ``[None, :]``); implemented by the legacy layer."""
+    return _hooks.arange(*args)
+
+
+class _IndexGrid:
+    """Legacy ``nl.mgrid[0:P, 0:F]``: index expressions of a grid, implemented by the legacy layer."""
+
+    def __getitem__(self, key):
+        return _hooks.mgrid[key]
+
+    def __repr__(self) -> str:
+        return "nl.mgrid"
+
+
+mgrid = _IndexGrid()
 
 
 def ds(start, size) -> DynSlice:
@@ -451,13 +416,6 @@ def _scalar_operand(t: NkiTensor, op: str) -> NkiTensor:
     if op in _BITVEC or t.dtype == float32:
         return t
     return copy(t, dtype=float32)
-
-
-def _broadcast_shape(a: tuple, b: tuple):
-    """numpy's broadcast of two shapes of one rank, or None."""
-    if len(a) != len(b) or not builtins.all(m == n or m == 1 or n == 1 for m, n in zip(a, b)):
-        return None
-    return tuple(builtins.max(m, n) for m, n in zip(a, b))
 
 
 def _out_dtype(dtype, comparison: bool, *tiles) -> _dtype_cls:
@@ -877,41 +835,6 @@ fp32 = _FloatLimits("fp32", -3.4028234663852886e38)  # bit pattern 0xff7fffff
 bfp16 = _FloatLimits("bfp16", float("-inf"))  # bit pattern 0xff80, as Beta 1 defined it
 
 
-class NKIObject:
-    """Base class of the configuration classes NKI kernels pass around. As in NKI, a subclass that
-    declares annotated fields and no constructor of its own takes them as (keyword or positional)
-    arguments, every one optional: a field not given keeps its class default, or None."""
-
-    def __init__(self, *args, **kwargs):
-        fields = _annotated_fields(type(self))
-        if len(args) > len(fields):
-            raise TypeError(f"{type(self).__name__}() takes at most {len(fields)} positional arguments "
-                            f"({', '.join(fields) or 'no fields'}), {len(args)} given")
-        for name, value in zip(fields, args):
-            if name in kwargs:
-                raise TypeError(f"{type(self).__name__}() got multiple values for field '{name}'")
-            kwargs[name] = value
-        for name in fields:
-            if name not in kwargs and not hasattr(type(self), name):
-                setattr(self, name, None)
-        for name, value in kwargs.items():
-            setattr(self, name, value)
-
-    def __repr__(self) -> str:
-        values = ", ".join(f"{n}={getattr(self, n, None)!r}" for n in _annotated_fields(type(self)))
-        return f"{type(self).__name__}({values})"
-
-
-def _annotated_fields(cls) -> list:
-    """Annotated field names of cls and its bases, base classes' first (dataclass order)."""
-    names: list = []
-    for klass in reversed(cls.__mro__):
-        for name, annotation in vars(klass).get("__annotations__", {}).items():
-            if name not in names and "ClassVar" not in str(annotation):
-                names.append(name)
-    return names
-
-
 # --- composite operations -------------------------------------------------------------------
 
 def softmax(x, axis=-1, dtype=None, compute_dtype=None, mask=None):
@@ -1058,8 +981,6 @@ def static_cast(input_data, dtype):
     if isinstance(input_data, NkiTensor):
         return copy(input_data, dtype=dtype)
     if type(input_data).__module__.startswith("torch"):
-        from .dtypes import torch_dtype
-
         return input_data.to(torch_dtype(dtype))
     import numpy as np
 
@@ -1112,3 +1033,10 @@ def iinfo(dtype):
         raise TypeError(f"nl.iinfo: {dt.name} is not an integer dtype; use nl.finfo")
     return np.iinfo(_numpy_dtype(dt) if dt.name != "bool_" else np.uint8)
 
+
+# The tile operators of NkiTensor (a + b, -a, abs(a), ~a, t.astype(dt)) are these functions.
+_hooks.binary_op = _binary_op
+_hooks.negative = negative
+_hooks.abs = abs
+_hooks.invert = invert
+_hooks.copy = copy

@@ -17,6 +17,7 @@ from .dtypes import to_dtype
 from .errors import KernelError, user_frame
 from .kernel import Kernel, _TensorArg, _for_user
 from .tensor import NkiTensor
+from .tracing import maybe_current
 
 __all__ = ["LibraryKernel", "library_kernels", "doc_section", "kernels_table"]
 
@@ -63,8 +64,6 @@ class LibraryKernel(Kernel):
                           hint=f"call nikki.kernels.{self.name}(...) directly")
 
     def __call__(self, *args, **kwargs):
-        from .tracing import maybe_current
-
         ctx = maybe_current()
         if ctx is None:
             return super().__call__(*args, **kwargs)

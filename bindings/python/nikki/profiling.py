@@ -18,7 +18,7 @@ from . import _core
 from .arguments import check_int
 from .errors import KernelError, kernel_error_at, user_frame
 from .entry import DecoratedKernel, as_kernel
-from .kernel import Kernel
+from .kernel import Kernel, _for_user
 
 __all__ = ["Profile", "estimate", "profile", "benchmark", "BenchmarkResult"]
 
@@ -176,8 +176,6 @@ def estimate(kernel, *args, target=None, **kwargs) -> Profile:
 
 
 def _estimate(k: Kernel, args, kwargs):
-    from .kernel import _for_user
-
     try:
         compiled = k.compile_for(k._bind(args, kwargs), k._grid(), for_running=False)
         return compiled, Profile.of(k.fn.__name__, compiled)
