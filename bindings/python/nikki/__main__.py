@@ -94,7 +94,7 @@ def _run_script(path: str, args) -> None:
 
 
 def _profile_script(path: str, args, out_dir: str, top: int) -> int:
-    launched = {}  # id(compiled) -> (kernel, compiled, launches)
+    launched: dict = {}  # id(compiled) -> (kernel, compiled, launches)
 
     def observe(k, compiled):
         entry = launched.get(id(compiled))

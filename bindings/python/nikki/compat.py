@@ -48,7 +48,7 @@ def install() -> None:
     if "neuronxcc" not in sys.modules or not getattr(sys.modules["neuronxcc"], "_nikki_alias", False):
         package = types.ModuleType("neuronxcc", "nikki stand-in for the Neuron compiler package")
         package.__path__ = []  # a package, so `import neuronxcc.nki` resolves through sys.modules
-        package._nikki_alias = True
+        package._nikki_alias = True  # type: ignore[attr-defined]
         sys.modules["neuronxcc"] = package
     for alias, target in ALIASES.items():
         module = _module(target)
@@ -80,7 +80,7 @@ def present_simulated_instance() -> None:
             return io.BytesIO(text.encode()) if "b" in mode else io.StringIO(text)
         return real_open(file, mode, *args, **kwargs)
 
-    open_reporting_instance._nikki_instance = True
+    open_reporting_instance._nikki_instance = True  # type: ignore[attr-defined]
     builtins.open = open_reporting_instance
 
 

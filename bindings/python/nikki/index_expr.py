@@ -643,7 +643,7 @@ def subscript(tensor: NkiTensor, key: tuple) -> "IndexedTensor":
     exprs = [_coerce(k) for k in key]
     rank = max(e.rank for e in exprs)
     counts: dict = {}
-    dims = []
+    dims: list = []
     for d, e in enumerate(exprs):
         coefs, n = e._shifted(rank)
         counts = _broadcast_counts(counts, n, tuple(counts.get(k, 1) for k in range(rank)), e.shape)
@@ -676,7 +676,7 @@ def overhanging_slices(tensor: NkiTensor, key: tuple, error: KernelError):
     ``mask=`` can trim them, as Beta 1 kernels do on their last tile. Used without such a mask, the
     view raises `error`, the subscript's own out-of-bound error. None when the subscript is not made
     of integers and at least two slices (then `error` is raised at once)."""
-    subs = []
+    subs: list = []
     for k in key:
         if k is Ellipsis:
             subs.extend([slice(None)] * (tensor.ndim - (len(key) - 1)))
@@ -934,7 +934,8 @@ def legacy_affine_select(pred=None, on_true_tile=None, on_false_value=None, *, m
             on_false_value, "__float__"):
         raise _error(f"nisa.affine_select: on_false_value must be a number, got {_describe(on_false_value)}")
     e = _as_expr(pred.expr, "nisa.affine_select")
-    op, rhs = pred.op, pred.rhs
+    op = pred.op
+    rhs: Fraction | int = pred.rhs
     if rhs.denominator != 1:
         # The engines compare integers: fold a fractional bound into an equivalent integer one.
         if op in ("==", "!="):
@@ -1069,6 +1070,7 @@ class _OverhangingSlice(IndexedTensor):
     slice's own error."""
 
     __slots__ = ("_error",)
+    _error: KernelError
 
     def _checked(self):
         if self._out_of_bounds() is None:

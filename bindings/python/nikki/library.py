@@ -72,7 +72,7 @@ class LibraryKernel(Kernel):
     # --- specialization ---------------------------------------------------------------------
     def param_values(self, values) -> dict:
         """The scalar parameters of a bound call as the registry takes them (validated)."""
-        out = {}
+        out: dict[str, float | None] = {}
         for name, value in zip(self._signature.parameters, values):
             if name not in self.param_kinds:
                 continue
@@ -149,7 +149,7 @@ def _named_stub(name: str, doc: str, signature: inspect.Signature):
 
     stub.__name__ = stub.__qualname__ = name
     stub.__doc__ = doc
-    stub.__signature__ = signature
+    stub.__signature__ = signature  # type: ignore[attr-defined]
     return stub
 
 

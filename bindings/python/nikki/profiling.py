@@ -93,7 +93,8 @@ class Profile:
 
     def instructions(self) -> list:
         """(queue, opcode, start ns, end ns, source) for every instruction, instance after instance."""
-        rows, offset = [], 0.0
+        rows: list = []
+        offset = 0.0
         for prog, p in zip(self._programs, self._profiles):
             rows.extend((q, op, s + offset, e + offset, src) for q, op, s, e, src in p.instructions(prog))
             offset += p.total_ns

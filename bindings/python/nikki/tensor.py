@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from . import _core
 from .arguments import argument_error, check_int, check_shape, is_int
@@ -207,7 +208,7 @@ class NkiTensor:
             key = (key,)
         if hooks.uses_index_expr(key):  # legacy nl.arange index expressions
             return hooks.index_subscript(self, key)
-        subs = []
+        subs: list[slice | int] = []
         runtime = []  # (dim, runtime index) of subscripts t[reg] / t[nl.ds(reg, size)]
         for i, k in enumerate(key):
             if k is Ellipsis:
@@ -563,7 +564,8 @@ def _shape(shape) -> tuple:
     return tuple(int(s) for s in dims)
 
 
-def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTensor:
+def ndarray(shape: Any, dtype: Any, buffer: MemoryRegion = sbuf, name: str = "",
+            address: tuple[int, int] | None = None) -> NkiTensor:
     """A new uninitialized tensor (reads before writes see NaN for floats, 4 for integers)."""
     ctx = current("nl.ndarray")
     shape_t = _shape(shape)
