@@ -357,7 +357,16 @@ def dma_copy(dst: NkiTensor | None = None, src: NkiTensor | None = None, priorit
              oob_mode: oob_mode = oob_mode.error, dge_mode: dge_mode = dge_mode.unknown,
              engine: engine = engine.unknown, name: str | None = None, mask: LegacyMask = None,
              dst_rmw_op: Operator = None) -> None:
-    """Copies src to dst through a DMA queue (HBM/SBUF on both sides); dtypes convert through fp32."""
+    """Copies ``src`` into ``dst`` through a DMA queue; dtypes convert through fp32.
+
+    Parameters: ``dst`` / ``src``: HBM or SBUF views of the same shape (runtime offsets through
+    ``.ap(scalar_offset=, vector_offset=)`` gather and scatter); ``oob_mode=skip`` leaves elements
+    whose run-time address is out of bounds unmoved; ``priority``, ``dge_mode`` and ``engine`` are
+    scheduling choices that change no value. Beta 1's ``dst_rmw_op=`` makes it ``dst = op(dst, src)``.
+
+    Limits: no PSUM source or destination. Engine: the DMA queues. Cost: no per-instruction formula
+    is published; transfers under 256 bytes per partition are overhead-bound, 2 KiB and more approach
+    the DMA bandwidth."""
     _check_tensor(dst, "dst")
     _check_tensor(src, "src")
     ops = _masked(mask, dst, src)
@@ -1240,7 +1249,11 @@ def _bn_aggr(dst, data, name=None, mask=None):
 def tensor_copy_predicated(dst: NkiTensor | None = None, src: Operand | None = None,
                            predicate: NkiTensor | None = None, reverse_pred: bool = False, name: str | None = None,
                            mask: LegacyMask = None, dtype: DTypeLike = None) -> None:
-    """dst = src where predicate is nonzero (reverse_pred inverts), else unchanged; src a tile or a number."""
+    """``dst = src`` where ``predicate`` is nonzero (``reverse_pred``
+    inverts it), else unchanged; ``src`` a tile or a number.
+
+    Engine: Vector. Cost: ``max(MIN_II, N)`` cycles when one of src and predicate is in PSUM,
+    ``max(MIN_II, 2N)`` with both in SBUF."""
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(predicate, "predicate"),
                   *([src] if isinstance(src, NkiTensor) else []))
     if ops is not None:
@@ -1254,7 +1267,12 @@ def select_reduce(dst: NkiTensor | None = None, predicate: NkiTensor | None = No
                   on_false: Operand | None = None, reduce_res: NkiTensor | None = None,
                   reduce_cmd: reduce_cmd = reduce_cmd.idle, reduce_op: Operator = None, reverse_pred: bool = False,
                   name: str | None = None, mask: LegacyMask = None, dtype: DTypeLike = None) -> None:
-    """dst = where(predicate, on_true, on_false), with an optional max-reduction into reduce_res."""
+    """``dst = where(predicate, on_true, on_false)``, with an optional reduction of each
+    partition of the result into ``reduce_res`` (``[P, 1]``, ``reduce_op`` maximum by default).
+
+    Parameters: ``on_false``: a tile or a number; ``reverse_pred`` inverts the predicate;
+    ``reduce_cmd`` drives the engine's accumulators as in ``activation``.
+    Engine: Vector. Cost: not published."""
     attrs = {"reduce_op": alu_op(reduce_op if reduce_op is not None else _core.AluOp.maximum, "reduce_op"),
              "reduce_cmd": _core_reduce_cmd(reduce_cmd),
              "reverse_pred": _flag(reverse_pred, "select_reduce", "reverse_pred")}
@@ -1328,7 +1346,9 @@ def _nc_find_index8(dst, data, vals, name=None, mask=None):
 # --- registers --------------------------------------------------------------------------------
 
 def register_alloc(x: int | VirtualRegister | None = None) -> VirtualRegister:
-    """A new 32-bit register, optionally initialized with an integer or copied from a register."""
+    """A new 32-bit sequencer register, initialized with ``x`` (an integer or another
+    register) when given. Registers drive ``nl.fori_loop`` / ``nl.dynamic_range`` counters and
+    runtime offsets of views (``t[reg]``, ``nl.ds(reg, size)``, ``.ap(scalar_offset=reg)``)."""
     ctx = current()
     reg = VirtualRegister(ctx.builder.new_register())
     if x is not None:
@@ -1337,22 +1357,26 @@ def register_alloc(x: int | VirtualRegister | None = None) -> VirtualRegister:
 
 
 def register_move(dst: VirtualRegister, src: int | VirtualRegister, name: str | None = None) -> None:
-    """dst = src (a register or an integer)."""
+    """``dst = src``: a register takes an integer or another register's value (a
+    sequencer instruction, no engine time)."""
     _emit(_core.Opcode.register_move, (dst, src), engine.sync, name)
 
 
 def register_load(dst: VirtualRegister, src: NkiTensor, name: str | None = None) -> None:
-    """dst = the value of a 1x1 tensor."""
+    """``dst = src[0, 0]``: a register takes the value of a 1x1 SBUF or HBM tensor at run
+    time (a sequencer instruction)."""
     _emit(_core.Opcode.register_load, (dst, _check_tensor(src, "src")), engine.sync, name)
 
 
 def register_store(dst: NkiTensor, src: VirtualRegister, name: str | None = None) -> None:
-    """Writes register src into a 1x1 tensor."""
+    """``dst[0, 0] = src``: writes register ``src`` into a 1x1 tensor at run time (a
+    sequencer instruction)."""
     _emit(_core.Opcode.register_store, (_check_tensor(dst, "dst"), src), engine.sync, name)
 
 
 def get_nc_version() -> nc_version:
-    """The NeuronCore generation of the target being traced for."""
+    """The NeuronCore generation (``nc_version.gen2``, ``gen3``, ``gen4``) of the target
+    being traced for (trn1 / inf2: gen2, trn2: gen3); a compile-time value."""
     return nc_version(current().builder.generation)
 
 
@@ -1466,10 +1490,14 @@ def _dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown
 def dma_compute(dst: NkiTensor | None = None, srcs: NkiTensor | Sequence[NkiTensor] | None = None,
                 reduce_op: Operator = None, scales: float | Sequence[float] | None = None,
                 unique_indices: bool = True, oob_mode: oob_mode = oob_mode.error, name: str | None = None) -> None:
-    """dst = reduce_op(srcs[0] * scales[0], srcs[1] * scales[1], ...) computed in fp32 by the DMA
-    engines (1 to 4 sources, HBM or SBUF; nl.add and unit scales, as in NKI). A source that is dst
-    itself (read-modify-write, e.g. a scatter-add through a vector_offset) sees earlier elements'
-    writes, so repeated indices accumulate."""
+    """``dst = reduce_op(srcs[0] * scales[0], srcs[1] * scales[1], ...)`` computed in
+    fp32 by the DMA engines.
+
+    Parameters: ``srcs``: 1 to 4 HBM or SBUF views; ``reduce_op``: ``nl.add`` (the default);
+    ``scales``: 1.0 each (NKI supports no other); ``oob_mode`` as in ``dma_copy``. A source that is
+    dst itself (read-modify-write, e.g. a scatter-add through a vector_offset) sees earlier
+    elements' writes, so repeated indices accumulate.
+    Engine: the DMA queues. Cost: not published."""
     dst = _check_tensor(dst, "dst")
     sources = list(srcs) if isinstance(srcs, (list, tuple)) else [srcs]
     if not 1 <= len(sources) <= 4:
@@ -1534,8 +1562,12 @@ def range_select(dst: NkiTensor | None = None, on_true_tile: NkiTensor | None = 
                  reduce_cmd: reduce_cmd = reduce_cmd.idle, reduce_res: NkiTensor | None = None,
                  reduce_op: Operator = None, range_start: int = 0, on_false_value: float = 0.0,
                  name: str | None = None, mask: LegacyMask = None, dtype: DTypeLike = None) -> None:
-    """dst[p, f] = on_true_tile[p, f] where (f + range_start) comp_op0 bound0[p] and (f + range_start)
-    comp_op1 bound1[p], else on_false_value; the results reduce (maximum) into reduce_res."""
+    """``dst[p, f] = on_true_tile[p, f]`` where ``(f + range_start) comp_op0 bound0[p]``
+    and ``(f + range_start) comp_op1 bound1[p]``, else ``on_false_value``; the results also reduce
+    (maximum) into ``reduce_res`` (``[P, 1]``).
+
+    Limits: NeuronCore-v3 and later; NKI requires ``on_false_value`` to be fp32's lowest value.
+    Engine: Vector. Cost: ``max(MIN_II, N)`` cycles."""
     if float(range_start) != int(range_start):
         raise kernel_error_at(user_frame(2), f"range_select: range_start={range_start} is not an integer position")
     attrs = {"op0": alu_op(comp_op0, "comp_op0"), "op1": alu_op(comp_op1, "comp_op1"),
@@ -1552,15 +1584,21 @@ def range_select(dst: NkiTensor | None = None, on_true_tile: NkiTensor | None = 
 
 def nc_n_gather(dst: NkiTensor | None = None, data: NkiTensor | None = None, indices: NkiTensor | None = None,
                 name: str | None = None) -> None:
-    """dst[p, j] = data[p, indices[p, j]], indexing each partition's flattened free elements (GpSimd)."""
+    """``dst[p, j] = data[p, indices[p, j]]``, indexing each partition's flattened free
+    elements.
+
+    Engine: GpSimd (``ceil(elements per partition / 512)`` instructions). Cost: not published."""
     _emit(_core.Opcode.nc_n_gather, (_check_tensor(dst, "dst"), _check_tensor(data, "data"),
                                      _check_tensor(indices, "indices")), engine.gpsimd, name)
 
 
 def nonzero_with_count(dst: NkiTensor | None = None, src: NkiTensor | None = None, index_offset: int = 0,
                        padding_val: int = -1, name: str | None = None) -> None:
-    """On partitions 0, 16, ..., 112 (the first of each GpSimd core's 16): the positions of src's
-    nonzero elements plus index_offset, then padding_val, then their count as the last element."""
+    """On partitions 0, 16, ..., 112 (the first of each GpSimd core's 16): the
+    positions of ``src``'s nonzero elements plus ``index_offset``, then ``padding_val``, then their
+    count as the last element of ``dst``.
+
+    Limits: NeuronCore-v3 and later. Engine: GpSimd. Cost: not published."""
     _emit(_core.Opcode.nonzero_with_count, (_check_tensor(dst, "dst"), _check_tensor(src, "src")), engine.gpsimd,
           name, offset=int(index_offset), fill_value=float(padding_val))
 

@@ -92,7 +92,11 @@ def full(shape: Shape, fill_value: float, dtype: DTypeLike, buffer: MemoryRegion
     """A tensor filled with `fill_value` (on-chip memories only).
 
     Beta 1's ``lazy_initialization=`` (whether the compiler may fold the fill into the tensor's
-    first write) is a scheduling hint: it changes no value and is accepted as such."""
+    first write) is a scheduling hint: it changes no value and is accepted as such.
+
+    Engine: nisa.memset (Vector or GpSimd). Cost: ``max(MIN_II, N)`` cycles (``N/2`` for 0 into bf16
+    / fp16).
+    """
     if lazy_initialization is not None:
         check_bool(lazy_initialization, "nl.full: lazy_initialization")
     region = region_of(buffer)
@@ -108,23 +112,36 @@ def full(shape: Shape, fill_value: float, dtype: DTypeLike, buffer: MemoryRegion
 
 def zeros(shape: Shape, dtype: DTypeLike, buffer: MemoryRegion = sbuf, name: str = "",
           lazy_initialization: bool | None = None) -> NkiTensor:
-    """A tensor of zeros (``lazy_initialization=`` as in ``full``)."""
+    """A tensor of zeros (``lazy_initialization=`` as in ``full``).
+
+    Engine: nisa.memset (Vector or GpSimd). Cost: ``max(MIN_II, N/2)`` cycles for bf16 / fp16,
+    ``max(MIN_II, N)`` otherwise.
+    """
     return full(shape, 0, dtype, buffer, name, lazy_initialization)
 
 
 def ones(shape: Shape, dtype: DTypeLike, buffer: MemoryRegion = sbuf, name: str = "",
          lazy_initialization: bool | None = None) -> NkiTensor:
-    """A tensor of ones (``lazy_initialization=`` as in ``full``)."""
+    """A tensor of ones (``lazy_initialization=`` as in ``full``).
+
+    Engine: nisa.memset (Vector or GpSimd). Cost: ``max(MIN_II, N)`` cycles.
+    """
     return full(shape, 1, dtype, buffer, name, lazy_initialization)
 
 
 def zeros_like(x: NkiTensor, dtype: DTypeLike = None, buffer: MemoryRegion | None = None, name: str = "") -> NkiTensor:
-    """Zeros of x's shape and dtype (or `dtype`), in `buffer` (SBUF by default, as in NKI)."""
+    """Zeros of x's shape and dtype (or `dtype`), in `buffer` (SBUF by default, as in NKI).
+
+    Engine: nisa.memset, as nl.zeros.
+    """
     return zeros(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else sbuf, name)
 
 
 def ones_like(x: NkiTensor, dtype: DTypeLike = None, buffer: MemoryRegion | None = None, name: str = "") -> NkiTensor:
-    """Ones of x's shape and dtype (or `dtype`), in `buffer` (SBUF by default, like zeros_like)."""
+    """Ones of x's shape and dtype (or `dtype`), in `buffer` (SBUF by default, like zeros_like).
+
+    Engine: nisa.memset, as nl.ones.
+    """
     return ones(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else sbuf, name)
 
 
@@ -158,7 +175,10 @@ def shared_constant(constant: Any, dtype: DTypeLike = None) -> NkiTensor:
 
 
 def shared_identity_matrix(n: int, dtype: DTypeLike = None, dst: NkiTensor | None = None) -> NkiTensor:
-    """An n x n identity matrix in SBUF (uint8 by default)."""
+    """An n x n identity matrix in SBUF (uint8 by default).
+
+    Engine: GpSimd (nisa.affine_select over a tile of ones). Cost: ``150 + N`` cycles.
+    """
     dt = to_dtype(dtype) if dtype is not None else uint8
     out = dst if dst is not None else ndarray((n, n), dt, buffer=sbuf, name="identity")
     ones_tile = ones((n, n), dt)
@@ -718,7 +738,11 @@ for _name in ("exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu", "gelu_dx"
 
 
 def rsqrt(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """1 / sqrt(x), on GpSimd as NKI does (higher precision than the Scalar engine)."""
+    """1 / sqrt(x), on GpSimd as NKI does (higher precision than the Scalar engine).
+
+    Engine: GpSimd (nisa.tensor_scalar with op0=nl.rsqrt). Cost: about 4x the Scalar engine's
+    ``max(MIN_II, N)`` cycles. On hardware the input range is [2^-87, 2^97].
+    """
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, rsqrt, 0.0, engine=_isa.engine.gpsimd, mask=mask)
@@ -726,7 +750,12 @@ def rsqrt(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> Nki
 
 
 def reciprocal(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """1 / x on the Vector engine."""
+    """1 / x on the Vector engine.
+
+    Engine: Vector (nisa.reciprocal). Cost: ``max(MIN_II, 8N)`` cycles
+    (nisa.activation(op=nl.reciprocal) on the Scalar engine costs ``max(MIN_II, N)``, at lower
+    precision).
+    """
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._reciprocal(out, x, mask=mask)
@@ -734,7 +763,10 @@ def reciprocal(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -
 
 
 def negative(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """-x element by element, in a new SBUF tile (x.dtype unless dtype= says)."""
+    """-x element by element, in a new SBUF tile (x.dtype unless dtype= says).
+
+    Engine: Vector (nisa.tensor_scalar multiply by -1). Cost: ``max(MIN_II, N)`` cycles.
+    """
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, multiply, -1.0, mask=mask)
@@ -742,7 +774,10 @@ def negative(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> 
 
 
 def invert(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """Bitwise not of an integer tile."""
+    """Bitwise not of an integer tile.
+
+    Limits: integer tiles. Engine: Vector (nisa.tensor_scalar). Cost: ``max(MIN_II, N)`` cycles.
+    """
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, invert, 0, mask=mask)
@@ -750,7 +785,11 @@ def invert(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> Nk
 
 
 def logical_not(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """1 where x == 0 else 0."""
+    """1 where x == 0 else 0.
+
+    Engine: Vector (nisa.tensor_scalar equal 0). Cost: ``max(MIN_II, N)`` cycles; the result is
+    bool_ unless dtype= says.
+    """
     return _binary_op("equal", x, 0.0, dtype=dtype, mask=mask)
 
 
@@ -761,7 +800,12 @@ register_op(invert, alu="invert")
 
 
 def copy(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """A copy of x in a new SBUF tile (bit-exact when the dtype is unchanged)."""
+    """A copy of x in a new SBUF tile (bit-exact when the dtype is unchanged).
+
+    Parameters: ``x``: an SBUF / PSUM tile (copied by nisa.tensor_copy on the Vector engine,
+    ``max(MIN_II, N)`` cycles) or an HBM view (copied by nisa.dma_copy); ``dtype``: the result's
+    dtype.
+    """
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     if x.buffer.is_hbm:
@@ -812,18 +856,30 @@ def _rounded(x, dtype, mask, toward) -> NkiTensor:
 
 
 def trunc(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """x rounded toward zero (through an int32 tile on the Vector engine)."""
+    """x rounded toward zero (through an int32 tile on the Vector engine).
+
+    Engine: Vector (copies through an int32 tile; for floats a predicated copy keeps the values of
+    2^23 and more, integral already). Cost: a few ``max(MIN_II, N)``-cycle passes.
+    """
     t = _truncated(x, mask)
     return copy(t, dtype=dtype if dtype is not None else x.dtype, mask=mask)
 
 
 def floor(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """The largest integer <= x."""
+    """The largest integer <= x.
+
+    Engine: Vector (nl.trunc, then a comparison and a correction nisa.tensor_tensor). Cost: a few
+    ``max(MIN_II, N)``-cycle passes.
+    """
     return _rounded(x, dtype, mask, -1)
 
 
 def ceil(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """The smallest integer >= x."""
+    """The smallest integer >= x.
+
+    Engine: Vector (nl.trunc, then a comparison and a correction nisa.tensor_tensor). Cost: a few
+    ``max(MIN_II, N)``-cycle passes.
+    """
     return _rounded(x, dtype, mask, +1)
 
 
@@ -849,14 +905,22 @@ def mod(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyM
 
 
 def cos(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """cos(x) = sin(x + pi/2) on the Scalar engine (the bias add rounds x + pi/2 to fp32)."""
+    """cos(x) = sin(x + pi/2) on the Scalar engine (the bias add rounds x + pi/2 to fp32).
+
+    Engine: Scalar (nisa.activation). Cost: ``max(MIN_II, N)`` cycles. On hardware sin is valid on
+    [-pi, pi].
+    """
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._activation(out, sin, x, bias=math.pi / 2, mask=mask)
     return out
 
 
 def tan(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """tan(x) = sin(x) * (1 / cos(x))."""
+    """tan(x) = sin(x) * (1 / cos(x)).
+
+    Engine: Scalar (two activations) and Vector (reciprocal, multiply). Cost: a few ``N``-cycle
+    passes.
+    """
     return _binary_tile("multiply", sin(x, dtype=float32, mask=mask), reciprocal(cos(x, dtype=float32, mask=mask)),
                         dtype=dtype if dtype is not None else x.dtype, mask=mask)
 
@@ -864,7 +928,10 @@ def tan(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTe
 def gather_flattened(data: NkiTensor, indices: NkiTensor, axis: int = 0, dtype: DTypeLike = None,
                      mask: LegacyMask = None) -> NkiTensor:
     """out[p, ...] = data[p, flat(indices[p, ...])]: each partition gathers from its own free
-    elements, flattened (nisa.nc_n_gather on GpSimd); out has the shape of indices."""
+    elements, flattened (nisa.nc_n_gather on GpSimd); out has the shape of indices.
+
+    Cost: not published (``ceil(elements per partition / 512)`` GpSimd instructions).
+    """
     data, indices = _isa._check_tensor(data, "data"), _isa._check_tensor(indices, "indices")
     gathered = _result_tile(indices.shape, data.dtype)
     _isa.nc_n_gather(gathered, data, indices)
@@ -965,36 +1032,71 @@ def _reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False, ap
 
 def sum(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
         mask: LegacyMask = None) -> NkiTensor:
-    """Sum over the given free axes."""
+    """Sum over the given free axes.
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``axis``: one free axis or several (never the
+    partition axis 0); ``dtype``: the result's dtype (default x.dtype); ``keepdims``: keep the
+    reduced axes with size 1. Engine: Vector (nisa.tensor_reduce). Cost: ``N`` cycles, ``N/2`` for
+    bf16 add / maximum; N the elements per partition.
+    """
     return _reduce(add, x, axis, dtype, keepdims, mask, api="sum")
 
 
 def prod(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
          mask: LegacyMask = None) -> NkiTensor:
-    """Product over the given free axes."""
+    """Product over the given free axes.
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``axis``: one free axis or several (never the
+    partition axis 0); ``dtype``: the result's dtype (default x.dtype); ``keepdims``: keep the
+    reduced axes with size 1. Engine: Vector (nisa.tensor_reduce). Cost: ``N`` cycles, ``N/2`` for
+    bf16 add / maximum; N the elements per partition.
+    """
     return _reduce(multiply, x, axis, dtype, keepdims, mask, api="prod")
 
 
 def max(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
         mask: LegacyMask = None) -> NkiTensor:
-    """Maximum over the given free axes."""
+    """Maximum over the given free axes.
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``axis``: one free axis or several (never the
+    partition axis 0); ``dtype``: the result's dtype (default x.dtype); ``keepdims``: keep the
+    reduced axes with size 1. Engine: Vector (nisa.tensor_reduce). Cost: ``N`` cycles, ``N/2`` for
+    bf16 add / maximum; N the elements per partition.
+    """
     return _reduce(maximum, x, axis, dtype, keepdims, mask, api="max")
 
 
 def min(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
         mask: LegacyMask = None) -> NkiTensor:
-    """Minimum over the given free axes."""
+    """Minimum over the given free axes.
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``axis``: one free axis or several (never the
+    partition axis 0); ``dtype``: the result's dtype (default x.dtype); ``keepdims``: keep the
+    reduced axes with size 1. Engine: Vector (nisa.tensor_reduce). Cost: ``N`` cycles, ``N/2`` for
+    bf16 add / maximum; N the elements per partition.
+    """
     return _reduce(minimum, x, axis, dtype, keepdims, mask, api="min")
 
 
 def all(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """1 where every element along the axes is nonzero."""
+    """1 where every element along the axes is nonzero.
+
+    Parameters as in nl.sum. Engine: Vector (nisa.tensor_reduce with nl.logical_and). Cost: ``N``
+    cycles; the result is bool_ unless dtype= says.
+    """
     return _reduce(logical_and, x, axis, dtype if dtype is not None else bool_, False, mask, api="all")
 
 
 def mean(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
          mask: LegacyMask = None) -> NkiTensor:
-    """Mean over the given free axes (computed in fp32)."""
+    """Mean over the given free axes (computed in fp32).
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``axis``: one free axis or several (never the
+    partition axis 0); ``dtype``: the result's dtype (default x.dtype); ``keepdims``: keep the
+    reduced axes with size 1. Engine: Vector (nisa.tensor_reduce). Cost: ``N`` cycles, ``N/2`` for
+    bf16 add / maximum; N the elements per partition. Plus one nisa.tensor_scalar on the ``[P, 1]``
+    result.
+    """
     s = _reduce(add, x, axis, float32, keepdims, mask, api="mean")
     count = x.size // (s.size if s.size else 1)
     out = _result_tile(s.shape, to_dtype(dtype) if dtype is not None else x.dtype)
@@ -1004,7 +1106,11 @@ def mean(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepd
 
 def var(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
         mask: LegacyMask = None) -> NkiTensor:
-    """Population variance over the given free axes: mean((x - mean(x)) ** 2), computed in fp32."""
+    """Population variance over the given free axes: mean((x - mean(x)) ** 2), computed in fp32.
+
+    Parameters as in nl.sum. Engine: Vector (reductions and element-wise passes over x). Cost: a few
+    ``N``-cycle passes.
+    """
     x = _isa._check_tensor(x, "x")
     m = mean(x, axis, dtype=float32, keepdims=True, mask=mask)
     centered = _result_tile(x.shape, float32)
@@ -1081,7 +1187,13 @@ bfp16 = _FloatLimits("bfp16", float("-inf"))  # bit pattern 0xff80, as Beta 1 de
 
 def softmax(x: NkiTensor, axis: int = -1, dtype: DTypeLike = None, compute_dtype: DTypeLike = None,
             mask: LegacyMask = None) -> NkiTensor:
-    """softmax along the last free axis: exp(x - max) / sum(exp(x - max))."""
+    """softmax along the last free axis: exp(x - max) / sum(exp(x - max)).
+
+    Parameters: ``axis``: the last free axis; ``dtype``: the result's dtype; ``compute_dtype``:
+    accepted for Beta 1 (nikki computes in fp32). Engine: Vector (a negated max reduction, the
+    reciprocal of the sum, the final scaling) and Scalar (exp with the bias -max and an add
+    reduction). Cost: about ``3N`` cycles over the engines plus ``[P, 1]`` steps.
+    """
     x = _isa._check_tensor(x, "x")
     axis = check_int(axis, "nl.softmax: axis")
     axis_n = axis + x.ndim if axis < 0 else axis
@@ -1104,7 +1216,12 @@ def softmax(x: NkiTensor, axis: int = -1, dtype: DTypeLike = None, compute_dtype
 
 def rms_norm(x: NkiTensor, w: NkiTensor, axis: int, n: float, epsilon: float = 1e-6, dtype: DTypeLike = None,
              compute_dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """x / sqrt(mean(x ** 2) + epsilon) * w along the last free axis; w is [1, D] or [P, D]."""
+    """x / sqrt(mean(x ** 2) + epsilon) * w along the last free axis; w is [1, D] or [P, D].
+
+    Parameters: ``axis``: the last free axis; ``n``: the element count the mean divides by;
+    ``epsilon``: added to the mean of squares. Engine: Scalar (squares with an add reduction),
+    GpSimd (rsqrt) and Vector (scaling). Cost: about ``3N`` cycles over the engines.
+    """
     x = _isa._check_tensor(x, "x")
     p, d = x.shape[0], x.shape[-1]
     squares = _result_tile(x.shape, float32)
@@ -1137,7 +1254,12 @@ def rms_norm(x: NkiTensor, w: NkiTensor, axis: int, n: float, epsilon: float = 1
 
 def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False, mask: LegacyMask = None) -> NkiTensor:
     """x @ y into a new fp32 PSUM tile. With transpose_x=True, x is given as x.T ([K, M], the
-    stationary layout); otherwise x [M, K] is transposed on the Tensor engine first."""
+    stationary layout); otherwise x [M, K] is transposed on the Tensor engine first.
+
+    Limits: x is at most [128, 128] (as stationary), y [128, 512]. Engine: Tensor (nisa.nc_matmul,
+    plus nisa.nc_transpose without transpose_x). Cost: ``max(min(64, M), N)`` cycles, four times
+    that for fp32 inputs.
+    """
     x, y = _isa._check_tensor(x, "x"), _isa._check_tensor(y, "y")
     if not transpose_x:
         x = transpose(x)
@@ -1147,12 +1269,21 @@ def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False, mask: LegacyMa
 
 
 def transpose(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """2-D transpose: on the Vector engine up to 32x32, else on the Tensor engine into PSUM."""
+    """2-D transpose: on the Vector engine up to 32x32, else on the Tensor engine into PSUM.
+
+    Limits: a 2-D tile of at most 128 x 128. Engine: Vector (up to 32x32, ``max(MIN_II, N)`` cycles)
+    or Tensor (``max(P, min(64, F))`` cycles).
+    """
     return _isa._legacy_nc_transpose(x, dtype=dtype, mask=mask, api="nl.transpose")
 
 
 def load(src: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """Loads an HBM view into a new SBUF tile (dim 0 becomes the partition dim)."""
+    """Loads an HBM view into a new SBUF tile (dim 0 becomes the partition dim).
+
+    Parameters: ``src``: an HBM view (its dim 0 becomes the partition dim, at most 128); ``dtype``:
+    the tile's dtype (converted through fp32). Engine: the DMA queues (nisa.dma_copy). Cost: not
+    published per instruction; transfers of 2 KiB or more per partition approach the DMA bandwidth.
+    """
     src = _isa._check_tensor(src, "src")
     if not src.buffer.is_hbm:
         raise kernel_error_at(user_frame(2), f"Expected operand 'src' of 'load' to be in address space 'hbm', but got "
@@ -1165,7 +1296,11 @@ def load(src: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> Nk
 
 
 def store(dst: NkiTensor, value: NkiTensor, mask: LegacyMask = None) -> None:
-    """Stores a tile into an HBM view (PSUM tiles are staged through SBUF)."""
+    """Stores a tile into an HBM view (PSUM tiles are staged through SBUF).
+
+    Parameters: ``dst``: an HBM view of value's shape; ``value``: an SBUF (or PSUM) tile. Engine:
+    the DMA queues (nisa.dma_copy; a PSUM tile first copied on the Vector engine). Cost: as nl.load.
+    """
     dst = _isa._check_tensor(dst, "dst")
     value = _isa._check_tensor(value, "value")
     if not dst.buffer.is_hbm:
@@ -1179,14 +1314,22 @@ def store(dst: NkiTensor, value: NkiTensor, mask: LegacyMask = None) -> None:
 
 
 def load_transpose2d(src: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
-    """Loads a 2-D HBM view transposed (the DMA reads it column by column)."""
+    """Loads a 2-D HBM view transposed (the DMA reads it column by column).
+
+    Engine: the DMA queues (a strided nisa.dma_copy). Cost: a transposing DMA reaches a fraction of
+    a plain copy's bandwidth.
+    """
     src = _isa._check_tensor(src, "src")
     return load(src.permute((1, 0)), dtype=dtype, mask=mask)
 
 
 def where(condition: NkiTensor, x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None,
           mask: LegacyMask = None) -> NkiTensor:
-    """x where condition is nonzero, else y (x, y tiles or numbers)."""
+    """x where condition is nonzero, else y (x, y tiles or numbers).
+
+    Engine: Vector (y copied or filled into the result, then x copied over it by
+    nisa.tensor_copy_predicated). Cost: ``max(MIN_II, N)`` to ``max(MIN_II, 2N)`` cycles per pass.
+    """
     condition = _isa._check_tensor(condition, "condition")
     ref = x if isinstance(x, NkiTensor) else y if isinstance(y, NkiTensor) else condition
     dt = to_dtype(dtype) if dtype is not None else (ref.dtype if ref is not condition else float32)

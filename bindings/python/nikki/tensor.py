@@ -566,7 +566,14 @@ def _shape(shape) -> tuple:
 
 def ndarray(shape: Any, dtype: Any, buffer: MemoryRegion = sbuf, name: str = "",
             address: tuple[int, int] | None = None) -> NkiTensor:
-    """A new uninitialized tensor (reads before writes see NaN for floats, 4 for integers)."""
+    """A new uninitialized tensor (reads before writes see NaN for floats, 4 for integers).
+
+    Parameters: ``shape``: positive extents, at most the target's maximum rank (a Beta 1
+    ``nl.par_dim`` after leading block dims makes a block tensor); ``dtype``: any dtype spelling;
+    ``buffer``: nl.sbuf (default), nl.psum, nl.hbm, nl.shared_hbm (a kernel output) or
+    nl.private_hbm; ``name``: defaults to the variable the call is assigned to; ``address``: a
+    (partition, byte offset) placement in SBUF / PSUM. No instruction: allocation is free.
+    """
     ctx = current("nl.ndarray")
     shape_t = _shape(shape)
     if isinstance(shape, (tuple, list)) and any(isinstance(s, par_dim) for s in shape) \
