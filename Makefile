@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 
 PYTHON ?= python3
 
-.PHONY: all setup configure build develop test test-cpp test-python typecheck fuzz sweep demo clean
+.PHONY: all setup configure build develop test test-cpp test-python typecheck fuzz sweep bench demo clean
 
 all: build
 
@@ -54,6 +54,17 @@ sweep: build
 	cd $(BUILD) && NIKKI_SWEEP_CASES=$(SWEEP_CASES) ./tests/cpp/nikki_tests -tc="library kernels: randomly drawn*"
 	NIKKI_SWEEP_CASES=$(SWEEP_CASES) PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest -q \
 		tests/python/kernels/test_kernel_properties.py
+
+# Every library kernel over a size sweep: estimates on trn2/trn1 and host simulation time against
+# PyTorch CPU and numpy-eager, plus the matmul tutorial's published latencies; rewrites
+# docs/benchmarks.md and its plots. The Google Benchmark
+# entries of the same kernels are $(BUILD)/bench/nikki_bench_kernels.
+# NKI_LIBRARY=path/to/nki-library also estimates that checkout's kernels beside nikki's.
+NKI_LIBRARY ?=
+bench: build
+	PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) bench/python/kernel_bench.py \
+		--markdown docs/benchmarks.md --plots docs/benchmarks --json $(BUILD)/benchmarks.json \
+		$(if $(NKI_LIBRARY),--nki-library $(NKI_LIBRARY))
 
 # The C++ kernels on the reference interpreter, then flash attention from PyTorch with its profile.
 demo: build

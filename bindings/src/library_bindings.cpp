@@ -178,6 +178,20 @@ void bind_library(py::module_& m) {
       },
       py::arg("name"), py::arg("inputs"), py::arg("params"));
 
+  // The useful FLOPs of a Tensor-engine-bound kernel on given input shapes (0 for HBM-bound
+  // kernels): what its utilization is measured against at any size, not only its benchmark shape.
+  m.def(
+      "library_useful_flops",
+      [](const std::string& name, const std::vector<std::pair<py::object, DType>>& inputs, const py::dict& params) {
+        const kernels::KernelInfo& info = kernels::find_kernel(name);
+        if (!info.benchmark || !info.benchmark->useful_flops) return 0.0;
+        kernels::ExampleCase c;
+        for (const auto& [dims, dtype] : inputs) c.inputs.push_back(TensorSpec{shape_from_python(dims), dtype, {}, false});
+        c.params = to_params(params);
+        return info.benchmark->useful_flops(c);
+      },
+      py::arg("name"), py::arg("inputs"), py::arg("params"));
+
   m.def(
       "trace_library",
       [](const std::string& name, const std::vector<std::pair<py::object, DType>>& inputs, const py::dict& params,

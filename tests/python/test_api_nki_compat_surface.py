@@ -136,6 +136,25 @@ def test_direct_allocation_places_nothing_and_wraps_blocks(rng):
     np.testing.assert_array_equal(kernel(a), a)
 
 
+def test_no_reorder_directive_keeps_results(rng):
+    import nikki.compiler as ncc
+
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
+        acc = nl.zeros((32, 16), nl.float32, buffer=nl.sbuf)
+        for b in nl.sequential_range(4, directives=ncc.no_reorder()):  # Beta 1 loop directive
+            acc[...] = nl.add(acc, nl.load(a[:, 16 * b:16 * (b + 1)]))
+        with ncc.no_reorder():  # ... and as a block
+            for b in nl.affine_range(4):
+                nl.store(out[:, 16 * b:16 * (b + 1)], acc)
+        return out
+
+    a = rng.standard_normal((32, 64), dtype=np.float32)
+    total = a[:, :16] + a[:, 16:32] + a[:, 32:48] + a[:, 48:]
+    np.testing.assert_allclose(kernel(a), np.tile(total, 4), rtol=1e-6, atol=1e-6)
+
+
 def test_collectives_over_one_rank_copy_and_refuse_more():
     import nikki.collectives as cc
 

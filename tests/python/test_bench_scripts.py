@@ -107,3 +107,72 @@ def test_conformance_quick_mode_on_a_fixture_tree(tmp_path):
     tests = {line.split("|")[1].strip(): line.split("|")[2].strip() for line in text.splitlines()
              if line.startswith("| test/unit/")}
     assert tests == {"test/unit/test_unit_add::test_adds_one": "pass", "test/unit/test_unit_add::test_wrong": "fail"}
+
+
+def test_kernel_benchmarks_quick_mode_covers_every_kernel(tmp_path):
+    """`nikki bench --quick` runs every registered kernel with a benchmark shape, writes JSON,
+    markdown and the three plots; every row has estimates on both targets and host times."""
+    import json
+
+    from nikki.library import library_kernels
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.path.join(ROOT, "bindings", "python")
+    out, md, plots = tmp_path / "bench.json", tmp_path / "bench.md", tmp_path / "plots"
+    done = subprocess.run([sys.executable, "-m", "nikki", "bench", "--quick", "--json", str(out), "--markdown", str(md),
+                           "--plots", str(plots)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = json.loads(out.read_text())["kernels"]
+    expected = {n for n, k in library_kernels().items() if k.info["benchmark"] is not None}
+    assert {r["kernel"] for r in rows} == expected
+    for r in rows:
+        for target in ("trn2", "trn1"):
+            est = r[target]
+            assert est["us"] > 0 and 0 < est["utilization"] <= 1.0 and 0 < est["roofline_us"] <= est["us"], r
+        assert r["host"]["nikki_s"] > 0, r
+    text = md.read_text()
+    assert all(f"## {name}" in text for name in expected)
+    assert sorted(p.name for p in plots.iterdir()) == ["host.png", "scaling.png", "utilization.png"]
+    assert "] " in done.stderr  # the progress bar
+
+
+def test_kernel_benchmarks_reject_an_unknown_kernel():
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "bindings", "python"))
+    done = subprocess.run([sys.executable, "-m", "nikki", "bench", "--kernel", "no_such_kernel"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "unknown kernel(s) no_such_kernel; the library has" in done.stderr and "softmax" in done.stderr
+
+
+def test_kernel_benchmarks_put_nki_library_kernels_beside_nikkis(tmp_path):
+    """With --nki-library, a kernel of the checkout (here a fixture tree: a row-wise RMS norm in the
+    nki-library's module layout and calling convention) is estimated beside nikki's rmsnorm."""
+    library = tmp_path / "nki-library"
+    _write(library / "src" / "nkilib_src" / "__init__.py", "")
+    _write(library / "src" / "nkilib_src" / "nkilib" / "__init__.py", "")
+    _write(library / "src" / "nkilib_src" / "nkilib" / "core" / "__init__.py", "")
+    _write(library / "src" / "nkilib_src" / "nkilib" / "core" / "subkernels" / "__init__.py", "")
+    _write(library / "src" / "nkilib_src" / "nkilib" / "core" / "subkernels" / "rmsnorm_tkg.py", """
+        import nki
+        import nki.language as nl
+
+        @nki.jit
+        def rmsnorm_tkg(input, gamma, output, eps=1e-6):
+            rows = input.shape[0] * input.shape[1]
+            x = nl.load(input.reshape((rows, input.shape[2])))
+            mean_square = nl.mean(nl.square(x), axis=1, keepdims=True)
+            normed = nl.multiply(x, nl.rsqrt(nl.add(mean_square, eps)))
+            out = nl.ndarray((rows, input.shape[2]), input.dtype, buffer=nl.shared_hbm)
+            nl.store(out, nl.multiply(normed, nl.load(gamma).broadcast_to((rows, input.shape[2]))))
+            return out
+    """)
+    md = tmp_path / "bench.md"
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "bindings", "python"))
+    done = subprocess.run([sys.executable, "-m", "nikki", "bench", "--quick", "--kernel", "rmsnorm", "--nki-library",
+                           str(library), "--markdown", str(md)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    text = md.read_text()
+    assert "## Reference kernels: AWS's nki-library" in text
+    rows = [line for line in text.splitlines() if "`core.subkernels.rmsnorm_tkg:rmsnorm_tkg`" in line]
+    assert len(rows) == 2 and all("does not run" not in r for r in rows), text
+    assert all(r.rstrip(" |").endswith("x") for r in rows)  # both estimated: a ratio is printed

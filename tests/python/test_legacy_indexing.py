@@ -448,6 +448,52 @@ def test_legacy_affine_select_on_one_axis(rng):
     np.testing.assert_array_equal(cols, np.where(f < 10, x, 0.0))
 
 
+@nki.jit
+def masked_assignments(x):
+    """`t[...] = op(..., mask=m)` in place, as flash attention's sliding window does: NKI masks the
+    whole statement, so the elements the mask drops keep t's values."""
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    buf = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    buf[...] = nl.load(x)
+    i_p, i_f = nl.mgrid[0:128, 0:128]
+    for step in nl.affine_range(2):  # a tile-level mask: kept on step 0, nothing kept on step 1
+        buf[:, :] = nisa.affine_select(pred=(i_p >= i_f), on_true_tile=buf[:, :], on_false_value=-1.0,
+                                       dtype=nl.float32, mask=(step == 0))
+    buf[:, :] = nisa.affine_select(pred=(i_f < 100), on_true_tile=buf[:, :], on_false_value=-2.0,
+                                   dtype=nl.float32, mask=(i_p < 64))  # a partition mask
+    buf[:, :] = nl.add(buf[:, :], 10.0, mask=(i_f >= 120))  # an element-wise op with a free-dim mask
+    nl.store(out, buf)
+    return out
+
+
+def test_masked_assignment_keeps_the_dropped_elements(rng):
+    x = rng.standard_normal((128, 128), dtype=np.float32)
+    p, f = np.mgrid[0:128, 0:128]
+    expected = np.where(p >= f, x, -1.0)
+    expected[:64, 100:] = -2.0
+    expected[:, 120:] += 10.0
+    np.testing.assert_array_equal(masked_assignments(x), expected)
+
+
+@nki.jit
+def masked_then_overwritten(x):
+    """A fresh tile first written under a mask, then written whole: the assignment copies it all."""
+    out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+    buf = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)
+    i_p, i_f = nl.mgrid[0:128, 0:128]
+    tile = nl.load(x)
+    partial = nisa.affine_select(pred=(i_p >= i_f), on_true_tile=tile, on_false_value=0.0, mask=(i_p < 8))
+    nisa.tensor_scalar(dst=partial, data=tile, op0=nl.multiply, operand0=3.0)
+    buf[...] = partial
+    nl.store(out, buf)
+    return out
+
+
+def test_whole_write_after_a_masked_one_is_assigned_whole(rng):
+    x = rng.standard_normal((128, 128), dtype=np.float32)
+    np.testing.assert_array_equal(masked_then_overwritten(x), x * 3.0)
+
+
 # --- block tensors ----------------------------------------------------------------------------
 
 @nki.jit

@@ -33,6 +33,17 @@ def test_estimate_needs_no_data_and_matches_the_cost_model():
     assert prof.dma_bytes == 2 * 128 * 512 * 4
 
 
+def test_io_bytes_and_roofline_of_a_memory_bound_kernel():
+    # [128, 512] fp32 in and out: 2 x 256 KiB at trn1's 16 queues x 17 B/ns
+    prof = nki.estimate(copy_kernel, nki.spec((128, 512), nl.float32), target="trn1")
+    assert prof.io_bytes() == 2 * 128 * 512 * 4
+    assert prof.roofline_ns() == pytest.approx(2 * 128 * 512 * 4 / (16 * 17.0))
+    assert prof.roofline_ns() < prof.total_ns
+    # useful FLOPs given: the compute side of the roofline wins when it is the longer one
+    flops = 1e9
+    assert prof.roofline_ns(flops) == pytest.approx(max(flops / prof._peak_flops_per_ns, prof.roofline_ns()))
+
+
 def test_estimate_accepts_arrays_and_target_from_the_environment(monkeypatch):
     monkeypatch.setenv("NEURON_PLATFORM_TARGET_OVERRIDE", "trn2")
     prof = nki.estimate(copy_kernel, np.zeros((128, 512), np.float32))

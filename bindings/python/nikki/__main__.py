@@ -9,7 +9,9 @@
 - ``nikki disasm file`` prints a device program file (``Program.serialize()``, ``nki.profile``'s
   NEFF-named output) as a kernel author reads it;
 - ``nikki kernels [--markdown]`` lists the library kernels (``--markdown``: the table of
-  docs/kernels.md, generated from the registry).
+  docs/kernels.md, generated from the registry);
+- ``nikki bench [--kernel NAME] [--quick] [--json FILE] ...`` benchmarks the library kernels over
+  a size sweep (bench/python/kernel_bench.py of a source checkout; ``make bench``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["pytest"]:  # every later argument is pytest's, options included
         return _pytest(argv[1:])
+    if argv[:1] == ["bench"]:  # the benchmark script parses its own options
+        return _bench(argv[1:])
     parser = argparse.ArgumentParser(prog="nikki", description="nikki: NKI kernels on a simulated NeuronCore")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a Python file whose `import nki` / `neuronxcc.nki` imports resolve to nikki")
@@ -48,6 +52,7 @@ def main(argv=None) -> int:
     dis.add_argument("file")
     kern = sub.add_parser("kernels", help="list the library kernels")
     kern.add_argument("--markdown", action="store_true", help="print the table of docs/kernels.md")
+    sub.add_parser("bench", help="benchmark the library kernels over a size sweep (`nikki bench --help`)")
     ns = parser.parse_args(argv)
 
     if ns.command == "run":
@@ -69,6 +74,18 @@ def _pytest(args) -> int:
     compat.install()
     compat.present_simulated_instance()
     return int(pytest.main(list(args)))
+
+
+def _bench(args) -> int:
+    """Runs bench/python/kernel_bench.py of the source checkout this package is in."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "bench", "python",
+                          "kernel_bench.py")
+    if not os.path.exists(script):
+        print("nikki bench: the kernel benchmarks live in nikki's source tree (bench/python/kernel_bench.py), "
+              "which is not beside this installed package; run it from a checkout", file=sys.stderr)
+        return 2
+    module = runpy.run_path(os.path.normpath(script), run_name="nikki_kernel_bench")
+    return int(module["main"](list(args), prog="nikki bench"))
 
 
 def _list_kernels(markdown: bool) -> None:

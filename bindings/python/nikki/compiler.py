@@ -15,13 +15,14 @@ hold options for NKI's compiler; ``nki.jit(compile_config=...)`` accepts and ign
 
 from __future__ import annotations
 
+import contextlib
 import types
 
 from .tensor import MemoryRegion, psum as _psum, sbuf as _sbuf
 
 __all__ = [
     "sbuf", "psum", "enable_stack_allocator", "skip_middle_end_transformations", "force_auto_alloc",
-    "multi_buffer", "CompileConfig", "SpecializationConfig", "AddressRotation", "Allocation",
+    "multi_buffer", "no_reorder", "CompileConfig", "SpecializationConfig", "AddressRotation", "Allocation",
 ]
 
 
@@ -96,6 +97,13 @@ def force_auto_alloc(func=None, **options):
 def multi_buffer(factor: int = 2):
     """Beta 1 loop directive (``nl.affine_range(n, directives=ncc.multi_buffer(2))``): a hint."""
     return ("multi_buffer", int(factor))
+
+
+def no_reorder():
+    """Beta 1 directive (``nl.sequential_range(n, directives=ncc.no_reorder())``, or a ``with``
+    block): keep the loop's instructions in program order. nikki's streams keep program-order
+    semantics whatever the directive, so it changes nothing."""
+    return contextlib.nullcontext()
 
 
 class _Options:

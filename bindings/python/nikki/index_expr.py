@@ -536,18 +536,25 @@ def apply_mask(mask, dst, *operands):
     instruction is skipped. Views that are still out of bounds after the mask raise a KernelError.
     """
     ops = (dst, *operands)
+    kept = _restrict_by_mask(mask, max([0] + [op.grid_rank for op in ops if isinstance(op, IndexedTensor)]), ops)
+    return None if kept is None else tuple(kept[2])
+
+
+def _restrict_by_mask(mask, grid_rank: int, tiles):
+    """(ranges, rank, the tiles restricted to them) for a legacy mask over a grid of `grid_rank`
+    axes at least, or None when the mask keeps nothing."""
     terms = _conjuncts(mask)
-    rank = max([_mask_rank(terms)] + [op.grid_rank for op in ops if isinstance(op, IndexedTensor)])
+    rank = max(_mask_rank(terms), grid_rank)
     ranges = _mask_ranges(terms, rank)
     if ranges is None:
         return None
     out = []
-    for op in ops:
-        r = _restrict(op, ranges, rank)
+    for t in tiles:
+        r = _restrict(t, ranges, rank)
         if r is None:
             return None
         out.append(r)
-    return tuple(out)
+    return ranges, rank, out
 
 
 def apply_reduction_mask(mask, dst, data, axes: int, keepdims: bool):
@@ -859,26 +866,28 @@ def _affine_fields(e: IndexExpr, shape: tuple, what: str):
     return per_dim[0], per_dim[1:], e.const
 
 
+def _mask_kept(mask, grid_rank: int, tiles: list):
+    """The tiles restricted by a legacy mask and the kept index range of each plain dim of the
+    first, or None when the mask keeps nothing."""
+    kept = _restrict_by_mask(mask, grid_rank, tiles)
+    if kept is None:
+        return None
+    ranges, rank, out = kept
+    dims = _plain_dim_ranges(tiles[0], ranges, rank)
+    return None if dims is None else (out, dims)
+
+
 def _masked_fields(mask, tile_shape, grid_rank: int, per_dim: list, offset: int, tiles: list):
     """Applies a legacy mask to the output of iota/affine_select: the restricted tiles, the pattern
     [(step, num)] over the kept free positions and the offset moved to the first kept position."""
     lo = [0] * len(tile_shape)
     hi = [n - 1 for n in tile_shape]
     if mask is not None:
-        terms = _conjuncts(mask)
-        rank = max(_mask_rank(terms), grid_rank)
-        ranges = _mask_ranges(terms, rank)
-        if ranges is None:
+        kept = _mask_kept(mask, grid_rank, tiles)
+        _isa._note_masked_write(tiles[0], mask, skipped=kept is None)
+        if kept is None:
             return None
-        out = []
-        for t in tiles:
-            r = _restrict(t, ranges, rank)
-            if r is None:
-                return None
-            out.append(r)
-        dims = _plain_dim_ranges(tiles[0], ranges, rank)
-        if dims is None:
-            return None
+        out, dims = kept
         for d, (a, b) in dims.items():
             lo[d], hi[d] = a, b
         tiles = out

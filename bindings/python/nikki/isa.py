@@ -189,7 +189,10 @@ def _emit(opcode, operands, eng=engine.unknown, name=None, **attrs) -> int:
             if stage and i:
                 o = _partition_broadcast(o)
             converted.append(_operand(o, opcode, i))
-    return ctx.builder.emit(opcode, _engine(eng), loc, converted, name or "", **attrs)
+    index = ctx.builder.emit(opcode, _engine(eng), loc, converted, name or "", **attrs)
+    if ctx.masked_writes and converted:
+        _track_masked_write(ctx, converted[0], index)
+    return index
 
 
 def _partition_broadcast(x):
@@ -348,7 +351,59 @@ def _masked(mask, dst, *operands):
     or None when the mask selects nothing (the instruction is skipped)."""
     if mask is None:
         return (dst, *operands)
-    return hooks.apply_mask(mask, dst, *operands)
+    ops = hooks.apply_mask(mask, dst, *operands)
+    _note_masked_write(dst, mask, skipped=ops is None)
+    return ops
+
+
+class _MaskedWrite:
+    """A fresh tile whose first writer is a masked instruction: the tile's `view` holds values only
+    where `mask` kept them. `index` is that instruction's, set when it is emitted (None before,
+    -1 when the mask kept nothing and no instruction was emitted)."""
+
+    __slots__ = ("view", "mask", "index")
+
+    def __init__(self, view, mask, index):
+        self.view, self.mask, self.index = view, mask, index
+
+
+def _note_masked_write(dst, mask, skipped: bool) -> None:
+    """In NKI a legacy ``t[...] = op(..., mask=m)`` is masked as a whole: the elements the mask
+    drops keep t's values. nikki traces it as the masked op into a fresh tile, then the assignment;
+    remembering the mask of the fresh tile's only write lets the assignment copy just the kept
+    elements (see _masked_write_of) instead of the undefined rest."""
+    if dst.__class__ is not NkiTensor:  # fresh tiles are plain; index-expression views resolve lazily
+        return
+    ctx = current()
+    view = dst._view
+    builder = ctx.builder
+    if builder.storage_defined_at(view.storage) == builder.num_instructions:  # nothing wrote it yet
+        ctx.masked_writes[view.storage] = _MaskedWrite(view, mask, -1 if skipped else None)
+    else:
+        ctx.masked_writes.pop(view.storage, None)
+
+
+def _track_masked_write(ctx, dst_view, index: int) -> None:
+    """Called for each instruction writing a tile with a noted masked write: the first such
+    instruction is the masked one; any later write makes the tile ordinary again."""
+    storage = getattr(dst_view, "storage", None)
+    entry = ctx.masked_writes.get(storage)
+    if entry is None:
+        return
+    if entry.index is None:
+        entry.index = index
+    else:
+        del ctx.masked_writes[storage]
+
+
+def _masked_write_of(value: NkiTensor):
+    """The mask of the one masked instruction that wrote `value` (a whole fresh tile), or None
+    when `value` holds defined values everywhere it was written."""
+    ctx = current()
+    entry = ctx.masked_writes.get(value._view.storage) if ctx.masked_writes else None
+    if entry is None or entry.index is None or not entry.view.same_as(value._view):
+        return None
+    return entry.mask
 
 
 # --- data movement --------------------------------------------------------------------------
@@ -1860,6 +1915,7 @@ sys.modules.setdefault("nikki.isa.constants", constants)
 # Legacy tile assignment and in-place updates of NkiTensor (t[...] = x, t += x) are these functions.
 hooks.tensor_tensor = _tensor_tensor
 hooks.produce_in_place = _produce_in_place
+hooks.masked_write_of = _masked_write_of
 hooks.assign = _assign
 hooks.assign_scalar = _assign_scalar
 hooks.accumulate_into = _accumulate_into

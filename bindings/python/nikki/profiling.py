@@ -9,6 +9,7 @@ measurement. docs/performance-model.md explains the model and its limits.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import sys
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from . import _core
 from .arguments import check_int
+from .dtypes import to_dtype
 from .errors import KernelError, kernel_error_at, user_frame
 from .entry import DecoratedKernel, as_kernel
 from .kernel import Kernel, _for_user
@@ -90,6 +92,26 @@ class Profile:
     def dma_utilization(self) -> float:
         """Achieved DMA bandwidth over the peak of the core's DMA engines."""
         return self.dma_bandwidth() / self._peak_dma_per_ns if self._peak_dma_per_ns else 0.0
+
+    def io_bytes(self) -> int:
+        """Bytes of the kernel's inputs and outputs: its compulsory HBM traffic when every input is
+        read once and every output written once (summed over SPMD instances' own programs)."""
+        total = 0
+        for prog in self._programs:
+            kernel = prog.kernel
+            storages = kernel.storages()
+            for sid in (*kernel.inputs, *kernel.outputs):
+                s = storages[sid]
+                total += math.prod(s["shape"]) * to_dtype(s["dtype"]).itemsize
+        return total
+
+    def roofline_ns(self, flops: float | None = None) -> float:
+        """The shortest time the target's peaks allow: the larger of the FLOPs at the 16-bit TensorE
+        peak (the matmul FLOPs executed, or ``flops=``) and ``io_bytes()`` at the DMA peak."""
+        work = self.matmul_flops if flops is None else flops
+        compute = work / self._peak_flops_per_ns if self._peak_flops_per_ns else 0.0
+        memory = self.io_bytes() / self._peak_dma_per_ns if self._peak_dma_per_ns else 0.0
+        return max(compute, memory)
 
     def instructions(self) -> list:
         """(queue, opcode, start ns, end ns, source) for every instruction, instance after instance."""

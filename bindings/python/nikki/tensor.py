@@ -270,6 +270,12 @@ class NkiTensor:
         elif isinstance(value, NkiTensor):
             if dst._view.same_as(value._view):
                 return  # `t[i] += x` writes in place, then assigns t[i] to itself
+            mask = hooks.masked_write_of(value)
+            if mask is not None:  # `t[i] = op(..., mask=m)`: the mask applies to the assignment too
+                ops = hooks.apply_mask(mask, dst, value)
+                if ops is not None:
+                    hooks.assign(*ops)
+                return
             if temporary and hooks.produce_in_place(dst, value):
                 return
             hooks.assign(dst, value)

@@ -30,6 +30,8 @@ class TraceContext:
         # index -> NkiTensor of fresh PSUM tiles produced by a legacy functional nc_matmul, so
         # `psum[...] += nisa.nc_matmul(...)` can accumulate in place.
         self.pending_matmul: dict = {}
+        # storage id -> isa._MaskedWrite of fresh tiles written by a legacy masked instruction
+        self.masked_writes: dict = {}
         # numpy arrays of nl.shared_constant tensors, in the order of their (input) storages
         self.constants: list = []
 

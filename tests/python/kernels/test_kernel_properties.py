@@ -23,91 +23,14 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-F = torch.nn.functional
 
 from nikki import _core  # noqa: E402
 from nikki.dtypes import numpy_dtype, to_dtype  # noqa: E402
 from nikki.library import library_kernels  # noqa: E402
+from nikki.torch_equivalents import NO_TORCH_EQUIVALENT, TORCH  # noqa: E402
 
 CASES = int(os.environ.get("NIKKI_SWEEP_CASES", "4"))
 FIRST_SEED = int(os.environ.get("NIKKI_SWEEP_SEED", "1"))
-
-
-# --- PyTorch's own implementations, in float64 ------------------------------------------------
-
-def _scale(params, d):
-    s = params.get("scale")
-    return None if s is None or math.isnan(s) else s
-
-
-def _sdpa(q, k, v, params):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(params.get("causal", 0)),
-                                          scale=_scale(params, q.shape[-1]), enable_gqa=True)
-
-
-def _attention_lse(q, k, params):
-    group = q.shape[1] // k.shape[1]
-    scale = _scale(params, q.shape[-1]) or 1 / math.sqrt(q.shape[-1])
-    s = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)) * scale
-    if params.get("causal", 0):
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-    return torch.logsumexp(s, -1)
-
-
-def _attention_bwd(q, k, v, out, lse, grad_out, params):
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    return list(torch.autograd.grad(_sdpa(q, k, v, params), (q, k, v), grad_out))
-
-
-def _layernorm(x, gamma, beta, params):
-    out, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], gamma, beta, params.get("eps", 1e-5))
-    return [out, mean.reshape(-1), rstd.reshape(-1)]
-
-
-def _layernorm_bwd(x, gamma, mean, rstd, grad_out, params):
-    beta = torch.zeros_like(gamma)
-    return list(torch.ops.aten.native_layer_norm_backward(grad_out, x, [x.shape[-1]], mean[:, None], rstd[:, None],
-                                                          gamma, beta, [True, True, True]))
-
-
-def _rmsnorm(x, gamma, params):
-    eps = params.get("eps", 1e-6)
-    return [F.rms_norm(x, (x.shape[-1],), gamma, eps), torch.rsqrt(x.pow(2).mean(-1) + eps)]
-
-
-def _rmsnorm_bwd(x, gamma, rstd, grad_out, params):
-    # The backward inputs' rstd comes from x with the forward's default eps.
-    x, gamma = x.clone().requires_grad_(), gamma.clone().requires_grad_()
-    return list(torch.autograd.grad(F.rms_norm(x, (x.shape[-1],), gamma, 1e-6), (x, gamma), grad_out))
-
-
-def _adamw(param, grad, exp_avg, exp_avg_sq, params):
-    """torch.optim.AdamW's own step, in float64, from the given state (its step counter set to the
-    step before)."""
-    p = torch.nn.Parameter(param.clone())
-    p.grad = grad.clone()
-    opt = torch.optim.AdamW([p], lr=params["lr"], betas=(params["beta1"], params["beta2"]), eps=params["eps"],
-                            weight_decay=params["weight_decay"], foreach=False)
-    opt.state[p] = {"step": torch.tensor(float(params["step"] - 1)), "exp_avg": exp_avg.clone(),
-                    "exp_avg_sq": exp_avg_sq.clone()}
-    opt.step()
-    return [p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]]
-
-
-TORCH = {
-    "matmul": lambda a, b, p: [a @ b],
-    "softmax": lambda x, p: [torch.softmax(x, -1)],
-    "softmax_bwd": lambda out, g, p: [torch._softmax_backward_data(g, out, -1, torch.float64)],
-    "layernorm": _layernorm,
-    "layernorm_bwd": _layernorm_bwd,
-    "rmsnorm": _rmsnorm,
-    "rmsnorm_bwd": _rmsnorm_bwd,
-    "flash_attention": lambda q, k, v, p: [_sdpa(q, k, v, p), _attention_lse(q, k, p)],
-    "flash_attention_bwd": _attention_bwd,
-    "adamw": _adamw,
-}
-# Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
-NO_TORCH_EQUIVALENT: dict = {}
 
 
 # --- the sweep ----------------------------------------------------------------------------------
