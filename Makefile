@@ -8,7 +8,7 @@ CMAKE_FLAGS ?=
 
 PYTHON ?= python3
 
-.PHONY: all setup configure build develop test test-cpp test-python fuzz sweep bench demo clean
+.PHONY: all setup configure build develop test test-cpp test-python typecheck fuzz sweep bench demo clean
 
 all: build
 
@@ -41,7 +41,11 @@ fuzz: build
 	BUILD=$(BUILD) NIKKI_FUZZ_CASES=100000 PYTHONPATH=$(CURDIR)/bindings/python \
 		$(PYTHON) -m pytest tests/fuzz -q -s
 
-test: test-cpp test-python
+# The Python package type-checks with mypy (settings in pyproject.toml, [tool.mypy]).
+typecheck: setup
+	$(PYTHON) -m mypy
+
+test: test-cpp test-python typecheck
 
 # Many more randomly drawn cases of every library kernel than `make test` runs, against the
 # float64 references (C++ and Python) and PyTorch (Python). SWEEP_CASES per kernel.

@@ -13,6 +13,7 @@ Tolerances, by how the engines compute (docs/numerics.md):
 - bf16 results: exact against ml_dtypes' round-to-nearest-even cast of the fp32 result.
 """
 
+import inspect
 import math
 
 import ml_dtypes
@@ -1052,9 +1053,12 @@ def test_tensor_partition_reduce_average_and_fp32_min(rng):
 
 @pytest.mark.parametrize("name", nisa.UNSUPPORTED)
 def test_unsupported_instructions_raise_naming_the_api(name):
+    fn = getattr(nisa, name)
+    required = [p.name for p in inspect.signature(fn).parameters.values() if p.default is p.empty]
+
     @nki.jit
-    def k(a):
-        getattr(nisa, name)(load(a))
+    def k(a):  # called as its NKI signature says, every required parameter a tile
+        fn(**{param: load(a) for param in required})
         return store(load(a))
 
     with pytest.raises(NotImplementedError, match=f"nki.isa.{name} is not supported by nikki"):

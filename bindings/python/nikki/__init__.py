@@ -12,6 +12,7 @@ from .errors import KernelError, SpillWarning, ViewError
 _core._set_error_classes(KernelError, ViewError)
 
 from . import isa, language  # noqa: E402
+from . import index_expr  # noqa: E402,F401  (the legacy layer: fills the hooks of the core, isa and language)
 from . import collectives, compiler, typing  # noqa: E402
 from .dtypes import dtype  # noqa: E402
 from .entry import FrameworkKernel, baremetal, simulate, simulate_kernel  # noqa: E402

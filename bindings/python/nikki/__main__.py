@@ -22,6 +22,12 @@ import os
 import runpy
 import sys
 
+from . import _core, compat
+from . import kernel as kernel_module
+from .errors import KernelError
+from .library import kernels_table, library_kernels
+from .profiling import Profile
+
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -69,8 +75,6 @@ def main(argv=None) -> int:
 def _pytest(args) -> int:
     import pytest
 
-    from . import compat
-
     compat.install()
     compat.present_simulated_instance()
     return int(pytest.main(list(args)))
@@ -89,8 +93,6 @@ def _bench(args) -> int:
 
 
 def _list_kernels(markdown: bool) -> None:
-    from .library import kernels_table, library_kernels
-
     if markdown:
         sys.stdout.write(kernels_table())
         return
@@ -99,8 +101,6 @@ def _list_kernels(markdown: bool) -> None:
 
 
 def _run_script(path: str, args) -> None:
-    from . import compat
-
     compat.install()
     compat.present_simulated_instance()
     sys.argv = [path, *args]
@@ -115,10 +115,7 @@ def _run_script(path: str, args) -> None:
 
 
 def _profile_script(path: str, args, out_dir: str, top: int, explain: bool = False) -> int:
-    from . import kernel as kernel_module
-    from .profiling import Profile
-
-    launched = {}  # id(compiled) -> (kernel, compiled, launches)
+    launched: dict = {}  # id(compiled) -> (kernel, compiled, launches)
 
     def observe(k, compiled):
         entry = launched.get(id(compiled))
@@ -147,9 +144,6 @@ def _profile_script(path: str, args, out_dir: str, top: int, explain: bool = Fal
 
 
 def _disassemble(path: str) -> int:
-    from . import _core
-    from .errors import KernelError
-
     with open(path, "rb") as f:
         data = f.read()
     try:

@@ -47,7 +47,7 @@ def describe(value) -> str:
     if isinstance(shape, tuple) or type(shape).__name__ == "Size":
         layout = getattr(value, "layout", None)
         layout_text = f" {layout}" if layout is not None and "strided" not in str(layout) else ""
-        return f"a{layout_text} {type_name} of shape {tuple(shape)} and dtype {dtype}"
+        return f"a{layout_text} {type_name} of shape {tuple(shape or ())} and dtype {dtype}"
     text = repr(value)
     if len(text) > 60:
         text = text[:57] + "..."

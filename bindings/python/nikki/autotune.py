@@ -24,7 +24,7 @@ import hashlib
 import inspect
 import json
 
-from . import _core
+from . import _core, profiling
 from .entry import as_kernel
 from .errors import KernelError
 from .kernel import _resolve_target
@@ -103,12 +103,10 @@ class Autotuned:
         return found
 
     def _estimate(self, args, kwargs) -> tuple:
-        from .profiling import estimate
-
         table = []
         for config in self.configs:
             try:
-                us = estimate(self.kernel, *args, target=self.target, **kwargs, **config).total_us
+                us = profiling.estimate(self.kernel, *args, target=self.target, **kwargs, **config).total_us
                 table.append((config, us, None))
             except KernelError as err:
                 table.append((config, None, err.summary if hasattr(err, "summary") else str(err)))

@@ -9,6 +9,8 @@ of more than one rank needs other cores and raises NotImplementedError naming th
 
 from __future__ import annotations
 
+from . import isa
+
 __all__ = [
     "ReplicaGroup", "rank_id", "all_reduce", "all_gather", "all_gather_v", "reduce_scatter", "all_to_all",
     "all_to_all_v", "collective_permute", "collective_permute_implicit", "collective_permute_implicit_reduce",
@@ -49,8 +51,6 @@ def _single_rank(name: str, replica_group) -> None:
 
 
 def _copy_each(name: str, srcs, dsts) -> None:
-    from . import isa
-
     srcs = list(srcs) if isinstance(srcs, (list, tuple)) else [srcs]
     dsts = list(dsts) if isinstance(dsts, (list, tuple)) else [dsts]
     if len(srcs) != len(dsts):

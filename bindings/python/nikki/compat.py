@@ -7,6 +7,8 @@ from __future__ import annotations
 import sys
 import types
 
+from . import _core
+
 __all__ = ["install", "ALIASES", "present_simulated_instance", "INSTANCE_TYPE_FILE"]
 
 # module name NKI code imports -> nikki module that serves it
@@ -46,7 +48,7 @@ def install() -> None:
     if "neuronxcc" not in sys.modules or not getattr(sys.modules["neuronxcc"], "_nikki_alias", False):
         package = types.ModuleType("neuronxcc", "nikki stand-in for the Neuron compiler package")
         package.__path__ = []  # a package, so `import neuronxcc.nki` resolves through sys.modules
-        package._nikki_alias = True
+        package._nikki_alias = True  # type: ignore[attr-defined]
         sys.modules["neuronxcc"] = package
     for alias, target in ALIASES.items():
         module = _module(target)
@@ -78,14 +80,12 @@ def present_simulated_instance() -> None:
             return io.BytesIO(text.encode()) if "b" in mode else io.StringIO(text)
         return real_open(file, mode, *args, **kwargs)
 
-    open_reporting_instance._nikki_instance = True
+    open_reporting_instance._nikki_instance = True  # type: ignore[attr-defined]
     builtins.open = open_reporting_instance
 
 
 def _simulated_target() -> str:
     import os
-
-    from . import _core
 
     name = os.environ.get("NEURON_PLATFORM_TARGET_OVERRIDE") or _core.default_target()
     try:

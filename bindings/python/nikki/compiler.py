@@ -118,7 +118,7 @@ class _Options:
     def __eq__(self, other) -> bool:
         return type(other) is type(self) and other.__dict__ == self.__dict__
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # equal by value, so unhashable
 
 
 class CompileConfig(_Options):
@@ -142,5 +142,5 @@ def _kernel_builder_attribute(name: str):
 
 # ``from nki.compiler.kernel_builder import compile_kernel`` fails naming what is missing.
 kernel_builder = types.ModuleType("nki.compiler.kernel_builder", "NKI's ahead-of-time kernel builder (not in nikki)")
-kernel_builder.__getattr__ = _kernel_builder_attribute
+setattr(kernel_builder, "__getattr__", _kernel_builder_attribute)  # module-level __getattr__ (PEP 562)
 

@@ -9,7 +9,7 @@ from . import _core
 try:  # ml_dtypes provides numpy dtypes for bfloat16 and float8 (installed with nikki).
     import ml_dtypes as _ml
 except ImportError:  # pragma: no cover - ml_dtypes is a dependency; keep plain numpy usable.
-    _ml = None
+    _ml = None  # type: ignore[assignment]
 
 __all__ = ["dtype", "to_dtype", "numpy_dtype", "from_numpy", "from_torch", "torch_dtype"]
 
@@ -18,6 +18,7 @@ class _Named:
     """Shows and hashes a dtype by its NKI name."""
 
     __slots__ = ()
+    name: str  # set by the subclasses
 
     def __repr__(self) -> str:
         return f"nl.{self.name}"
@@ -127,7 +128,7 @@ _UNSUPPORTED_HINT = {
 }
 
 
-def to_dtype(value) -> dtype:
+def to_dtype(value) -> dtype | PackedDType:
     """Normalizes any dtype spelling (nikki, NKI string, numpy, ml_dtypes, torch) to a dtype."""
     if isinstance(value, (dtype, PackedDType)):
         return value

@@ -7,7 +7,7 @@ import os
 import sys
 import types
 
-__all__ = ["KernelError", "NikkiInternalError", "SpillWarning"]
+__all__ = ["KernelError", "KernelCallError", "NikkiInternalError", "SpillWarning"]
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -59,6 +59,15 @@ class KernelError(ValueError):
 KernelError.__module__ = "nikki"
 
 
+class KernelCallError(KernelError, TypeError):
+    """An NKI function called with arguments it does not take (an unknown keyword, a missing
+    argument), named by its public name (``nisa.tensor_copy: got an unexpected keyword argument
+    'bogus'``) and located at the user's call. A TypeError, as Python's own error for such a call."""
+
+
+KernelCallError.__module__ = "nikki"
+
+
 class SpillWarning(UserWarning):
     """The kernel's SBUF tensors did not fit, so nikki moved idle ones to HBM and back (as NKI's
     compiler does). Results are unchanged; the spill DMAs cost time in the estimated profile. The
@@ -90,7 +99,7 @@ def is_internal_frame(filename: str) -> bool:
 
 def user_frame(depth: int = 1):
     """The innermost frame that is not nikki's own code, starting `depth` frames up."""
-    frame = sys._getframe(depth)
+    frame: types.FrameType | None = sys._getframe(depth)
     while frame is not None and frame.f_code.co_filename.startswith(_PACKAGE_DIR):
         frame = frame.f_back
     return frame
@@ -119,7 +128,8 @@ def kernel_error_at(frame, summary: str, limit: str = "", hint: str = "", instru
     return KernelError(summary, code.co_filename, line, column, end_column, instruction, limit, hint)
 
 
-def kernel_error_in_traceback(err: BaseException, summary: str, hint: str = "") -> KernelError:
+def kernel_error_in_traceback(err: BaseException, summary: str, hint: str = "",
+                              cls: type[KernelError] = KernelError) -> KernelError:
     """A KernelError located at the innermost line of the user's code in `err`'s traceback (the
     line of a kernel that made nikki raise `err`); unlocated when no such line is in it."""
     tb, user = err.__traceback__, None
@@ -128,10 +138,10 @@ def kernel_error_in_traceback(err: BaseException, summary: str, hint: str = "") 
             user = tb
         tb = tb.tb_next
     if user is None:
-        return KernelError(summary, hint=hint)
+        return cls(summary, hint=hint)
     code = user.tb_frame.f_code
     line, column, end_column = _positions(code, user.tb_lasti) or (user.tb_lineno, 0, 0)
-    return KernelError(summary, code.co_filename, line, column, end_column, hint=hint)
+    return cls(summary, code.co_filename, line, column, end_column, hint=hint)
 
 
 def _positions(code, lasti: int):

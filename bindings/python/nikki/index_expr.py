@@ -27,8 +27,15 @@ from fractions import Fraction
 
 import numpy as np
 
+from . import _core
+from . import isa as _isa
+from . import language as nl
+from .dtypes import to_dtype
 from .errors import KernelError, ViewError, kernel_error_at, user_frame
-from .tensor import DynSlice, NkiTensor
+from .hooks import hooks
+from .registers import VirtualRegister
+from .tensor import DynSlice, NkiTensor, region_of
+from .tracing import assigned_name
 
 __all__ = ["arange", "mgrid", "IndexExpr", "IndexedTensor", "BlockTensor", "uses_index_expr", "subscript",
            "apply_mask", "legacy_iota", "legacy_affine_select", "block_tensor"]
@@ -51,8 +58,6 @@ def _is_int(x) -> bool:
 
 
 def _describe(x) -> str:
-    from .isa import VirtualRegister
-
     if isinstance(x, NkiTensor):
         return f"tensor '{x.name}' (a run-time value)"
     if isinstance(x, VirtualRegister):
@@ -605,8 +610,6 @@ def subscript(tensor: NkiTensor, key: tuple) -> "IndexedTensor":
                          hint="pass the predicate as mask= of the instruction instead")
         if isinstance(k, IndexExpr) and k.rank == 1:
             raise _error("Indexing a NKI tensor with 1D arange is not supported", hint=_PLACE_HINT)
-    from .isa import VirtualRegister
-
     # Legacy dynamic indexing: one dim may be indexed by a value known only at run time (a register
     # or a 1x1 tensor, e.g. A[batch_idx, i_p, i_f]); the access is offset by it when it executes.
     runtime = [(d, k) for d, k in enumerate(key) if isinstance(k, (NkiTensor, VirtualRegister))]
@@ -647,7 +650,7 @@ def subscript(tensor: NkiTensor, key: tuple) -> "IndexedTensor":
     exprs = [_coerce(k) for k in key]
     rank = max(e.rank for e in exprs)
     counts: dict = {}
-    dims = []
+    dims: list = []
     for d, e in enumerate(exprs):
         coefs, n = e._shifted(rank)
         counts = _broadcast_counts(counts, n, tuple(counts.get(k, 1) for k in range(rank)), e.shape)
@@ -680,7 +683,7 @@ def overhanging_slices(tensor: NkiTensor, key: tuple, error: KernelError):
     ``mask=`` can trim them, as Beta 1 kernels do on their last tile. Used without such a mask, the
     view raises `error`, the subscript's own out-of-bound error. None when the subscript is not made
     of integers and at least two slices (then `error` is raised at once)."""
-    subs = []
+    subs: list = []
     for k in key:
         if k is Ellipsis:
             subs.extend([slice(None)] * (tensor.ndim - (len(key) - 1)))
@@ -756,8 +759,6 @@ class IndexedTensor(NkiTensor):
                                   hint=err.hint) from None
         if self._runtime is None:
             return view
-        from .isa import VirtualRegister
-
         d, index = self._runtime
         if isinstance(index, VirtualRegister):
             return view.with_indirection(None, index._reg, strides[d], None, 0, 0)
@@ -882,8 +883,6 @@ def _masked_fields(mask, tile_shape, grid_rank: int, per_dim: list, offset: int,
     lo = [0] * len(tile_shape)
     hi = [n - 1 for n in tile_shape]
     if mask is not None:
-        from . import isa as _isa
-
         kept = _mask_kept(mask, grid_rank, tiles)
         _isa._note_masked_write(tiles[0], mask, skipped=kept is None)
         if kept is None:
@@ -901,10 +900,6 @@ def legacy_iota(expr=None, dtype=None, *, mask=None, name=None, **kwargs):
     """Legacy ``tile = nisa.iota(expr, dtype, mask=...)``: a new SBUF tile of the expression's grid
     shape holding the expression's value at every position (via nisa.iota's pattern, offset and
     channel_multiplier)."""
-    from . import isa as _isa
-    from . import language as nl
-    from .tracing import assigned_name
-
     if kwargs:
         raise _error(f"nisa.iota() got unexpected keyword argument(s) {', '.join(sorted(kwargs))}")
     e = _as_expr(expr, "nisa.iota")
@@ -930,12 +925,6 @@ def legacy_affine_select(pred=None, on_true_tile=None, on_false_value=None, *, m
     """Legacy ``tile = nisa.affine_select(pred, on_true_tile, on_false_value, mask=..., dtype=...)``:
     a new SBUF tile holding on_true_tile where the affine comparison `pred` (e.g. ``i_q >= i_k``) holds
     and on_false_value elsewhere (via nisa.affine_select on lhs - rhs compared with 0)."""
-    from . import _core
-    from . import isa as _isa
-    from . import language as nl
-    from .dtypes import to_dtype
-    from .tracing import assigned_name
-
     if kwargs:
         raise _error(f"nisa.affine_select() got unexpected keyword argument(s) {', '.join(sorted(kwargs))}")
     if isinstance(pred, _BadPred):
@@ -954,7 +943,8 @@ def legacy_affine_select(pred=None, on_true_tile=None, on_false_value=None, *, m
             on_false_value, "__float__"):
         raise _error(f"nisa.affine_select: on_false_value must be a number, got {_describe(on_false_value)}")
     e = _as_expr(pred.expr, "nisa.affine_select")
-    op, rhs = pred.op, pred.rhs
+    op = pred.op
+    rhs: Fraction | int = pred.rhs
     if rhs.denominator != 1:
         # The engines compare integers: fold a fractional bound into an equivalent integer one.
         if op in ("==", "!="):
@@ -1067,10 +1057,6 @@ class BlockTensor(NkiTensor):
 def block_tensor(shape, dtype, buffer, name):
     """Legacy ``nl.ndarray((B..., nl.par_dim(P), F...), dtype, buffer)``: a :class:`BlockTensor`
     stored partition first."""
-    from . import language as nl
-    from .tensor import region_of
-    from .tracing import assigned_name
-
     shape = tuple(shape)
     nb = next(i for i, s in enumerate(shape) if isinstance(s, nl.par_dim))
     region = region_of(buffer)
@@ -1093,6 +1079,7 @@ class _OverhangingSlice(IndexedTensor):
     slice's own error."""
 
     __slots__ = ("_error",)
+    _error: KernelError
 
     def _checked(self):
         if self._out_of_bounds() is None:
@@ -1101,3 +1088,16 @@ class _OverhangingSlice(IndexedTensor):
 
     _view = property(_checked)
 
+
+# The legacy layer plugs into the core: NkiTensor subscripts, nl.ndarray's block tensors, nl.arange /
+# nl.mgrid and the mask= of nki.isa instructions reach this module through these hooks.
+hooks.uses_index_expr = uses_index_expr
+hooks.index_subscript = subscript
+hooks.overhanging_slices = overhanging_slices
+hooks.apply_mask = apply_mask
+hooks.apply_reduction_mask = apply_reduction_mask
+hooks.legacy_iota = legacy_iota
+hooks.legacy_affine_select = legacy_affine_select
+hooks.block_tensor = block_tensor
+hooks.arange = arange
+hooks.mgrid = mgrid

@@ -9,18 +9,25 @@ file and line.
 from __future__ import annotations
 
 import enum
+import inspect
+import math
+import re
 import sys
 import types as _types
+import typing
+from typing import Any, Sequence, Union, overload
 
 import numpy as np
 
 from . import _core
 from .arguments import EXACT_INT_LIMIT, argument_error, check_bool, check_int, check_real, is_bool, is_real
 from .dtypes import to_dtype
-from .errors import KernelError, kernel_error_at, kernel_error_in_traceback, user_frame
+from .errors import KernelCallError, KernelError, kernel_error_at, kernel_error_in_traceback, user_frame
 from .ops import act_func, alu_op
-from .tensor import ComparisonTile, NkiTensor, psum, sbuf
-from .tracing import current
+from .hooks import hooks
+from .registers import VirtualRegister
+from .tensor import ComparisonTile, NkiTensor, ndarray, psum, sbuf
+from .tracing import assigned_name, current
 
 __all__ = [
     "engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode", "nc_version", "dma_engine",
@@ -75,7 +82,7 @@ class reduce_cmd(enum.IntEnum):
 
 _ReduceCmd = reduce_cmd
 # The binding's enum for each command (constructing a bound enum from an int is slow).
-_CORE_REDUCE_CMD = {cmd: _core.ReduceCmd(int(cmd)) for cmd in reduce_cmd}
+_CORE_REDUCE_CMD: dict[Any, Any] = {cmd: _core.ReduceCmd(int(cmd)) for cmd in reduce_cmd}
 
 class dge_mode(enum.IntEnum):
     unknown = 0
@@ -105,25 +112,21 @@ class dma_engine(enum.IntEnum):
     gpsimd_dma = 2
 
 
+# Annotations of the public signatures. An operator is an nl function (nl.add, nl.exp), a numpy
+# ufunc (np.add) or a nikki._core enum member; a dtype anything nl accepts (nl.float32, np.float32,
+# "bfloat16"); an operand a number or a [P, 1] tile; a legacy mask an index-expression predicate.
+Operator = Any
+DTypeLike = Any
+LegacyMask = Any
+Operand = Union[NkiTensor, float]
+Pattern = Sequence[Sequence[int]]
+
+_FLOAT32 = to_dtype("float32")
+_UINT32 = to_dtype("uint32")
+
 # NKI's "hardware constraints are violated" exception. nikki raises nikki.KernelError for those,
 # so the NKI name is that class: ``except nisa.NkiValidationError`` catches nikki's errors.
 NkiValidationError = KernelError
-
-
-class VirtualRegister:
-    """A 32-bit sequencer register (nisa.register_alloc)."""
-
-    __slots__ = ("_reg",)
-
-    def __init__(self, reg):
-        self._reg = reg
-
-    def __repr__(self) -> str:
-        return f"VirtualRegister(r{self._reg.id})"
-
-    def __bool__(self):
-        raise kernel_error_at(user_frame(2), "a register's value is only known at run time",
-                              hint="loop on registers with nl.fori_loop / nl.while_loop")
 
 
 # --- emission helpers -----------------------------------------------------------------------
@@ -229,24 +232,36 @@ def _core_reduce_cmd(cmd) -> _core.ReduceCmd:
     return core
 
 
-def _call_error(err: TypeError):
-    """The KernelError for a TypeError of calling a public instruction with arguments neither of its
-    forms takes (Python's message names the private function of the form it was read as), located
-    at the user's call; None for any other TypeError."""
+_BINDING_ERROR = re.compile(r"(\w+)\(\) (got an unexpected keyword argument|got multiple values for argument|"
+                            r"missing \d+ required|takes \d+|takes from \d+)")
+
+
+def _call_error(err: TypeError) -> KernelError | None:
+    """The KernelError (also a TypeError) for calling a public instruction with arguments neither of
+    its forms takes: Python's message names the private function the public one forwarded them to;
+    this one names the public function and the form the call was read as, located at the user's
+    call. None for any other TypeError (one raised while an instruction runs)."""
+    codes = []
     tb = err.__traceback__
-    if tb is None:
-        return None
-    while tb.tb_next is not None:
+    while tb is not None:
+        codes.append(tb.tb_frame.f_code)
         tb = tb.tb_next
-    code = tb.tb_frame.f_code
-    public = globals().get(code.co_name)
-    if getattr(public, "__code__", None) is not code or code.co_name.startswith("_"):
+    if codes and codes[-1] is to_dtype.__code__:  # a dtype argument nikki cannot read (nl.ndarray(shape, None))
+        return kernel_error_in_traceback(err, str(err), cls=KernelCallError)
+    if not codes or codes[-1].co_filename != __file__:
+        return None
+    match = _BINDING_ERROR.match(str(err))
+    if match is None or not isinstance(globals().get(match.group(1)), _types.FunctionType):
+        return None  # not a call of one of this module's functions with the wrong arguments
+    entry = next(i for i, code in enumerate(codes) if code.co_filename == __file__)  # the call into nki.isa
+    public = codes[entry]
+    if public.co_name.startswith("_") or getattr(globals().get(public.co_name), "__code__", None) is not public:
         return None  # raised inside an instruction, not by the call into one of its forms
-    message = str(err)
-    form = "the legacy form (returning a new tile)" if message.startswith("_legacy") else "the form with dst"
-    message = message.split("() ", 1)[-1] if "() " in message else message
-    return kernel_error_in_traceback(err, f"nisa.{code.co_name}: {message} (read as {form})",
-                                     hint=f"see help(nisa.{code.co_name}) for its parameters")
+    legacy = match.group(1).startswith("_legacy") or any(c.co_name.startswith("_legacy") for c in codes[entry:])
+    form = "the legacy form (returning a new tile)" if legacy else "the form with dst"
+    message = str(err).split("() ", 1)[-1]
+    return kernel_error_in_traceback(err, f"nisa.{public.co_name}: {message} (read as {form})",
+                                     hint=f"see help(nisa.{public.co_name}) for its parameters", cls=KernelCallError)
 
 
 def _flag(value, api: str, param: str) -> bool:
@@ -277,9 +292,7 @@ def _not_implemented(what: str):
 
 
 def _new_tile(shape, dt, buffer=sbuf, name="") -> NkiTensor:
-    from . import language as nl
-
-    return nl.ndarray(tuple(shape), dtype=dt, buffer=buffer, name=name)
+    return ndarray(tuple(shape), dtype=dt, buffer=buffer, name=name)
 
 
 def _tile_shape(data: NkiTensor) -> tuple:
@@ -296,9 +309,7 @@ def _wider(a, b):
         return a if a.is_float else b
     if a.itemsize != b.itemsize:
         return a if a.itemsize > b.itemsize else b
-    from . import language as nl
-
-    return nl.float32 if a.is_float else (a if a.name.startswith("int") else b)
+    return _FLOAT32 if a.is_float else (a if a.name.startswith("int") else b)
 
 
 def _legacy(kwargs, is_legacy: bool, args=(), first: str = "") -> bool:
@@ -328,9 +339,7 @@ def _masked_extras(mask, *extras):
     tensors = [e for e in extras if isinstance(e, NkiTensor)]
     if not tensors:
         return extras
-    from . import index_expr
-
-    masked = index_expr.apply_mask(mask, *tensors)
+    masked = hooks.apply_mask(mask, *tensors)
     if masked is None:
         return extras
     it = iter(masked)
@@ -342,9 +351,7 @@ def _masked(mask, dst, *operands):
     or None when the mask selects nothing (the instruction is skipped)."""
     if mask is None:
         return (dst, *operands)
-    from . import index_expr
-
-    ops = index_expr.apply_mask(mask, dst, *operands)
+    ops = hooks.apply_mask(mask, dst, *operands)
     _note_masked_write(dst, mask, skipped=ops is None)
     return ops
 
@@ -364,7 +371,7 @@ def _note_masked_write(dst, mask, skipped: bool) -> None:
     """In NKI a legacy ``t[...] = op(..., mask=m)`` is masked as a whole: the elements the mask
     drops keep t's values. nikki traces it as the masked op into a fresh tile, then the assignment;
     remembering the mask of the fresh tile's only write lets the assignment copy just the kept
-    elements (see masked_write_of) instead of the undefined rest."""
+    elements (see _masked_write_of) instead of the undefined rest."""
     if dst.__class__ is not NkiTensor:  # fresh tiles are plain; index-expression views resolve lazily
         return
     ctx = current()
@@ -389,7 +396,7 @@ def _track_masked_write(ctx, dst_view, index: int) -> None:
         del ctx.masked_writes[storage]
 
 
-def masked_write_of(value: NkiTensor):
+def _masked_write_of(value: NkiTensor):
     """The mask of the one masked instruction that wrote `value` (a whole fresh tile), or None
     when `value` holds defined values everywhere it was written."""
     ctx = current()
@@ -401,9 +408,20 @@ def masked_write_of(value: NkiTensor):
 
 # --- data movement --------------------------------------------------------------------------
 
-def dma_copy(dst=None, src=None, priority=None, oob_mode=oob_mode.error, dge_mode=dge_mode.unknown,
-             engine=engine.unknown, name=None, mask=None, dst_rmw_op=None):
-    """Copies src to dst through a DMA queue (HBM/SBUF on both sides); dtypes convert through fp32."""
+def dma_copy(dst: NkiTensor | None = None, src: NkiTensor | None = None, priority: int | None = None,
+             oob_mode: oob_mode = oob_mode.error, dge_mode: dge_mode = dge_mode.unknown,
+             engine: engine = engine.unknown, name: str | None = None, mask: LegacyMask = None,
+             dst_rmw_op: Operator = None) -> None:
+    """Copies ``src`` into ``dst`` through a DMA queue; dtypes convert through fp32.
+
+    Parameters: ``dst`` / ``src``: HBM or SBUF views of the same shape (runtime offsets through
+    ``.ap(scalar_offset=, vector_offset=)`` gather and scatter); ``oob_mode=skip`` leaves elements
+    whose run-time address is out of bounds unmoved; ``priority``, ``dge_mode`` and ``engine`` are
+    scheduling choices that change no value. Beta 1's ``dst_rmw_op=`` makes it ``dst = op(dst, src)``.
+
+    Limits: no PSUM source or destination. Engine: the DMA queues. Cost: no per-instruction formula
+    is published; transfers under 256 bytes per partition are overhead-bound, 2 KiB and more approach
+    the DMA bandwidth."""
     _check_tensor(dst, "dst")
     _check_tensor(src, "src")
     ops = _masked(mask, dst, src)
@@ -430,8 +448,26 @@ def _oob_skip(mode) -> bool:
     return value == 1
 
 
-def tensor_copy(*args, **kwargs):
-    """``tensor_copy(dst, src, engine=...)``; legacy ``tile = tensor_copy(src, dtype=..., mask=...)``."""
+@overload
+def tensor_copy(dst: NkiTensor, src: NkiTensor, engine: engine = engine.unknown, name: str | None = None) -> None: ...
+
+
+@overload
+def tensor_copy(src: NkiTensor, *, dtype: DTypeLike = None, mask: LegacyMask = None, engine: engine = engine.unknown,
+                name: str | None = None) -> NkiTensor: ...
+
+
+def tensor_copy(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """Copies ``src`` into ``dst`` element by element, converting to ``dst.dtype``.
+
+    Parameters: ``dst`` / ``src``: tiles of the same shape in SBUF or PSUM; ``engine``: the Vector,
+    Scalar or GpSimd engine (``engine.unknown`` lets nikki choose, as NKI does); ``name``: an
+    instruction name for the profile. Legacy form: ``tile = tensor_copy(src, dtype=..., mask=...)``
+    returns a new SBUF tile.
+
+    Limits: GpSimd cannot access PSUM. The copy is bit-exact when the dtypes match.
+    Engine: Vector (default), Scalar or GpSimd. Cost: ``max(MIN_II, N)`` engine cycles, N the
+    elements per partition."""
     if _legacy(kwargs, len(args) + ("src" in kwargs) < 2):
         return _legacy_unary(_tensor_copy, *args, **kwargs)
     return _tensor_copy(*args, **kwargs)
@@ -452,8 +488,28 @@ def _legacy_unary(fn, src=None, *, dtype=None, mask=None, **kwargs):
 
 # --- element-wise ---------------------------------------------------------------------------
 
-def tensor_tensor(*args, **kwargs):
-    """``tensor_tensor(dst, data1, data2, op)``: dst = op(data1, data2)."""
+@overload
+def tensor_tensor(dst: NkiTensor, data1: NkiTensor, data2: NkiTensor, op: Operator, engine: engine = engine.unknown,
+                  name: str | None = None) -> None: ...
+
+
+@overload
+def tensor_tensor(data1: NkiTensor, data2: NkiTensor, op: Operator, *, dtype: DTypeLike = None,
+                  mask: LegacyMask = None, engine: engine = engine.unknown, name: str | None = None) -> NkiTensor: ...
+
+
+def tensor_tensor(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = op(data1, data2)`` element by element (computed in fp32, cast to ``dst.dtype``).
+
+    Parameters: ``dst``, ``data1``, ``data2``: tiles with the same partition count and elements per
+    partition; ``op``: an ALU operator (``nl.add``, ``nl.maximum``, ``np.multiply``, ...);
+    ``engine``: ``engine.unknown`` picks the Vector engine, GpSimd for ``nl.power`` and int32
+    tiles. Legacy form: ``tile = tensor_tensor(data1, data2, op, dtype=..., mask=...)``.
+
+    Limits: the two inputs cannot both be in PSUM; bitvec operators need integer tiles.
+    Engine: Vector (GpSimd as above). Cost: ``max(MIN_II, N)`` cycles with one input in PSUM, or
+    bf16 SBUF inputs contiguous along the free dim under add / subtract / multiply; otherwise
+    ``max(MIN_II, 2N)``."""
     if _legacy(kwargs, len(args) < 3 or len(args) == 3 and _legacy_operand(args[2]), args, "data1"):
         return _legacy_tensor_tensor(*args, **kwargs)
     return _tensor_tensor(*args, **kwargs)
@@ -466,11 +522,17 @@ def _tensor_tensor(dst, data1, data2, op, engine=engine.unknown, name=None, mask
         _emit(_core.Opcode.tensor_tensor, ops, engine, name, op0=alu_op(op, "op"))
 
 
-def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, name=None):
-    from . import language as nl
+def _broadcast_shape(a: tuple, b: tuple):
+    """numpy's broadcast of two shapes of one rank, or None."""
+    if len(a) != len(b) or not all(m == n or m == 1 or n == 1 for m, n in zip(a, b)):
+        return None
+    return tuple(max(m, n) for m, n in zip(a, b))
 
+
+
+def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, name=None):
     data1, data2 = _check_tensor(data1, "data1"), _check_tensor(data2, "data2")
-    shape = nl._broadcast_shape(data1.shape, data2.shape)
+    shape = _broadcast_shape(data1.shape, data2.shape)
     if shape is not None and data1.shape != data2.shape:  # Beta 1 repeats size-1 dims (e.g. a [P, 1] scale)
         data1, data2 = data1.broadcast_to(shape), data2.broadcast_to(shape)
     out = _new_tile(_tile_shape(data1), to_dtype(dtype) if dtype is not None else _wider(data1.dtype, data2.dtype))
@@ -478,9 +540,29 @@ def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=eng
     return out
 
 
-def tensor_scalar(*args, **kwargs):
-    """``tensor_scalar(dst, data, op0, operand0, reverse0=False, op1=None, operand1=None, reverse1=False)``:
-    dst = (data op0 operand0) op1 operand1; operands are numbers or [P, 1] tensors."""
+@overload
+def tensor_scalar(dst: NkiTensor, data: NkiTensor, op0: Operator, operand0: Operand, reverse0: bool = False,
+                  op1: Operator = None, operand1: Operand | None = None, reverse1: bool = False,
+                  engine: engine = engine.unknown, name: str | None = None) -> None: ...
+
+
+@overload
+def tensor_scalar(data: NkiTensor, op0: Operator, operand0: Operand, reverse0: bool = False, op1: Operator = None,
+                  operand1: Operand | None = None, reverse1: bool = False, *, dtype: DTypeLike = None,
+                  mask: LegacyMask = None, engine: engine = engine.unknown, name: str | None = None) -> NkiTensor: ...
+
+
+def tensor_scalar(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = (data op0 operand0) op1 operand1`` element by element.
+
+    Parameters: ``operand0`` / ``operand1``: a number or a ``[P, 1]`` tile (one value per
+    partition); ``reverse0`` / ``reverse1`` swap the operands of ``op0`` / ``op1``; ``op1`` and
+    ``operand1`` are optional and given together. Legacy form: ``tile = tensor_scalar(data, op0,
+    operand0, ..., dtype=..., mask=...)``.
+
+    Limits: bitvec operators run on the Vector engine only and need integer tiles.
+    Engine: Vector (default), Scalar or GpSimd. Cost: ``max(MIN_II, N)`` cycles, the same for one
+    operator or two."""
     if _legacy(kwargs, len(args) < 2 or _legacy_operand(args[1]), args, "data"):
         return _legacy_tensor_scalar(*args, **kwargs)
     return _tensor_scalar(*args, **kwargs)
@@ -511,9 +593,26 @@ def _legacy_tensor_scalar(data, op0, operand0, reverse0=False, op1=None, operand
     return out
 
 
-def scalar_tensor_tensor(*args, **kwargs):
-    """``scalar_tensor_tensor(dst, data, op0, operand0, op1, operand1)``:
-    dst = (data op0 operand0) op1 operand1, operand1 a full tile."""
+@overload
+def scalar_tensor_tensor(dst: NkiTensor, data: NkiTensor, op0: Operator, operand0: Operand, op1: Operator,
+                         operand1: NkiTensor, reverse0: bool = False, reverse1: bool = False, name: str | None = None) -> None: ...
+
+
+@overload
+def scalar_tensor_tensor(*, data: NkiTensor, op0: Operator, operand0: Operand, op1: Operator, operand1: NkiTensor,
+                         reverse0: bool = False, reverse1: bool = False, dtype: DTypeLike = None,
+                         mask: LegacyMask = None, name: str | None = None) -> NkiTensor: ...
+
+
+def scalar_tensor_tensor(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = (data op0 operand0) op1 operand1``: ``operand0`` a number or ``[P, 1]`` tile,
+    ``operand1`` a full tile of data's shape.
+
+    Parameters: ``reverse0`` / ``reverse1`` swap the operands of ``op0`` / ``op1``. Legacy form (all
+    keywords): ``tile = scalar_tensor_tensor(data=..., op0=..., operand0=..., op1=..., operand1=...)``.
+
+    Engine: Vector. Cost: ``N`` cycles for bf16 data and operand1 with op0=subtract,
+    op1=multiply and N even; ``2N`` otherwise."""
     if _legacy(kwargs, len(args) < 2 or _legacy_operand(args[1]), args, "data"):
         return _legacy_scalar_tensor_tensor(*args, **kwargs)
     return _scalar_tensor_tensor(*args, **kwargs)
@@ -539,9 +638,32 @@ def _legacy_scalar_tensor_tensor(data, op0, operand0, op1, operand1, reverse0=Fa
     return out
 
 
-def activation(*args, **kwargs):
-    """``activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=None, reduce_cmd=idle)``:
-    dst = op(data * scale + bias) on the Scalar engine."""
+@overload
+def activation(dst: NkiTensor, op: Operator, data: NkiTensor, bias: Operand | None = None, scale: Operand = 1.0,
+               reduce_op: Operator = None, reduce_res: NkiTensor | None = None,
+               reduce_cmd: reduce_cmd = reduce_cmd.idle, name: str | None = None) -> None: ...
+
+
+@overload
+def activation(op: Operator, data: NkiTensor, *, bias: Operand | None = None, scale: Operand = 1.0,
+               reduce_op: Operator = None, reduce_res: NkiTensor | None = None,
+               reduce_cmd: reduce_cmd = reduce_cmd.idle, mask: LegacyMask = None, dtype: DTypeLike = None,
+               name: str | None = None) -> NkiTensor: ...
+
+
+def activation(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = op(data * scale + bias)`` with an activation function ``op`` (``nl.exp``, ``nl.gelu``,
+    ``nl.copy``, ...).
+
+    Parameters: ``scale``: a number or a ``[P, 1]`` fp32 tile; ``bias``: a ``[P, 1]`` tile (or a
+    number, staged into one); ``reduce_op`` / ``reduce_res`` / ``reduce_cmd``: an optional reduction
+    of each partition of the result through the engine's accumulators into ``reduce_res``
+    (``[P, 1]``). Legacy form: ``tile = activation(op, data, bias=..., scale=..., dtype=..., mask=...)``.
+
+    Limits: functions are exact to fp32 on nikki; on hardware they are valid on their published
+    input ranges (``nl.log`` on [2^-64, 2^64], ``nl.sin`` on [-pi, pi], ...).
+    Engine: Scalar. Cost: ``max(MIN_II, N)`` cycles; scale, bias and the reduction cost nothing
+    extra."""
     if "dst" in kwargs or (args and args[0].__class__ is NkiTensor):  # the current form, tested cheaply
         return _activation(*args, **kwargs)
     if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
@@ -577,9 +699,10 @@ def _activation(dst, op, data, bias=None, scale=1.0, reduce_op=None, reduce_res=
 
 def _constant_bias(data: NkiTensor, value: float):
     """A [P, 1] fp32 tile holding a compile-time bias (NeuronCore-v3 accepts scalar biases)."""
-    from . import language as nl
-
-    return nl.full((data.shape[0], 1), value, dtype=nl.float32, buffer=sbuf)
+    # named like nl.full names it: after the variable the user's call is assigned to
+    bias = _new_tile((data.shape[0], 1), _FLOAT32, sbuf, name=assigned_name(user_frame()) or "")
+    _assign_scalar(bias, value)
+    return bias
 
 
 def _legacy_activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce_res=None,
@@ -589,9 +712,22 @@ def _legacy_activation(op, data, *, bias=None, scale=1.0, reduce_op=None, reduce
     return out
 
 
-def activation_reduce(*args, **kwargs):
-    """``activation_reduce(dst, op, data, reduce_op, reduce_res, bias=None, scale=1.0)``: activation plus a
-    reduction of each partition of the result into reduce_res ([P, 1])."""
+@overload
+def activation_reduce(dst: NkiTensor, op: Operator, data: NkiTensor, reduce_op: Operator, reduce_res: NkiTensor,
+                      bias: Operand | None = None, scale: Operand = 1.0, name: str | None = None) -> None: ...
+
+
+@overload
+def activation_reduce(op: Operator, data: NkiTensor, *, reduce_op: Operator, reduce_res: NkiTensor,
+                      bias: Operand | None = None, scale: Operand = 1.0, mask: LegacyMask = None,
+                      dtype: DTypeLike = None, name: str | None = None) -> NkiTensor: ...
+
+
+def activation_reduce(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``activation`` followed by a reduction (``reduce_op``) of each partition of the result into
+    ``reduce_res`` (``[P, 1]``): activation with ``reduce_cmd=reset_reduce``.
+
+    Engine: Scalar. Cost: ``max(MIN_II, N) + MIN_II`` cycles."""
     if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
         return _legacy_activation_reduce(*args, **kwargs)
     return _activation_reduce(*args, **kwargs)
@@ -608,8 +744,20 @@ def _legacy_activation_reduce(op, data, *, reduce_op, reduce_res, bias=None, sca
     return out
 
 
-def reciprocal(*args, **kwargs):
-    """``reciprocal(dst, data)``: dst = 1 / data on the Vector engine."""
+@overload
+def reciprocal(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> None: ...
+
+
+@overload
+def reciprocal(data: NkiTensor, *, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor: ...
+
+
+def reciprocal(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = 1 / data`` element by element, at higher precision than the Scalar engine's
+    ``activation(op=nl.reciprocal)``.
+
+    Engine: Vector. Cost: ``max(MIN_II, 8N)`` cycles (the Scalar engine's activation costs
+    ``max(MIN_II, N)``)."""
     if _legacy(kwargs, len(args) + ("data" in kwargs) < 2):
         return _legacy_unary(_reciprocal, *args, **kwargs)
     return _reciprocal(*args, **kwargs)
@@ -635,8 +783,25 @@ def _axes_mask(axis, rank: int, api: str) -> int:
     return mask
 
 
-def tensor_reduce(*args, **kwargs):
-    """``tensor_reduce(dst, op, data, axis, negate=False, keepdims=False)``: reduces the last free axes."""
+@overload
+def tensor_reduce(dst: NkiTensor, op: Operator, data: NkiTensor, axis: int | Sequence[int], negate: bool = False,
+                  keepdims: bool = False, name: str | None = None) -> None: ...
+
+
+@overload
+def tensor_reduce(op: Operator, data: NkiTensor, axis: int | Sequence[int], *, mask: LegacyMask = None,
+                  dtype: DTypeLike = None, negate: bool = False, keepdims: bool = False, name: str | None = None) -> NkiTensor: ...
+
+
+def tensor_reduce(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = op-reduction of data over the free axes axis`` (optionally negated).
+
+    Parameters: ``axis``: one free axis or several (the last ones); ``keepdims``: keep the reduced
+    axes with size 1. Legacy form: ``tile = tensor_reduce(op, data, axis, dtype=..., mask=...)``.
+
+    Limits: axis 0, the partition axis, is never reduced here (see ``tensor_partition_reduce``).
+    Engine: Vector. Cost: ``N/2`` cycles for bf16 in and out under add or maximum, ``N``
+    otherwise."""
     if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
         return _legacy_tensor_reduce(*args, **kwargs)
     return _tensor_reduce(*args, **kwargs)
@@ -650,9 +815,7 @@ def _tensor_reduce(dst, op, data, axis, negate=False, keepdims=False, name=None,
     if mask is None:
         ops = (dst, data)
     else:
-        from . import index_expr
-
-        ops = index_expr.apply_reduction_mask(mask, dst, data, attrs["axes"], attrs["keepdims"])
+        ops = hooks.apply_reduction_mask(mask, dst, data, attrs["axes"], attrs["keepdims"])
     if ops is not None:
         _emit(_core.Opcode.tensor_reduce, ops, engine.vector, name, **attrs)
 
@@ -670,8 +833,26 @@ def _legacy_tensor_reduce(op, data, axis, *, mask=None, dtype=None, negate=False
     return out
 
 
-def tensor_scalar_reduce(*args, **kwargs):
-    """``tensor_scalar_reduce(dst, data, op0, operand0, reduce_op, reduce_res, reverse0=False)``."""
+@overload
+def tensor_scalar_reduce(dst: NkiTensor, data: NkiTensor, op0: Operator, operand0: Operand, reduce_op: Operator,
+                         reduce_res: NkiTensor | None = None, reverse0: bool = False,
+                         reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce, reduce_init: Operand | None = None,
+                         reduce_res_negate: bool = False, name: str | None = None) -> None: ...
+
+
+@overload
+def tensor_scalar_reduce(*, data: NkiTensor, op0: Operator, operand0: Operand, reduce_op: Operator,
+                         reduce_res: NkiTensor, reverse0: bool = False, dtype: DTypeLike = None,
+                         mask: LegacyMask = None, name: str | None = None) -> NkiTensor: ...
+
+
+def tensor_scalar_reduce(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = data op0 operand0`` (one operator, as ``tensor_scalar``) and ``reduce_res`` ([P, 1]) =
+    ``reduce_op`` over the free axes of that result.
+
+    Limits: nikki supports ``reduce_cmd=reset_reduce`` only, without ``reduce_init`` or
+    ``reduce_res_negate``, and needs ``reduce_res`` (NotImplementedError otherwise).
+    Engine: Vector. Cost: ``max(MIN_II, N) + MIN_II`` cycles."""
     if _legacy(kwargs, len(args) < 2 or _legacy_operand(args[1]), args, "data"):
         return _legacy_tensor_scalar_reduce(*args, **kwargs)
     return _tensor_scalar_reduce(*args, **kwargs)
@@ -702,9 +883,22 @@ def _legacy_tensor_scalar_reduce(*, data, op0, operand0, reduce_op, reduce_res, 
     return out
 
 
-def tensor_tensor_scan(*args, **kwargs):
-    """``tensor_tensor_scan(dst, data0, data1, initial, op0, op1, reverse0=False, reverse1=False)``:
-    res[i] = (data0[i] op0 res[i-1]) op1 data1[i] along each partition, res[-1] = initial."""
+@overload
+def tensor_tensor_scan(dst: NkiTensor, data0: NkiTensor, data1: NkiTensor, initial: Operand, op0: Operator,
+                       op1: Operator, reverse0: bool = False, reverse1: bool = False, name: str | None = None) -> None: ...
+
+
+@overload
+def tensor_tensor_scan(data0: NkiTensor, data1: NkiTensor, initial: Operand, op0: Operator, op1: Operator,
+                       reverse0: bool = False, reverse1: bool = False, *, dtype: DTypeLike = None,
+                       mask: LegacyMask = None, name: str | None = None) -> NkiTensor: ...
+
+
+def tensor_tensor_scan(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """A scan along each partition: ``r[i] = (data0[i] op0 r[i-1]) op1 data1[i]`` with
+    ``r[-1] = initial`` (a number or ``[P, 1]`` tile); ``dst = r``.
+
+    Engine: Vector. Cost: ``max(MIN_II, 2N)`` cycles."""
     if _legacy(kwargs, len(args) < 3 or _legacy_operand(args[2]), args, "data0"):
         return _legacy_tensor_tensor_scan(*args, **kwargs)
     return _tensor_tensor_scan(*args, **kwargs)
@@ -727,8 +921,20 @@ def _legacy_tensor_tensor_scan(data0, data1, initial, op0, op1, reverse0=False, 
     return out
 
 
-def tensor_partition_reduce(*args, **kwargs):
-    """``tensor_partition_reduce(dst, op, data)``: reduces across partitions on GpSimd."""
+@overload
+def tensor_partition_reduce(dst: NkiTensor, op: Operator, data: NkiTensor, name: str | None = None) -> None: ...
+
+
+@overload
+def tensor_partition_reduce(op: Operator, data: NkiTensor, *, mask: LegacyMask = None, dtype: DTypeLike = None,
+                            name: str | None = None) -> NkiTensor: ...
+
+
+def tensor_partition_reduce(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst[0, ...] = op-reduction of data across its partitions`` (add, maximum, bitwise or /
+    and, ...).
+
+    Engine: GpSimd. Cost: not published."""
     if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
         return _legacy_tensor_partition_reduce(*args, **kwargs)
     return _tensor_partition_reduce(*args, **kwargs)
@@ -749,9 +955,33 @@ def _legacy_tensor_partition_reduce(op, data, *, mask=None, dtype=None, name=Non
 
 # --- Tensor engine --------------------------------------------------------------------------
 
-def nc_matmul(*args, **kwargs):
-    """``nc_matmul(dst, stationary, moving, ..., accumulate=None)``: dst (+)= stationary.T @ moving, in fp32
-    PSUM. accumulate=None: the first matmul into a PSUM location overwrites, later ones add."""
+@overload
+def nc_matmul(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, is_stationary_onezero: bool = False,
+              is_moving_onezero: bool = False, is_transpose: bool = False, accumulate: bool | None = None,
+              tile_position: Sequence[int] = (), tile_size: Sequence[int] = (),
+              perf_mode: matmul_perf_mode = matmul_perf_mode.none, name: str | None = None) -> None: ...
+
+
+@overload
+def nc_matmul(stationary: NkiTensor, moving: NkiTensor, *, is_stationary_onezero: bool = False,
+              is_moving_onezero: bool = False, is_transpose: bool = False, tile_position: Sequence[int] = (),
+              tile_size: Sequence[int] = (), perf_mode: Any = None, mask: LegacyMask = None, name: str | None = None) -> NkiTensor: ...
+
+
+def nc_matmul(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst (+)= stationary.T @ moving``, contracting over the partition dim, into fp32 PSUM.
+
+    Parameters: ``stationary`` ``[K, M]`` and ``moving`` ``[K, N]`` in SBUF; ``accumulate``: False
+    overwrites, True adds, None overwrites on the first write to the PSUM location and adds later;
+    ``is_transpose``: a bit-exact transpose of ``moving`` (stationary an identity);
+    ``tile_position`` / ``tile_size``: a row / column tile of the PE array (both or neither);
+    ``perf_mode=double_row``: fp8 inputs laid out ``[128, 2, ...]``. Legacy form:
+    ``psum_tile = nc_matmul(stationary, moving, ...)``.
+
+    Limits: K <= 128, M <= 128, N <= 512 (nl.tile_size.gemm_stationary_fmax / gemm_moving_fmax);
+    inputs fp8 / bf16 / fp16 / tf32 / fp32 (fp32 pairs with fp32 only).
+    Engine: Tensor. Cost: ``max(min(64, N_stationary), N_moving)`` cycles back to back, four times
+    that for fp32 inputs."""
     tensors = sum(isinstance(a, NkiTensor) for a in args) + sum(k in kwargs for k in ("stationary", "moving"))
     # A third positional argument that is not a legacy flag makes it the current form, where a
     # non-tensor operand is reported by name.
@@ -839,8 +1069,6 @@ def _staged_from_psum(t: NkiTensor) -> NkiTensor:
 
 def _legacy_nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_moving_onezero=False,
                       is_transpose=False, tile_position=(), tile_size=(), perf_mode=None, mask=None, name=None):
-    from . import language as nl
-
     stationary, moving = _check_tensor(stationary, "stationary"), _check_tensor(moving, "moving")
     # Beta 1 kernels multiply tiles straight out of PSUM (e.g. a transpose's result): the Tensor
     # engine reads SBUF, so such operands are staged through SBUF first.
@@ -848,7 +1076,7 @@ def _legacy_nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_mov
     rows = 2 if _is_double_row(perf_mode) else 1  # double_row operands are [K, 2, F]
     m = stationary.size // (stationary.shape[0] * rows)
     n = moving.size // (moving.shape[0] * rows)
-    out = _new_tile((m, n), moving.dtype if is_transpose else nl.float32, psum)
+    out = _new_tile((m, n), moving.dtype if is_transpose else _FLOAT32, psum)
     index = _nc_matmul(out, stationary, moving, is_stationary_onezero, is_moving_onezero, is_transpose, False,
                        tile_position, tile_size, perf_mode, name=name, mask=mask)
     if index is not None and rows == 1:  # `psum += ...` may then retarget the one matmul
@@ -856,9 +1084,24 @@ def _legacy_nc_matmul(stationary, moving, *, is_stationary_onezero=False, is_mov
     return out
 
 
-def nc_transpose(*args, **kwargs):
-    """``nc_transpose(dst, data, engine=...)``: 2-D transpose on the Tensor engine (into PSUM) or the
-    Vector engine (up to 32x32)."""
+@overload
+def nc_transpose(dst: NkiTensor, data: NkiTensor, engine: engine = engine.unknown, name: str | None = None) -> None: ...
+
+
+@overload
+def nc_transpose(data: NkiTensor, *, mask: LegacyMask = None, dtype: DTypeLike = None,
+                 engine: engine = engine.unknown, name: str | None = None) -> NkiTensor: ...
+
+
+def nc_transpose(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = data.T`` for a 2-D tile (partition and free dims swapped).
+
+    Parameters: ``engine``: ``engine.tensor`` (up to 128x128, SBUF into PSUM, a matmul against an
+    identity), ``engine.vector`` (up to 32x32, SBUF or PSUM), ``engine.unknown`` chooses by size.
+
+    Limits: ``dst.dtype`` equals ``data.dtype``.
+    Engine: Tensor or Vector. Cost: Tensor ``max(P, min(64, F))`` cycles, Vector
+    ``max(MIN_II, N)``."""
     if _legacy(kwargs, len(args) + ("data" in kwargs) < 2):
         return _legacy_nc_transpose(*args, **kwargs)
     return _nc_transpose(*args, **kwargs)
@@ -892,8 +1135,21 @@ def _legacy_nc_transpose(data, *, mask=None, dtype=None, engine=engine.unknown, 
 
 # --- initialization and index generation ----------------------------------------------------
 
-def memset(*args, **kwargs):
-    """``memset(dst, value, engine=...)``: fills dst with value (legacy: ``memset(shape, value, dtype)``)."""
+@overload
+def memset(dst: NkiTensor, value: float, engine: engine = engine.unknown, name: str | None = None) -> None: ...
+
+
+@overload
+def memset(shape: Sequence[int], value: float, dtype: DTypeLike, *, mask: LegacyMask = None,
+           engine: engine = engine.unknown, name: str | None = None) -> NkiTensor: ...
+
+
+def memset(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """Fills ``dst`` with ``value``. Legacy form: ``tile = memset(shape, value, dtype)``.
+
+    Limits: an integer tile takes finite values only.
+    Engine: Vector or GpSimd. Cost: ``max(MIN_II, N/2)`` cycles for 0 into bf16 / fp16,
+    ``max(MIN_II, N)`` otherwise."""
     if _legacy(kwargs, len(args) >= 1 and _legacy_operand(args[0]) or "shape" in kwargs):
         return _legacy_memset(*args, **kwargs)
     return _memset(*args, **kwargs)
@@ -922,14 +1178,23 @@ def _pattern(pattern, api: str):
             for step, num in pairs]
 
 
-def iota(*args, **kwargs):
-    """``iota(dst, pattern, offset=0, channel_multiplier=0)``:
-    dst[c, i...] = offset + c * channel_multiplier + sum(step_k * i_k), computed in int32.
-    Legacy: ``tile = iota(expr, dtype)`` with an nl.arange index expression."""
-    if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
-        from . import index_expr
+@overload
+def iota(dst: NkiTensor, pattern: Pattern, offset: int = 0, channel_multiplier: int = 0, name: str | None = None) -> None: ...
 
-        return index_expr.legacy_iota(*args, **kwargs)
+
+@overload
+def iota(expr: Any, dtype: DTypeLike, *, mask: LegacyMask = None, name: str | None = None) -> NkiTensor: ...
+
+
+def iota(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst[c, i...] = offset + c * channel_multiplier + sum(step_k * i_k)`` over the access pattern
+    ``pattern`` ([[step, count], ...], outermost first), computed in int32 and cast to ``dst.dtype``.
+    Legacy form: ``tile = iota(expr, dtype)`` with an ``nl.arange`` index expression.
+
+    Limits: offset, multiplier and steps fit int32. dst in SBUF.
+    Engine: GpSimd. Cost: ``150 + N`` cycles."""
+    if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
+        return hooks.legacy_iota(*args, **kwargs)
     return _iota(*args, **kwargs)
 
 
@@ -941,22 +1206,31 @@ def _iota(dst, pattern, offset=0, channel_multiplier=0, name=None, mask=None):
               channel_multiplier=_int32(channel_multiplier, "nisa.iota: channel_multiplier"))
 
 
-def affine_select(*args, **kwargs):
-    """``affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=nl.equal, offset=0)``:
-    dst = on_true_tile where cmp_op(affine value, 0), else on_false_value (affine value as in iota).
-    Legacy: ``tile = affine_select(pred, on_true_tile, on_false_value)`` with an index-expression predicate."""
-    if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
-        from . import index_expr
+@overload
+def affine_select(dst: NkiTensor, pattern: Pattern, channel_multiplier: int, on_true_tile: NkiTensor,
+                  on_false_value: float, cmp_op: Operator = None, offset: int = 0, name: str | None = None) -> None: ...
 
-        return index_expr.legacy_affine_select(*args, **kwargs)
+
+@overload
+def affine_select(pred: Any, on_true_tile: NkiTensor, on_false_value: float, *, mask: LegacyMask = None,
+                  dtype: DTypeLike = None, name: str | None = None) -> NkiTensor: ...
+
+
+def affine_select(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = on_true_tile where cmp_op(v, 0) else on_false_value``, v the affine value of ``iota``
+    (``offset + c * channel_multiplier + pattern``); ``cmp_op=None`` is ``nl.equal``. Causal masks
+    are its common use. Legacy form: ``tile = affine_select(pred, on_true_tile, on_false_value)``
+    with an index-expression predicate such as ``i_q >= i_k``.
+
+    Engine: GpSimd. Cost: ``150 + N`` cycles."""
+    if _legacy(kwargs, len(args) == 0 or _legacy_operand(args[0])):
+        return hooks.legacy_affine_select(*args, **kwargs)
     return _affine_select(*args, **kwargs)
 
 
 def _affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_value, cmp_op=None, offset=0, name=None,
                    mask=None):
-    from . import language as nl
-
-    cmp = alu_op(cmp_op if cmp_op is not None else nl.equal, "cmp_op")
+    cmp = alu_op(cmp_op if cmp_op is not None else _core.AluOp.equal, "cmp_op")
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(on_true_tile, "on_true_tile"))
     if ops is not None:
         _emit(_core.Opcode.affine_select, (*ops, _number(on_false_value, "nisa.affine_select: on_false_value")),
@@ -967,8 +1241,20 @@ def _affine_select(dst, pattern, channel_multiplier, on_true_tile, on_false_valu
 
 # --- statistics -----------------------------------------------------------------------------
 
-def bn_stats(*args, **kwargs):
-    """``bn_stats(dst, data)``: per partition (count, mean, count*variance) of the even and the odd elements."""
+@overload
+def bn_stats(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> None: ...
+
+
+@overload
+def bn_stats(data: NkiTensor, *, mask: LegacyMask = None, dtype: DTypeLike = None) -> NkiTensor: ...
+
+
+def bn_stats(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """Per partition, 6 statistics of ``data`` into ``dst`` ``[P, 6]``: count, mean and
+    count * variance of the even and of the odd elements (combine with ``bn_aggr``).
+
+    Limits: at most 512 elements per partition (nl.tile_size.bn_stats_fmax).
+    Engine: Vector. Cost: ``max(MIN_II, N)`` cycles."""
     if _legacy(kwargs, len(args) + ("data" in kwargs) < 2):
         data = _check_tensor(args[0] if args else kwargs.pop("data"), "data")
         dtype = kwargs.pop("dtype", None)
@@ -984,8 +1270,20 @@ def _bn_stats(dst, data, name=None, mask=None):
         _emit(_core.Opcode.bn_stats, ops, engine.vector, name)
 
 
-def bn_aggr(*args, **kwargs):
-    """``bn_aggr(dst, data)``: aggregates bn_stats outputs into (mean, variance) per partition."""
+@overload
+def bn_aggr(dst: NkiTensor, data: NkiTensor, name: str | None = None) -> None: ...
+
+
+@overload
+def bn_aggr(data: NkiTensor, *, mask: LegacyMask = None, dtype: DTypeLike = None) -> NkiTensor: ...
+
+
+def bn_aggr(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """Combines ``bn_stats`` outputs (``[P, 6k]``) into ``dst`` ``[P, 2]``: mean and variance per
+    partition.
+
+    Engine: Vector. Cost: ``max(MIN_II, 13 * (N / 3))`` cycles, N the elements per partition of
+    the statistics."""
     if _legacy(kwargs, len(args) + ("data" in kwargs) < 2):
         data = _check_tensor(args[0] if args else kwargs.pop("data"), "data")
         dtype = kwargs.pop("dtype", None)
@@ -1003,9 +1301,14 @@ def _bn_aggr(dst, data, name=None, mask=None):
 
 # --- predication and selection --------------------------------------------------------------
 
-def tensor_copy_predicated(dst=None, src=None, predicate=None, reverse_pred=False, name=None, mask=None,
-                           dtype=None):
-    """dst = src where predicate is nonzero (reverse_pred inverts), else unchanged; src a tile or a number."""
+def tensor_copy_predicated(dst: NkiTensor | None = None, src: Operand | None = None,
+                           predicate: NkiTensor | None = None, reverse_pred: bool = False, name: str | None = None,
+                           mask: LegacyMask = None, dtype: DTypeLike = None) -> None:
+    """``dst = src`` where ``predicate`` is nonzero (``reverse_pred``
+    inverts it), else unchanged; ``src`` a tile or a number.
+
+    Engine: Vector. Cost: ``max(MIN_II, N)`` cycles when one of src and predicate is in PSUM,
+    ``max(MIN_II, 2N)`` with both in SBUF."""
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(predicate, "predicate"),
                   *([src] if isinstance(src, NkiTensor) else []))
     if ops is not None:
@@ -1015,12 +1318,17 @@ def tensor_copy_predicated(dst=None, src=None, predicate=None, reverse_pred=Fals
               reverse_pred=_flag(reverse_pred, "tensor_copy_predicated", "reverse_pred"))
 
 
-def select_reduce(dst=None, predicate=None, on_true=None, on_false=None, reduce_res=None,
-                  reduce_cmd=reduce_cmd.idle, reduce_op=None, reverse_pred=False, name=None, mask=None, dtype=None):
-    """dst = where(predicate, on_true, on_false), with an optional max-reduction into reduce_res."""
-    from . import language as nl
+def select_reduce(dst: NkiTensor | None = None, predicate: NkiTensor | None = None, on_true: NkiTensor | None = None,
+                  on_false: Operand | None = None, reduce_res: NkiTensor | None = None,
+                  reduce_cmd: reduce_cmd = reduce_cmd.idle, reduce_op: Operator = None, reverse_pred: bool = False,
+                  name: str | None = None, mask: LegacyMask = None, dtype: DTypeLike = None) -> None:
+    """``dst = where(predicate, on_true, on_false)``, with an optional reduction of each
+    partition of the result into ``reduce_res`` (``[P, 1]``, ``reduce_op`` maximum by default).
 
-    attrs = {"reduce_op": alu_op(reduce_op if reduce_op is not None else nl.maximum, "reduce_op"),
+    Parameters: ``on_false``: a tile or a number; ``reverse_pred`` inverts the predicate;
+    ``reduce_cmd`` drives the engine's accumulators as in ``activation``.
+    Engine: Vector. Cost: not published."""
+    attrs = {"reduce_op": alu_op(reduce_op if reduce_op is not None else _core.AluOp.maximum, "reduce_op"),
              "reduce_cmd": _core_reduce_cmd(reduce_cmd),
              "reverse_pred": _flag(reverse_pred, "select_reduce", "reverse_pred")}
     if reduce_res is not None and int(reduce_cmd) == 0:
@@ -1032,8 +1340,20 @@ def select_reduce(dst=None, predicate=None, on_true=None, on_false=None, reduce_
         _emit(_core.Opcode.select_reduce, (*ops, on_false, reduce_res), engine.vector, name, **attrs)
 
 
-def max8(*args, **kwargs):
-    """``max8(dst, src)``: the 8 largest values of each partition, descending."""
+@overload
+def max8(dst: NkiTensor, src: NkiTensor, name: str | None = None) -> None: ...
+
+
+@overload
+def max8(*, src: NkiTensor, mask: LegacyMask = None, dtype: DTypeLike = None) -> NkiTensor: ...
+
+
+def max8(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """The 8 largest values of each partition of ``src``, in descending order, into ``dst``
+    ``[P, 8]`` (compared in fp32).
+
+    Limits: 8 to 16384 elements per partition.
+    Engine: Vector. Cost: ``N`` cycles."""
     if _legacy(kwargs, len(args) < 2, args, "src"):
         src = _check_tensor(args[0] if args else kwargs.pop("src"), "src")
         dtype = kwargs.pop("dtype", None)
@@ -1049,15 +1369,24 @@ def _max8(dst, src, name=None, mask=None):
         _emit(_core.Opcode.max8, ops, engine.vector, name)
 
 
-def nc_find_index8(*args, **kwargs):
-    """``nc_find_index8(dst, data, vals)``: index of the first occurrence of each of 8 values per partition."""
-    if _legacy(kwargs, len(args) < 3, args, "data"):
-        from . import language as nl
+@overload
+def nc_find_index8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, name: str | None = None) -> None: ...
 
+
+@overload
+def nc_find_index8(*, data: NkiTensor, vals: NkiTensor, mask: LegacyMask = None, dtype: DTypeLike = None) -> NkiTensor: ...
+
+
+def nc_find_index8(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """For each of the 8 values per partition in ``vals``, the index of its first occurrence in that
+    partition of ``data``, into ``dst`` ``[P, 8]`` (uint32 by default in the legacy form).
+
+    Engine: Vector. Cost: ``N`` cycles."""
+    if _legacy(kwargs, len(args) < 3, args, "data"):
         data = _check_tensor(args[0] if args else kwargs.pop("data"), "data")
         vals = args[1] if len(args) > 1 else kwargs.pop("vals")
         dtype = kwargs.pop("dtype", None)
-        out = _new_tile((data.shape[0], 8), to_dtype(dtype) if dtype is not None else nl.uint32)
+        out = _new_tile((data.shape[0], 8), to_dtype(dtype) if dtype is not None else _UINT32)
         _nc_find_index8(out, data, vals, **kwargs)
         return out
     return _nc_find_index8(*args, **kwargs)
@@ -1071,8 +1400,10 @@ def _nc_find_index8(dst, data, vals, name=None, mask=None):
 
 # --- registers --------------------------------------------------------------------------------
 
-def register_alloc(x=None) -> VirtualRegister:
-    """A new 32-bit register, optionally initialized with an integer or copied from a register."""
+def register_alloc(x: int | VirtualRegister | None = None) -> VirtualRegister:
+    """A new 32-bit sequencer register, initialized with ``x`` (an integer or another
+    register) when given. Registers drive ``nl.fori_loop`` / ``nl.dynamic_range`` counters and
+    runtime offsets of views (``t[reg]``, ``nl.ds(reg, size)``, ``.ap(scalar_offset=reg)``)."""
     ctx = current()
     reg = VirtualRegister(ctx.builder.new_register())
     if x is not None:
@@ -1080,23 +1411,27 @@ def register_alloc(x=None) -> VirtualRegister:
     return reg
 
 
-def register_move(dst, src, name=None):
-    """dst = src (a register or an integer)."""
+def register_move(dst: VirtualRegister, src: int | VirtualRegister, name: str | None = None) -> None:
+    """``dst = src``: a register takes an integer or another register's value (a
+    sequencer instruction, no engine time)."""
     _emit(_core.Opcode.register_move, (dst, src), engine.sync, name)
 
 
-def register_load(dst, src, name=None):
-    """dst = the value of a 1x1 tensor."""
+def register_load(dst: VirtualRegister, src: NkiTensor, name: str | None = None) -> None:
+    """``dst = src[0, 0]``: a register takes the value of a 1x1 SBUF or HBM tensor at run
+    time (a sequencer instruction)."""
     _emit(_core.Opcode.register_load, (dst, _check_tensor(src, "src")), engine.sync, name)
 
 
-def register_store(dst, src, name=None):
-    """Writes register src into a 1x1 tensor."""
+def register_store(dst: NkiTensor, src: VirtualRegister, name: str | None = None) -> None:
+    """``dst[0, 0] = src``: writes register ``src`` into a 1x1 tensor at run time (a
+    sequencer instruction)."""
     _emit(_core.Opcode.register_store, (_check_tensor(dst, "dst"), src), engine.sync, name)
 
 
 def get_nc_version() -> nc_version:
-    """The NeuronCore generation of the target being traced for."""
+    """The NeuronCore generation (``nc_version.gen2``, ``gen3``, ``gen4``) of the target
+    being traced for (trn1 / inf2: gen2, trn2: gen3); a compile-time value."""
     return nc_version(current().builder.generation)
 
 
@@ -1113,12 +1448,39 @@ class NkiInstruction:
         return self
 
 
-def __getattr__(name: str):
-    if name == "NKIObject":  # NKI also exports it here; defined in nki.language (imported lazily: a cycle)
-        from .language import NKIObject
+class NKIObject:
+    """Base class of the configuration classes NKI kernels pass around. As in NKI, a subclass that
+    declares annotated fields and no constructor of its own takes them as (keyword or positional)
+    arguments, every one optional: a field not given keeps its class default, or None."""
 
-        return NKIObject
-    raise AttributeError(f"module 'nki.isa' has no attribute {name!r}")
+    def __init__(self, *args, **kwargs):
+        fields = _annotated_fields(type(self))
+        if len(args) > len(fields):
+            raise TypeError(f"{type(self).__name__}() takes at most {len(fields)} positional arguments "
+                            f"({', '.join(fields) or 'no fields'}), {len(args)} given")
+        for name, value in zip(fields, args):
+            if name in kwargs:
+                raise TypeError(f"{type(self).__name__}() got multiple values for field '{name}'")
+            kwargs[name] = value
+        for name in fields:
+            if name not in kwargs and not hasattr(type(self), name):
+                setattr(self, name, None)
+        for name, value in kwargs.items():
+            setattr(self, name, value)
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{n}={getattr(self, n, None)!r}" for n in _annotated_fields(type(self)))
+        return f"{type(self).__name__}({values})"
+
+
+def _annotated_fields(cls) -> list:
+    """Annotated field names of cls and its bases, base classes' first (dataclass order)."""
+    names: list = []
+    for klass in reversed(cls.__mro__):
+        for name, annotation in vars(klass).get("__annotations__", {}).items():
+            if name not in names and "ClassVar" not in str(annotation):
+                names.append(name)
+    return names
 
 
 # --- data movement and selection added in NKI 0.2+ ----------------------------------------------
@@ -1126,10 +1488,22 @@ def __getattr__(name: str):
 _TRANSPOSE_AXES = {2: (1, 0), 3: (2, 1, 0), 4: (3, 1, 2, 0)}
 
 
-def dma_transpose(*args, **kwargs):
-    """``dma_transpose(dst, src, axes=None)``: dst = src with its dims permuted by `axes` (default
-    [1, 0], [2, 1, 0] or [3, 1, 2, 0] for 2-, 3- and 4-D), moved by the DMA engines. Legacy:
-    ``tile = dma_transpose(src, axes=None, dtype=...)``."""
+@overload
+def dma_transpose(dst: NkiTensor, src: NkiTensor, axes: Sequence[int] | None = None, priority: int | None = None,
+                  dge_mode: dge_mode = dge_mode.unknown, oob_mode: oob_mode = oob_mode.error, name: str | None = None) -> None: ...
+
+
+@overload
+def dma_transpose(src: NkiTensor, *, axes: Sequence[int] | None = None, mask: LegacyMask = None,
+                  dtype: DTypeLike = None) -> NkiTensor: ...
+
+
+def dma_transpose(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = src`` with its dims permuted by ``axes`` (default ``[1, 0]``, ``[2, 1, 0]`` or
+    ``[3, 1, 2, 0]`` for 2-, 3- and 4-D), moved by the DMA engines.
+
+    Limits: ``dst.shape`` is exactly the permuted ``src.shape``.
+    Engine: DMA. Cost: no formula published (up to 90% of a copy's throughput HBM to SBUF)."""
     if _legacy(kwargs, len(args) + ("src" in kwargs) < 2 and "dst" not in kwargs):
         src = _check_tensor(args[0] if args else kwargs.pop("src"), "src")
         dtype, axes = kwargs.pop("dtype", None), kwargs.pop("axes", None)
@@ -1168,14 +1542,17 @@ def _dma_transpose(dst, src, axes=None, priority=None, dge_mode=dge_mode.unknown
         _emit(_core.Opcode.dma_copy, ops, _core.Engine.dma, name, oob_skip=_oob_skip(oob_mode))
 
 
-def dma_compute(dst=None, srcs=None, reduce_op=None, scales=None, unique_indices=True, oob_mode=oob_mode.error,
-                name=None):
-    """dst = reduce_op(srcs[0] * scales[0], srcs[1] * scales[1], ...) computed in fp32 by the DMA
-    engines (1 to 4 sources, HBM or SBUF; nl.add and unit scales, as in NKI). A source that is dst
-    itself (read-modify-write, e.g. a scatter-add through a vector_offset) sees earlier elements'
-    writes, so repeated indices accumulate."""
-    from . import language as nl
+def dma_compute(dst: NkiTensor | None = None, srcs: NkiTensor | Sequence[NkiTensor] | None = None,
+                reduce_op: Operator = None, scales: float | Sequence[float] | None = None,
+                unique_indices: bool = True, oob_mode: oob_mode = oob_mode.error, name: str | None = None) -> None:
+    """``dst = reduce_op(srcs[0] * scales[0], srcs[1] * scales[1], ...)`` computed in
+    fp32 by the DMA engines.
 
+    Parameters: ``srcs``: 1 to 4 HBM or SBUF views; ``reduce_op``: ``nl.add`` (the default);
+    ``scales``: 1.0 each (NKI supports no other); ``oob_mode`` as in ``dma_copy``. A source that is
+    dst itself (read-modify-write, e.g. a scatter-add through a vector_offset) sees earlier
+    elements' writes, so repeated indices accumulate.
+    Engine: the DMA queues. Cost: not published."""
     dst = _check_tensor(dst, "dst")
     sources = list(srcs) if isinstance(srcs, (list, tuple)) else [srcs]
     if not 1 <= len(sources) <= 4:
@@ -1183,31 +1560,43 @@ def dma_compute(dst=None, srcs=None, reduce_op=None, scales=None, unique_indices
                               hint="add the tensors in several dma_compute calls")
     sources = [_check_tensor(t, f"srcs[{i}]") for i, t in enumerate(sources)]
     if scales is not None:
-        factors = [float(f) for f in (scales if isinstance(scales, (list, tuple)) else [scales])]
+        factors = [float(f) for f in scales] if isinstance(scales, (list, tuple)) else [float(typing.cast(Any, scales))]
         if any(f != 1.0 for f in factors):
             _not_implemented(f"dma_compute(scales={factors}) (NKI supports only scales of 1.0)")
     _emit(_core.Opcode.dma_compute, (dst, *sources), _core.Engine.dma, name,
-          op0=alu_op(reduce_op if reduce_op is not None else nl.add, "reduce_op"), oob_skip=_oob_skip(oob_mode))
+          op0=alu_op(reduce_op if reduce_op is not None else _core.AluOp.add, "reduce_op"), oob_skip=_oob_skip(oob_mode))
 
 
-def nc_stream_shuffle(*args, **kwargs):
-    """``nc_stream_shuffle(dst, src, shuffle_mask)``: within each quadrant of 32 partitions, dst
-    partition i gets src partition shuffle_mask[i] (255 leaves it unmodified). Beta 1 spelled it
-    ``nc_stream_shuffle(src, dst, shuffle_mask)``: use keywords when porting."""
-    return _nc_stream_shuffle(*args, **kwargs)
+def nc_stream_shuffle(dst: NkiTensor, src: NkiTensor, shuffle_mask: Sequence[int], name: str | None = None, *,
+                      mask: LegacyMask = None, dtype: DTypeLike = None) -> None:
+    """Within each quadrant of 32 partitions, dst partition i gets src partition shuffle_mask[i]
+    (255 leaves it unmodified); the same 32-entry mask serves every quadrant. ``dst`` may be
+    ``src`` (an in-place shuffle).
 
-
-def _nc_stream_shuffle(dst, src, shuffle_mask, name=None, mask=None, dtype=None):
+    Beta 1 spelled it ``nc_stream_shuffle(src, dst, shuffle_mask)``: use keywords when porting.
+    Limits: dst and src have the same dtype and elements per partition; SBUF or PSUM.
+    Engine: Vector. Cost: ``max(MIN_II, N)`` cycles."""
     lanes = [int(v) for v in shuffle_mask]
     ops = _masked(mask, _check_tensor(dst, "dst"), _check_tensor(src, "src"))
     if ops is not None:
         _emit(_core.Opcode.nc_stream_shuffle, ops, engine.vector, name, lanes=lanes)
 
 
-def nc_match_replace8(*args, **kwargs):
-    """``nc_match_replace8(dst, data, vals, imm, dst_idx=None)``: dst = data with the first
-    occurrence of each of the 8 values in vals replaced by imm; their positions go to dst_idx.
-    Legacy: ``tile = nc_match_replace8(data=, vals=, imm=, dst_idx=None)``."""
+@overload
+def nc_match_replace8(dst: NkiTensor, data: NkiTensor, vals: NkiTensor, imm: float, dst_idx: NkiTensor | None = None,
+                      name: str | None = None) -> None: ...
+
+
+@overload
+def nc_match_replace8(*, data: NkiTensor, vals: NkiTensor, imm: float, dst_idx: NkiTensor | None = None,
+                      mask: LegacyMask = None, dtype: DTypeLike = None) -> NkiTensor: ...
+
+
+def nc_match_replace8(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """``dst = data`` with the first occurrence in each partition of each of the 8 values of
+    ``vals`` replaced by ``imm``; their positions go to ``dst_idx`` when given.
+
+    Engine: Vector. Cost: ``min(MIN_II, N)`` cycles as published (likely meant ``max``)."""
     if _legacy(kwargs, len(args) < 4 and "dst" not in kwargs, args, "data"):
         data = _check_tensor(kwargs.pop("data") if "data" in kwargs else args[0], "data")
         dtype = kwargs.pop("dtype", None)
@@ -1223,17 +1612,21 @@ def _nc_match_replace8(dst, data, vals, imm, dst_idx=None, name=None, mask=None)
         _emit(_core.Opcode.nc_match_replace8, (*ops, float(imm), dst_idx), engine.vector, name)
 
 
-def range_select(dst=None, on_true_tile=None, comp_op0=None, comp_op1=None, bound0=None, bound1=None,
-                 reduce_cmd=reduce_cmd.idle, reduce_res=None, reduce_op=None, range_start=0, on_false_value=0.0,
-                 name=None, mask=None, dtype=None):
-    """dst[p, f] = on_true_tile[p, f] where (f + range_start) comp_op0 bound0[p] and (f + range_start)
-    comp_op1 bound1[p], else on_false_value; the results reduce (maximum) into reduce_res."""
-    from . import language as nl
+def range_select(dst: NkiTensor | None = None, on_true_tile: NkiTensor | None = None, comp_op0: Operator = None,
+                 comp_op1: Operator = None, bound0: Operand | None = None, bound1: Operand | None = None,
+                 reduce_cmd: reduce_cmd = reduce_cmd.idle, reduce_res: NkiTensor | None = None,
+                 reduce_op: Operator = None, range_start: int = 0, on_false_value: float = 0.0,
+                 name: str | None = None, mask: LegacyMask = None, dtype: DTypeLike = None) -> None:
+    """``dst[p, f] = on_true_tile[p, f]`` where ``(f + range_start) comp_op0 bound0[p]``
+    and ``(f + range_start) comp_op1 bound1[p]``, else ``on_false_value``; the results also reduce
+    (maximum) into ``reduce_res`` (``[P, 1]``).
 
+    Limits: NeuronCore-v3 and later; NKI requires ``on_false_value`` to be fp32's lowest value.
+    Engine: Vector. Cost: ``max(MIN_II, N)`` cycles."""
     if float(range_start) != int(range_start):
         raise kernel_error_at(user_frame(2), f"range_select: range_start={range_start} is not an integer position")
     attrs = {"op0": alu_op(comp_op0, "comp_op0"), "op1": alu_op(comp_op1, "comp_op1"),
-             "reduce_op": alu_op(reduce_op if reduce_op is not None else nl.maximum, "reduce_op"),
+             "reduce_op": alu_op(reduce_op if reduce_op is not None else _core.AluOp.maximum, "reduce_op"),
              "reduce_cmd": _core_reduce_cmd(reduce_cmd), "offset": int(range_start),
              "fill_value": float(on_false_value)}
     if reduce_res is not None and int(reduce_cmd) == 0:
@@ -1244,54 +1637,189 @@ def range_select(dst=None, on_true_tile=None, comp_op0=None, comp_op1=None, boun
         _emit(_core.Opcode.range_select, (*ops, bound0, bound1, reduce_res), engine.vector, name, **attrs)
 
 
-def nc_n_gather(dst=None, data=None, indices=None, name=None):
-    """dst[p, j] = data[p, indices[p, j]], indexing each partition's flattened free elements (GpSimd)."""
+def nc_n_gather(dst: NkiTensor | None = None, data: NkiTensor | None = None, indices: NkiTensor | None = None,
+                name: str | None = None) -> None:
+    """``dst[p, j] = data[p, indices[p, j]]``, indexing each partition's flattened free
+    elements.
+
+    Engine: GpSimd (``ceil(elements per partition / 512)`` instructions). Cost: not published."""
     _emit(_core.Opcode.nc_n_gather, (_check_tensor(dst, "dst"), _check_tensor(data, "data"),
                                      _check_tensor(indices, "indices")), engine.gpsimd, name)
 
 
-def nonzero_with_count(dst=None, src=None, index_offset=0, padding_val=-1, name=None):
-    """On partitions 0, 16, ..., 112 (the first of each GpSimd core's 16): the positions of src's
-    nonzero elements plus index_offset, then padding_val, then their count as the last element."""
+def nonzero_with_count(dst: NkiTensor | None = None, src: NkiTensor | None = None, index_offset: int = 0,
+                       padding_val: int = -1, name: str | None = None) -> None:
+    """On partitions 0, 16, ..., 112 (the first of each GpSimd core's 16): the
+    positions of ``src``'s nonzero elements plus ``index_offset``, then ``padding_val``, then their
+    count as the last element of ``dst``.
+
+    Limits: NeuronCore-v3 and later. Engine: GpSimd. Cost: not published."""
     _emit(_core.Opcode.nonzero_with_count, (_check_tensor(dst, "dst"), _check_tensor(src, "src")), engine.gpsimd,
           name, offset=int(index_offset), fill_value=float(padding_val))
 
 
-def core_barrier(data=None, cores=(0, 1), engine=engine.unknown, name=None):
+def core_barrier(data: NkiTensor | None = None, cores: Sequence[int] = (0, 1), engine: engine = engine.unknown,
+                 name: str | None = None) -> None:
     """Waits until the NeuronCores `cores` have all reached this point, so that their writes to the
     shared HBM tensor `data` are visible. A launch of one program instance is alone on nikki's
     simulated core: nothing to wait for, the barrier has no effect. Instances of a grid run one
     after another, so they cannot wait for each other: a barrier there raises NotImplementedError."""
-    from . import language as nl
-
     _check_tensor(data, "data")
-    if nl.num_programs() > 1:
-        _not_implemented(f"core_barrier between the {nl.num_programs()} program instances of a launch (nikki runs "
+    programs = math.prod(current().grid or (1,))
+    if programs > 1:
+        _not_implemented(f"core_barrier between the {programs} program instances of a launch (nikki runs "
                          "them one after another)")
 
 
 # --- NKI instructions nikki does not implement yet --------------------------------------------
 
-def _unsupported_instruction(name: str):
-    def fn(*args, **kwargs):
-        _not_implemented(f"nki.isa.{name}")
+def nc_matmul_mx(dst: NkiTensor, stationary: NkiTensor, moving: NkiTensor, stationary_scale: NkiTensor,
+                 moving_scale: NkiTensor, tile_position: Sequence[int] | None = None,
+                 tile_size: Sequence[int] | None = None, accumulate: bool | None = None, name: str | None = None) -> None:
+    """A matmul of MXFP8 / MXFP4 tiles (x4-packed dtypes) with their per-block scales, dequantized on the fly (NeuronCore-v4, Tensor engine).
 
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"nki.isa.{name}: not supported by nikki yet; calling it raises NotImplementedError."
-    return fn
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.nc_matmul_mx")
 
 
-# Current (NKI 0.6) and legacy (Beta 1) instructions without a nikki implementation. They exist so
-# that code using them fails with a NotImplementedError naming the instruction, not an
+def activate2(dst: NkiTensor, op: Operator, data: NkiTensor, imm0: Operand, imm1: Operand, op0: Operator,
+              op1: Operator, relu_param: float = 0.0, reverse0: bool = False, reverse1: bool = False,
+              reduce_op: Operator = None, reduce_res: NkiTensor | None = None,
+              reduce_cmd: reduce_cmd = reduce_cmd.idle, name: str | None = None) -> None:
+    """``dst = op((data op0 imm0) op1 imm1)`` with an optional reduction (NeuronCore-v4, Scalar engine).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.activate2")
+
+
+def tensor_scalar_cumulative(dst: NkiTensor, src: NkiTensor, op0: Operator, op1: Operator, imm0: Operand,
+                             imm1: Operand | None = None, reduce_cmd: reduce_cmd = reduce_cmd.reset_reduce,
+                             name: str | None = None) -> None:
+    """A running reduction along each partition: ``r = op1(op0(src[i], imm0), r); dst[i] = r`` (Vector engine).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.tensor_scalar_cumulative")
+
+
+def exponential(dst: NkiTensor, src: NkiTensor, max_value: Operand = 0.0, reduce_res: NkiTensor | None = None,
+                reduce_cmd: reduce_cmd = reduce_cmd.idle, reduce_init: float = 0.0, name: str | None = None) -> None:
+    """``dst = exp(src - max_value)`` with an optional running sum into reduce_res (NeuronCore-v4).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.exponential")
+
+
+def quantize_mx(dst: NkiTensor, src: NkiTensor, dst_scale: NkiTensor, name: str | None = None) -> None:
+    """Quantizes bf16 / fp16 tiles to x4-packed fp8 with e8m0 block scales (NeuronCore-v4, Vector engine).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.quantize_mx")
+
+
+def dropout(dst: NkiTensor, data: NkiTensor, prob: Operand, name: str | None = None) -> None:
+    """``dst = data`` with each element zeroed with probability prob (Vector engine; cost ``max(MIN_II, N)``).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.dropout")
+
+
+def rng(dst: NkiTensor, engine: engine = engine.vector, name: str | None = None) -> None:
+    """Fills dst with random bits from the engine's generator.
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.rng")
+
+
+def rand2(dst: NkiTensor, min: Operand, max: Operand, name: str | None = None) -> None:
+    """Fills dst with uniform random values in [min, max) (NeuronCore-v4 XORWOW generator).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.rand2")
+
+
+def set_rng_seed(src_seeds: NkiTensor, name: str | None = None) -> None:
+    """Seeds the random number generators from a tile of seeds.
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.set_rng_seed")
+
+
+def rand_set_state(src_seeds: NkiTensor, engine: engine = engine.gpsimd, name: str | None = None) -> None:
+    """Loads an engine's random generator state from a tile.
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.rand_set_state")
+
+
+def rand_get_state(dst: NkiTensor, engine: engine = engine.gpsimd, name: str | None = None) -> None:
+    """Stores an engine's random generator state into a tile.
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.rand_get_state")
+
+
+def local_gather(dst: NkiTensor, src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx: int = 1,
+                 num_valid_indices: int | None = None, name: str | None = None) -> None:
+    """A gather within each group of 16 partitions by uint16 indices (GpSimd engine; cost ``150 + num_valid_indices * num_elem_per_idx / C``).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.local_gather")
+
+
+def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: str | None = None) -> None:
+    """For each element, the [start, end] of the segment its segment id belongs to (GpSimd engine).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.sequence_bounds")
+
+
+def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, name: str | None = None) -> None:
+    """The K largest values and their indices per partition of a 16-partition bf16 layout (GpSimd engine; cost ``4n + K`` per partition).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.topk")
+
+
+def sendrecv(src: NkiTensor, dst: NkiTensor, send_to_rank: int, recv_from_rank: int, pipe_id: int,
+             dma_engine: dma_engine = dma_engine.dma, name: str | None = None) -> None:
+    """Point-to-point transfer between the two NeuronCores of a logical core (NeuronCore-v3+).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.sendrecv")
+
+
+def tensor_copy_dynamic_src(src: NkiTensor, *, mask: LegacyMask = None, dtype: DTypeLike = None,
+                            engine: engine = engine.unknown) -> None:
+    """Beta 1: a copy from a source addressed at run time (removed in NKI 0.4; cost ``max(600, N)`` cycles).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.tensor_copy_dynamic_src")
+
+
+def tensor_copy_dynamic_dst(*, dst: NkiTensor, src: NkiTensor, mask: LegacyMask = None, dtype: DTypeLike = None,
+                            engine: engine = engine.unknown) -> None:
+    """Beta 1: a copy into a destination addressed at run time (removed in NKI 0.4; cost ``max(600, N)`` cycles).
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.tensor_copy_dynamic_dst")
+
+
+def builtin_custom_op(function_name: str, lib_file_name: str, ulib_to_ucode_version: str, ulib_to_isa_version: str,
+                      srcs: Sequence[NkiTensor], dsts: Sequence[NkiTensor]) -> None:
+    """Beta 1: calls a custom GpSimd operator from a compiled library.
+
+    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
+    _not_implemented("nki.isa.builtin_custom_op")
+
+
+# Current (NKI 0.6) and legacy (Beta 1) instructions without a nikki implementation, defined above
+# so that code using them fails with a NotImplementedError naming the instruction, not an
 # AttributeError; they are deliberately not in __all__ (docs/api-coverage.md lists them).
 UNSUPPORTED = (
     "nc_matmul_mx", "activate2", "tensor_scalar_cumulative", "exponential", "quantize_mx", "dropout", "rng", "rand2",
     "set_rng_seed", "rand_set_state", "rand_get_state", "local_gather", "sequence_bounds", "topk",
     "sendrecv", "tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "builtin_custom_op",
 )
-for _name in UNSUPPORTED:
-    globals()[_name] = _unsupported_instruction(_name)
-del _name
 
 
 # --- helpers for legacy tile assignment and accumulation (used by NkiTensor) ------------------
@@ -1360,9 +1888,7 @@ def _accumulate_into(dst: NkiTensor, other) -> None:
 
 
 def _update_in_place(dst: NkiTensor, other, op: str) -> None:
-    from . import language as nl
-
-    alu = getattr(nl, op)
+    alu = getattr(_core.AluOp, op)
     if isinstance(other, NkiTensor):
         if dst.buffer is psum and other.buffer is psum:
             # an engine reads at most one PSUM input: stage the other operand through SBUF
@@ -1384,3 +1910,28 @@ for _name in ("engine", "reduce_cmd", "dge_mode", "oob_mode", "matmul_perf_mode"
     setattr(constants, _name, globals()[_name])
 del _name
 sys.modules.setdefault("nikki.isa.constants", constants)
+
+
+# Legacy tile assignment and in-place updates of NkiTensor (t[...] = x, t += x) are these functions.
+hooks.tensor_tensor = _tensor_tensor
+hooks.produce_in_place = _produce_in_place
+hooks.masked_write_of = _masked_write_of
+hooks.assign = _assign
+hooks.assign_scalar = _assign_scalar
+hooks.accumulate_into = _accumulate_into
+hooks.update_in_place = _update_in_place
+
+
+def _show_current_form(fn: Any) -> None:
+    """inspect.signature / help() of an instruction with two forms show its current (NKI 0.6) form,
+    the first of its typing overloads (the dispatcher itself takes *args, **kwargs)."""
+    get_overloads = getattr(typing, "get_overloads", None)  # Python 3.11+
+    forms = get_overloads(fn) if get_overloads is not None else []
+    if forms:
+        fn.__signature__ = inspect.signature(forms[0])
+
+
+for _name in __all__:
+    if isinstance(globals()[_name], _types.FunctionType):
+        _show_current_form(globals()[_name])
+del _name

@@ -11,6 +11,7 @@ import linecache
 import math
 import os
 import warnings
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +24,8 @@ from .errors import (KernelError, SpillWarning, is_internal_frame, kernel_error_
                      user_frame,
                      without_internal_frames)
 from .tensor import NkiTensor, shared_hbm
-from .tracing import TraceContext
+from .tracing import TraceContext, maybe_current
+from .typing import mutable_tensor
 
 __all__ = ["Kernel", "jit"]
 
@@ -194,8 +196,6 @@ class Kernel:
 
     # --- calling --------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        from .tracing import maybe_current
-
         if maybe_current() is not None:
             # Called while another kernel is being traced: a sub-kernel (Beta 1's
             # @nki.jit(mode='trace') helpers), inlined into the caller like any Python function.
@@ -241,7 +241,7 @@ class Kernel:
     def _key(self, values) -> tuple:
         """The specialization key of a call: shapes, dtypes and kinds of arrays, constants' values,
         the target and the grid. Cheap by design: it runs on every call."""
-        key_parts = []
+        key_parts: list[tuple] = []
         for v in values:
             if isinstance(v, np.ndarray):
                 # the dtype itself: .str is "<V1"-like for every ml_dtypes fp8 type
@@ -299,7 +299,9 @@ class Kernel:
         target = _resolve_target(self.target or self.options.get("platform_target"))
         sanitize = self.sanitizing()
         ids = list(itertools.product(*[range(g) for g in grid])) if grid else [()]
-        programs, outputs, constants = [], None, []
+        programs: list = []
+        outputs: Any = None  # the output specs of the first program instance
+        constants: list = []
         instructions, max_instructions = 0, _core.max_instructions()
         for program_ids in ids:
             kernel, out_specs = self._trace(specs, target, grid, program_ids, sanitize)
@@ -394,7 +396,7 @@ class Kernel:
         line, column, end_column = _def_line(code), 0, 0
         if not at_def:
             sites = {(p.lineno, p.col_offset or 0, p.end_col_offset if p.end_lineno == p.lineno else 0)
-                     for p in (i.positions for i in dis.get_instructions(code)
+                     for p in (getattr(i, "positions", None) for i in dis.get_instructions(code)
                                if i.opname in ("RETURN_VALUE", "RETURN_CONST")) if p is not None and p.lineno}
             if len(sites) == 1:
                 line, column, end_column = sites.pop()
@@ -480,7 +482,7 @@ class Kernel:
             _separate_aliased_inputs(self, compiled, values, keep, in_ptrs)
         for constant in compiled.constants:
             in_ptrs.append(constant.__array_interface__["data"][0] if constant.size else 0)
-        outputs = []
+        outputs: list[Any] = []
         for shape, dt in compiled.output_specs:
             if torch_out:
                 import torch
@@ -639,7 +641,9 @@ def _check_host_memory(kernel, compiled: Compiled, values) -> None:
             # Checked on every launch, not only when compiling: the specialization key holds shape
             # and dtype, not the device or the layout (a sparse tensor has no strides to ask about).
             if not v.is_cpu or v.layout is not _torch_strided():
-                raise _torch_problem(kernel._param_name(i), v)
+                problem = _torch_problem(kernel._param_name(i), v)
+                assert problem is not None  # the test above is the function's
+                raise problem
             if not v.is_contiguous():
                 needs.append((v.numel() * v.element_size(), f"a contiguous copy of argument '{kernel._params[i].name}'"))
     for k, (shape, dt) in enumerate(compiled.output_specs):
@@ -699,8 +703,6 @@ def _constant_key(v):
 def _is_mutable_annotation(annotation, fn_globals) -> bool:
     """True for ``nt.mutable_tensor`` (also as the string annotation `from __future__ import
     annotations` makes of it)."""
-    from .typing import mutable_tensor
-
     if isinstance(annotation, str):
         try:
             annotation = eval(annotation, dict(fn_globals))  # noqa: S307 - the user's own annotation

@@ -12,18 +12,33 @@ import builtins
 import contextlib
 import math
 import sys
+from typing import Any, Callable, ContextManager, Iterable, Iterator, NoReturn, Sequence, Union
 
 from . import _core
 from . import isa as _isa
 from .dtypes import PACKED_DTYPES as _PACKED_DTYPES
+from .dtypes import PackedDType
 from .dtypes import dtype as _dtype_cls
+from .dtypes import from_numpy, torch_dtype
 from .dtypes import numpy_dtype as _numpy_dtype
 from .arguments import check_bool, check_int, check_real, describe, is_int
 from .dtypes import to_dtype
 from .errors import is_internal_frame, kernel_error_at, user_frame
 from .ops import register_op
-from .tensor import ComparisonTile, DynSlice, LoopReduction, MemoryRegion, NkiTensor, hbm, private_hbm, psum, region_of, sbuf, shared_hbm
+from .hooks import hooks as _hooks
+from .registers import VirtualRegister
+from .isa import NKIObject, _broadcast_shape
+from .tensor import (ComparisonTile, DynSlice, LoopReduction, MemoryRegion, NkiTensor, hbm, ndarray, par_dim, private_hbm,
+                     psum, region_of, sbuf, shared_hbm)
 from .tracing import assigned_name, current, maybe_current
+
+# Annotations of the public signatures (as in nki.isa): a tile or a number; a shape; an ALU operator
+# or activation function; a dtype; a legacy index-expression mask.
+TileOrNumber = Union[NkiTensor, float]
+Shape = Union[Sequence[int], int]
+Operator = _isa.Operator
+DTypeLike = _isa.DTypeLike
+LegacyMask = _isa.LegacyMask
 
 # --- dtypes ---------------------------------------------------------------------------------
 float32 = to_dtype("float32")
@@ -50,82 +65,38 @@ float8_e8m0fnu = _PACKED_DTYPES["float8_e8m0fnu"]
 __all_memories__ = (sbuf, psum, hbm, shared_hbm, private_hbm)
 
 
-def is_psum(buffer) -> bool:
+def is_psum(buffer: object) -> bool:
+    """Whether `buffer` is the memory region PSUM; False for anything that is not a region."""
     return buffer is psum
 
 
-def is_sbuf(buffer) -> bool:
+def is_sbuf(buffer: object) -> bool:
+    """Whether `buffer` is the memory region SBUF; False for anything that is not a region."""
     return buffer is sbuf
 
 
-def is_hbm(buffer) -> bool:
+def is_hbm(buffer: object) -> bool:
+    """Whether `buffer` is the memory region an HBM memory (hbm, shared_hbm or private_hbm); False for anything that is not a region."""
     return isinstance(buffer, MemoryRegion) and buffer.is_hbm
 
 
-def is_on_chip(buffer) -> bool:
+def is_on_chip(buffer: object) -> bool:
+    """Whether `buffer` is the memory region an on-chip memory (SBUF or PSUM); False for anything that is not a region."""
     return isinstance(buffer, MemoryRegion) and buffer.is_on_chip
-
-
-class par_dim(int):
-    """Legacy marker of the partition dim in a shape with leading block dims (Beta 1)."""
 
 
 # --- tensor creation ------------------------------------------------------------------------
 
-def _shape(shape) -> tuple:
-    if is_int(shape):
-        return (int(shape),)
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        dims = None
-    if dims is None or isinstance(shape, str) or not builtins.all(is_int(s) for s in dims):
-        raise kernel_error_at(user_frame(3), f"shape {shape!r} is not a tuple of integers",
-                              hint="dims are ints (a float or a bool is not a size)")
-    return tuple(int(s) for s in dims)
-
-
-def ndarray(shape, dtype, buffer=sbuf, name: str = "", address=None) -> NkiTensor:
-    """A new uninitialized tensor (reads before writes see NaN for floats, 4 for integers)."""
-    ctx = current("nl.ndarray")
-    shape_t = _shape(shape)
-    if isinstance(shape, (tuple, list)) and any(isinstance(s, par_dim) for s in shape) \
-            and not isinstance(shape[0], par_dim):
-        from . import index_expr
-
-        return index_expr.block_tensor(shape, dtype, buffer, name)
-    region = region_of(buffer)
-    if not shape_t or any(s < 1 for s in shape_t):
-        raise kernel_error_at(user_frame(2), f"nl.ndarray shape {shape_t} must have positive extents",
-                              hint="give the tensor a shape such as (128, 512)")
-    if len(shape_t) > _core.max_rank:
-        raise kernel_error_at(user_frame(2), f"nl.ndarray shape {shape_t} has {len(shape_t)} dims",
-                              limit=f"tensors have at most {_core.max_rank} dims", hint="merge dims")
-    if address is not None and not region.is_on_chip:
-        raise kernel_error_at(user_frame(2), f"address= is only meaningful for sbuf and psum tensors, not {region.name}")
-    if address is not None:
-        try:
-            partition, byte = address
-        except (TypeError, ValueError):
-            raise kernel_error_at(user_frame(2), f"nl.ndarray: address={address!r} must be a (partition, byte) "
-                                  "pair") from None
-        address = (check_int(partition, "nl.ndarray: address partition", minimum=0),
-                   check_int(byte, "nl.ndarray: address byte offset", minimum=0))
-    role = "output" if region is shared_hbm else "scratch"
-    if not name:
-        caller = sys._getframe(1)
-        if not is_internal_frame(caller.f_code.co_filename):
-            name = assigned_name(caller)
-    view = ctx.builder.add_storage(name or "t", region.core, to_dtype(dtype).core, list(shape_t), role,
-                                   ctx.location(), address)
-    return NkiTensor(ctx, view)
-
-
-def full(shape, fill_value, dtype, buffer=sbuf, name: str = "", lazy_initialization=None) -> NkiTensor:
+def full(shape: Shape, fill_value: float, dtype: DTypeLike, buffer: MemoryRegion = sbuf, name: str = "",
+         lazy_initialization: bool | None = None) -> NkiTensor:
     """A tensor filled with `fill_value` (on-chip memories only).
 
     Beta 1's ``lazy_initialization=`` (whether the compiler may fold the fill into the tensor's
-    first write) is a scheduling hint: it changes no value and is accepted as such."""
+    first write) is a scheduling hint: it changes no value and is accepted as such.
+
+    Engine: nisa.memset (Vector or GpSimd). Cost: ``max(MIN_II, N)`` cycles (``N/2`` for 0 into bf16
+    / fp16).
+    """
     if lazy_initialization is not None:
         check_bool(lazy_initialization, "nl.full: lazy_initialization")
     region = region_of(buffer)
@@ -139,33 +110,48 @@ def full(shape, fill_value, dtype, buffer=sbuf, name: str = "", lazy_initializat
     return t
 
 
-def zeros(shape, dtype, buffer=sbuf, name: str = "", lazy_initialization=None) -> NkiTensor:
-    """A tensor of zeros (``lazy_initialization=`` as in ``full``)."""
+def zeros(shape: Shape, dtype: DTypeLike, buffer: MemoryRegion = sbuf, name: str = "",
+          lazy_initialization: bool | None = None) -> NkiTensor:
+    """A tensor of zeros (``lazy_initialization=`` as in ``full``).
+
+    Engine: nisa.memset (Vector or GpSimd). Cost: ``max(MIN_II, N/2)`` cycles for bf16 / fp16,
+    ``max(MIN_II, N)`` otherwise.
+    """
     return full(shape, 0, dtype, buffer, name, lazy_initialization)
 
 
-def ones(shape, dtype, buffer=sbuf, name: str = "", lazy_initialization=None) -> NkiTensor:
-    """A tensor of ones (``lazy_initialization=`` as in ``full``)."""
+def ones(shape: Shape, dtype: DTypeLike, buffer: MemoryRegion = sbuf, name: str = "",
+         lazy_initialization: bool | None = None) -> NkiTensor:
+    """A tensor of ones (``lazy_initialization=`` as in ``full``).
+
+    Engine: nisa.memset (Vector or GpSimd). Cost: ``max(MIN_II, N)`` cycles.
+    """
     return full(shape, 1, dtype, buffer, name, lazy_initialization)
 
 
-def zeros_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTensor:
-    """Zeros of x's shape and dtype (or `dtype`), in `buffer` (SBUF by default, as in NKI)."""
+def zeros_like(x: NkiTensor, dtype: DTypeLike = None, buffer: MemoryRegion | None = None, name: str = "") -> NkiTensor:
+    """Zeros of x's shape and dtype (or `dtype`), in `buffer` (SBUF by default, as in NKI).
+
+    Engine: nisa.memset, as nl.zeros.
+    """
     return zeros(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else sbuf, name)
 
 
-def ones_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTensor:
-    """Ones of x's shape and dtype (or `dtype`), in `buffer` (SBUF by default, like zeros_like)."""
+def ones_like(x: NkiTensor, dtype: DTypeLike = None, buffer: MemoryRegion | None = None, name: str = "") -> NkiTensor:
+    """Ones of x's shape and dtype (or `dtype`), in `buffer` (SBUF by default, like zeros_like).
+
+    Engine: nisa.memset, as nl.ones.
+    """
     return ones(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else sbuf, name)
 
 
-def empty_like(x: NkiTensor, dtype=None, buffer=None, name: str = "") -> NkiTensor:
+def empty_like(x: NkiTensor, dtype: DTypeLike = None, buffer: MemoryRegion | None = None, name: str = "") -> NkiTensor:
     """An uninitialized tensor of x's shape and dtype (or `dtype`), in x's buffer unless `buffer` is given."""
     return ndarray(x.shape, dtype if dtype is not None else x.dtype, buffer if buffer is not None else x.buffer,
                    name)
 
 
-def shared_constant(constant, dtype=None) -> NkiTensor:
+def shared_constant(constant: Any, dtype: DTypeLike = None) -> NkiTensor:
     """A read-only shared_hbm tensor holding `constant` (a numpy array, or the path of a .npy
     file), built into the compiled kernel; ``dtype=`` converts it (float64 / int64 arrays become
     float32 / int32 otherwise)."""
@@ -178,8 +164,6 @@ def shared_constant(constant, dtype=None) -> NkiTensor:
     elif data.dtype == np.float64 or data.dtype == np.int64:
         data = data.astype(np.float32 if data.dtype == np.float64 else np.int32)
     data = np.ascontiguousarray(data)
-    from .dtypes import from_numpy
-
     try:
         dt = from_numpy(data.dtype)
     except TypeError as err:
@@ -190,8 +174,11 @@ def shared_constant(constant, dtype=None) -> NkiTensor:
     return NkiTensor(ctx, view)
 
 
-def shared_identity_matrix(n: int, dtype=None, dst=None) -> NkiTensor:
-    """An n x n identity matrix in SBUF (uint8 by default)."""
+def shared_identity_matrix(n: int, dtype: DTypeLike = None, dst: NkiTensor | None = None) -> NkiTensor:
+    """An n x n identity matrix in SBUF (uint8 by default).
+
+    Engine: GpSimd (nisa.affine_select over a tile of ones). Cost: ``150 + N`` cycles.
+    """
     dt = to_dtype(dtype) if dtype is not None else uint8
     out = dst if dst is not None else ndarray((n, n), dt, buffer=sbuf, name="identity")
     ones_tile = ones((n, n), dt)
@@ -231,7 +218,7 @@ def _loop_range(api: str, start, stop, step) -> range:
     return range(check_int(start, f"{api}: start"), check_int(stop, f"{api}: stop"), check_int(step, f"{api}: step"))
 
 
-def affine_range(start, stop=None, step=1, directives=None):
+def affine_range(start: int, stop: int | None = None, step: int = 1, directives: Any = None) -> Iterable[int]:
     """A loop whose iterations do not depend on one another: NKI may reorder and overlap them.
 
     It unrolls at trace time (as in current NKI). When the kernel is sanitized
@@ -258,20 +245,36 @@ def _recorded_iterations(ctx, values: range, loc: int):
         ctx.builder.close_parallel_loop(loop)
 
 
-def sequential_range(start, stop=None, step=1, directives=None):
+def sequential_range(start: int, stop: int | None = None, step: int = 1, directives: Any = None) -> range:
     """A loop whose iterations may depend on one another (run in order); unrolls at trace time."""
     return _loop_range("sequential_range", start, stop, step)
 
 
-def static_range(start, stop=None, step=1, directives=None):
+def static_range(start: int, stop: int | None = None, step: int = 1, directives: Any = None) -> range:
     """A loop unrolled at trace time, iterations in order."""
     return _loop_range("static_range", start, stop, step)
 
 
-from .index_expr import arange, mgrid  # noqa: E402  (legacy index expressions)
+def arange(*args: int) -> Any:
+    """Legacy index expression ``nl.arange(n)`` / ``nl.arange(start, stop)`` (an affine index over a
+    tile's dim, placed with ``[:, None]`` / ``[None, :]``); implemented by the legacy layer."""
+    return _hooks.arange(*args)
 
 
-def ds(start, size) -> DynSlice:
+class _IndexGrid:
+    """Legacy ``nl.mgrid[0:P, 0:F]``: index expressions of a grid, implemented by the legacy layer."""
+
+    def __getitem__(self, key):
+        return _hooks.mgrid[key]
+
+    def __repr__(self) -> str:
+        return "nl.mgrid"
+
+
+mgrid = _IndexGrid()
+
+
+def ds(start: int | VirtualRegister | NkiTensor, size: int) -> DynSlice:
     """The slice [start, start + size): `start` an integer or a runtime value (a register or a 1x1
     tensor), `size` a positive integer."""
     return DynSlice(start, size)
@@ -293,7 +296,8 @@ def _end_loop(ctx, begin: int) -> None:
     ctx.builder.set_jump(begin, end)
 
 
-def fori_loop(lower, upper, body_fun, step: int = 1) -> None:
+def fori_loop(lower: int | VirtualRegister, upper: int | VirtualRegister, body_fun: Callable[[VirtualRegister], None],
+              step: int = 1) -> None:
     """A loop that runs on the device: body_fun(i) is traced once and repeated at run time, with i a
     register counting from lower to upper. Carry state in tensors; body_fun returns nothing."""
     ctx, begin, counter = _loop(lower, upper, step)
@@ -301,7 +305,8 @@ def fori_loop(lower, upper, body_fun, step: int = 1) -> None:
     _end_loop(ctx, begin)
 
 
-def dynamic_range(start, stop=None, step: int = 1):
+def dynamic_range(start: int | VirtualRegister, stop: int | VirtualRegister | None = None,
+                  step: int = 1) -> Iterator[VirtualRegister]:
     """Device loop as a Python for-loop (deprecated in NKI 0.6 in favour of fori_loop): the body is
     traced once with the counter register."""
     lower, upper = (0, start) if stop is None else (start, stop)
@@ -310,11 +315,13 @@ def dynamic_range(start, stop=None, step: int = 1):
     _end_loop(ctx, begin)
 
 
-def while_loop(init, body_fun):
+def while_loop(init: Any, body_fun: Callable[..., Any]) -> NoReturn:
+    """A device loop repeating body_fun while its condition register is nonzero. Not supported by
+    nikki yet (NotImplementedError); nl.fori_loop covers counted loops."""
     raise NotImplementedError("nl.while_loop is not supported by nikki yet (see docs/api-coverage.md)")
 
 
-def no_reorder():
+def no_reorder() -> ContextManager[None]:
     """Scheduling hint; nikki's streams keep program order semantics anyway."""
     return contextlib.nullcontext()
 
@@ -334,7 +341,7 @@ def program_id(axis: int = 0) -> int:
     return ctx.program_ids[axis]
 
 
-def num_programs(axes=None) -> int:
+def num_programs(axes: int | Sequence[int] | None = None) -> int:
     """Number of program instances along `axes` (all instances when None)."""
     ctx = current("nl.num_programs")
     if axes is None:
@@ -360,12 +367,12 @@ def nc(n: int) -> int:
     return n
 
 
-def spmd_dim(*sizes) -> int:
+def spmd_dim(*sizes: int) -> int:
     """Legacy grid dim built from several sizes (``nl.spmd_dim(nl.nc(2), 2)``): their product."""
     return math.prod(check_int(s, "nl.spmd_dim: size", minimum=1) for s in sizes)
 
 
-def device_print(print_prefix, tensor: NkiTensor) -> None:
+def device_print(print_prefix: str, tensor: NkiTensor) -> None:
     """Prints a tensor's values when the kernel runs on the simulated NeuronCore."""
     if isinstance(print_prefix, NkiTensor) and isinstance(tensor, str):
         print_prefix, tensor = tensor, print_prefix
@@ -453,14 +460,7 @@ def _scalar_operand(t: NkiTensor, op: str) -> NkiTensor:
     return copy(t, dtype=float32)
 
 
-def _broadcast_shape(a: tuple, b: tuple):
-    """numpy's broadcast of two shapes of one rank, or None."""
-    if len(a) != len(b) or not builtins.all(m == n or m == 1 or n == 1 for m, n in zip(a, b)):
-        return None
-    return tuple(builtins.max(m, n) for m, n in zip(a, b))
-
-
-def _out_dtype(dtype, comparison: bool, *tiles) -> _dtype_cls:
+def _out_dtype(dtype, comparison: bool, *tiles) -> _dtype_cls | PackedDType:
     if dtype is not None:
         return to_dtype(dtype)
     if comparison:
@@ -471,78 +471,258 @@ def _out_dtype(dtype, comparison: bool, *tiles) -> _dtype_cls:
     return dt
 
 
-def _make_binary(name: str, doc: str):
-    def fn(x, y, dtype=None, mask=None):
-        return _binary_op(name, x, y, dtype=dtype, mask=mask)
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = doc
-    return fn
+def add(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x + y element-wise."""
+    return _binary_op("add", x, y, dtype=dtype, mask=mask)
 
 
-add = _make_binary("add", "x + y element-wise.")
-subtract = _make_binary("subtract", "x - y element-wise.")
-multiply = _make_binary("multiply", "x * y element-wise.")
-divide = _make_binary("divide", "x / y, computed as x * reciprocal(y) (the engines have no divide).")
-maximum = _make_binary("maximum", "Element-wise maximum (NaN propagates).")
-minimum = _make_binary("minimum", "Element-wise minimum (NaN propagates).")
-power = _make_binary("power", "x ** y (GpSimd).")
-equal = _make_binary("equal", "1 where x == y else 0 (bool tile by default).")
-not_equal = _make_binary("not_equal", "1 where x != y else 0.")
-greater = _make_binary("greater", "1 where x > y else 0.")
-greater_equal = _make_binary("greater_equal", "1 where x >= y else 0.")
-less = _make_binary("less", "1 where x < y else 0.")
-less_equal = _make_binary("less_equal", "1 where x <= y else 0.")
-logical_and = _make_binary("logical_and", "1 where both are nonzero (bool tile by default).")
-logical_or = _make_binary("logical_or", "1 where either is nonzero (bool tile by default).")
-logical_xor = _make_binary("logical_xor", "1 where exactly one is nonzero (bool tile by default).")
-bitwise_and = _make_binary("bitwise_and", "Bitwise and of integer tiles.")
-bitwise_or = _make_binary("bitwise_or", "Bitwise or of integer tiles.")
-bitwise_xor = _make_binary("bitwise_xor", "Bitwise xor of integer tiles.")
-left_shift = _make_binary("left_shift", "Left shift of integer tiles.")
-right_shift = _make_binary("right_shift", "Logical right shift of integer tiles.")
+def subtract(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x - y element-wise."""
+    return _binary_op("subtract", x, y, dtype=dtype, mask=mask)
+
+
+def multiply(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x * y element-wise."""
+    return _binary_op("multiply", x, y, dtype=dtype, mask=mask)
+
+
+def divide(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x / y, computed as x * reciprocal(y) (the engines have no divide)."""
+    return _binary_op("divide", x, y, dtype=dtype, mask=mask)
+
+
+def maximum(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Element-wise maximum (NaN propagates)."""
+    return _binary_op("maximum", x, y, dtype=dtype, mask=mask)
+
+
+def minimum(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Element-wise minimum (NaN propagates)."""
+    return _binary_op("minimum", x, y, dtype=dtype, mask=mask)
+
+
+def power(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x ** y (GpSimd)."""
+    return _binary_op("power", x, y, dtype=dtype, mask=mask)
+
+
+def equal(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where x == y else 0 (bool tile by default)."""
+    return _binary_op("equal", x, y, dtype=dtype, mask=mask)
+
+
+def not_equal(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where x != y else 0."""
+    return _binary_op("not_equal", x, y, dtype=dtype, mask=mask)
+
+
+def greater(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where x > y else 0."""
+    return _binary_op("greater", x, y, dtype=dtype, mask=mask)
+
+
+def greater_equal(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where x >= y else 0."""
+    return _binary_op("greater_equal", x, y, dtype=dtype, mask=mask)
+
+
+def less(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where x < y else 0."""
+    return _binary_op("less", x, y, dtype=dtype, mask=mask)
+
+
+def less_equal(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where x <= y else 0."""
+    return _binary_op("less_equal", x, y, dtype=dtype, mask=mask)
+
+
+def logical_and(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where both are nonzero (bool tile by default)."""
+    return _binary_op("logical_and", x, y, dtype=dtype, mask=mask)
+
+
+def logical_or(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where either is nonzero (bool tile by default)."""
+    return _binary_op("logical_or", x, y, dtype=dtype, mask=mask)
+
+
+def logical_xor(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where exactly one is nonzero (bool tile by default)."""
+    return _binary_op("logical_xor", x, y, dtype=dtype, mask=mask)
+
+
+def bitwise_and(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Bitwise and of integer tiles."""
+    return _binary_op("bitwise_and", x, y, dtype=dtype, mask=mask)
+
+
+def bitwise_or(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Bitwise or of integer tiles."""
+    return _binary_op("bitwise_or", x, y, dtype=dtype, mask=mask)
+
+
+def bitwise_xor(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Bitwise xor of integer tiles."""
+    return _binary_op("bitwise_xor", x, y, dtype=dtype, mask=mask)
+
+
+def left_shift(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Left shift of integer tiles."""
+    return _binary_op("left_shift", x, y, dtype=dtype, mask=mask)
+
+
+def right_shift(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Logical right shift of integer tiles."""
+    return _binary_op("right_shift", x, y, dtype=dtype, mask=mask)
+
+
+_BINARY_NOTES = """
+
+    Parameters: ``x``, ``y``: tiles of one shape, a tile and a number, or a tile and a ``[P, 1]``
+    tile (one value per partition; Beta 1 also repeats other size-1 dims); ``dtype``: the result's
+    dtype (default: the wider input dtype; bool_ for comparisons and logical operators); ``mask``:
+    a legacy index-expression predicate. Returns a new SBUF tile.
+
+    Engine and cost: two tiles run as nisa.tensor_tensor (Vector engine, ``max(MIN_II, N)`` to
+    ``max(MIN_II, 2N)`` cycles, GpSimd for power and int32), a number or a ``[P, 1]`` tile as
+    nisa.tensor_scalar (``max(MIN_II, N)`` cycles); N is the elements per partition."""
+
 
 for _name in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power", "equal", "not_equal",
               "greater", "greater_equal", "less", "less_equal", "logical_and", "logical_or", "logical_xor",
               "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift"):
     register_op(globals()[_name], alu=_name)
+    globals()[_name].__doc__ += _BINARY_NOTES
 
 
-def _activation_fn(name: str, func: str, doc: str):
-    def fn(x, dtype=None, mask=None):
-        x = _isa._check_tensor(x, "x")
-        out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
-        _isa._activation(out, getattr(_core.ActFunc, func), x, mask=mask)
-        return out
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = doc
-    return fn
+def _activation_tile(func: str, x: NkiTensor, dtype: DTypeLike, mask: LegacyMask) -> NkiTensor:
+    """x through activation function `func` into a new SBUF tile (x.dtype unless dtype= says)."""
+    x = _isa._check_tensor(x, "x")
+    out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
+    _isa._activation(out, getattr(_core.ActFunc, func), x, mask=mask)
+    return out
 
 
-exp = _activation_fn("exp", "exp", "e ** x (Scalar engine).")
-log = _activation_fn("log", "log", "Natural logarithm (Scalar engine).")
-sqrt = _activation_fn("sqrt", "sqrt", "Square root (Scalar engine).")
-tanh = _activation_fn("tanh", "tanh", "Hyperbolic tangent.")
-sigmoid = _activation_fn("sigmoid", "sigmoid", "1 / (1 + e ** -x).")
-relu = _activation_fn("relu", "relu", "max(x, 0).")
-gelu = _activation_fn("gelu", "gelu", "x * Phi(x) (exact, erf-based).")
-gelu_dx = _activation_fn("gelu_dx", "gelu_dx", "Derivative of gelu.")
-gelu_apprx_tanh = _activation_fn("gelu_apprx_tanh", "gelu_apprx_tanh", "tanh approximation of gelu.")
-gelu_apprx_sigmoid = _activation_fn("gelu_apprx_sigmoid", "gelu_apprx_sigmoid", "x * sigmoid(1.702 x).")
-gelu_apprx_sigmoid_dx = _activation_fn("gelu_apprx_sigmoid_dx", "gelu_apprx_sigmoid_dx",
-                                       "Derivative of gelu_apprx_sigmoid.")
-silu = _activation_fn("silu", "silu", "x * sigmoid(x).")
-silu_dx = _activation_fn("silu_dx", "silu_dx", "Derivative of silu.")
-softplus = _activation_fn("softplus", "softplus", "log(1 + e ** x).")
-mish = _activation_fn("mish", "mish", "x * tanh(softplus(x)).")
-erf = _activation_fn("erf", "erf", "Error function.")
-erf_dx = _activation_fn("erf_dx", "erf_dx", "Derivative of erf.")
-sin = _activation_fn("sin", "sin", "Sine (valid on [-pi, pi] on hardware).")
-arctan = _activation_fn("arctan", "arctan", "Arctangent.")
-sign = _activation_fn("sign", "sign", "-1, 0 or 1.")
-abs = _activation_fn("abs", "abs", "|x|.")
-square = _activation_fn("square", "square", "x * x.")
+def exp(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """e ** x (Scalar engine)."""
+    return _activation_tile("exp", x, dtype, mask)
+
+
+def log(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Natural logarithm (Scalar engine)."""
+    return _activation_tile("log", x, dtype, mask)
+
+
+def sqrt(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Square root (Scalar engine)."""
+    return _activation_tile("sqrt", x, dtype, mask)
+
+
+def tanh(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Hyperbolic tangent."""
+    return _activation_tile("tanh", x, dtype, mask)
+
+
+def sigmoid(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 / (1 + e ** -x)."""
+    return _activation_tile("sigmoid", x, dtype, mask)
+
+
+def relu(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """max(x, 0)."""
+    return _activation_tile("relu", x, dtype, mask)
+
+
+def gelu(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x * Phi(x) (exact, erf-based)."""
+    return _activation_tile("gelu", x, dtype, mask)
+
+
+def gelu_dx(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Derivative of gelu."""
+    return _activation_tile("gelu_dx", x, dtype, mask)
+
+
+def gelu_apprx_tanh(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """tanh approximation of gelu."""
+    return _activation_tile("gelu_apprx_tanh", x, dtype, mask)
+
+
+def gelu_apprx_sigmoid(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x * sigmoid(1.702 x)."""
+    return _activation_tile("gelu_apprx_sigmoid", x, dtype, mask)
+
+
+def gelu_apprx_sigmoid_dx(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Derivative of gelu_apprx_sigmoid."""
+    return _activation_tile("gelu_apprx_sigmoid_dx", x, dtype, mask)
+
+
+def silu(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x * sigmoid(x)."""
+    return _activation_tile("silu", x, dtype, mask)
+
+
+def silu_dx(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Derivative of silu."""
+    return _activation_tile("silu_dx", x, dtype, mask)
+
+
+def softplus(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """log(1 + e ** x)."""
+    return _activation_tile("softplus", x, dtype, mask)
+
+
+def mish(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x * tanh(softplus(x))."""
+    return _activation_tile("mish", x, dtype, mask)
+
+
+def erf(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Error function."""
+    return _activation_tile("erf", x, dtype, mask)
+
+
+def erf_dx(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Derivative of erf."""
+    return _activation_tile("erf_dx", x, dtype, mask)
+
+
+def sin(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Sine (valid on [-pi, pi] on hardware)."""
+    return _activation_tile("sin", x, dtype, mask)
+
+
+def arctan(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Arctangent."""
+    return _activation_tile("arctan", x, dtype, mask)
+
+
+def sign(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """-1, 0 or 1."""
+    return _activation_tile("sign", x, dtype, mask)
+
+
+def abs(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """|x|."""
+    return _activation_tile("abs", x, dtype, mask)
+
+
+def square(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x * x."""
+    return _activation_tile("square", x, dtype, mask)
+
+
+_ACTIVATION_NOTES = """
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``dtype``: the result's dtype (default x.dtype);
+    ``mask``: a legacy index-expression predicate. Returns a new SBUF tile.
+
+    Engine and cost: nisa.activation on the Scalar engine, ``max(MIN_II, N)`` cycles (N the
+    elements per partition). nikki computes the function exactly in fp32; the hardware's
+    piece-wise polynomials are valid on published input ranges (log [2^-64, 2^64], sqrt
+    [2^-116, 2^118], sin [-pi, pi], arctan [-pi/2, pi/2]; the others everywhere)."""
+
 
 for _name in ("exp", "log", "sqrt", "tanh", "sigmoid", "gelu", "gelu_dx", "gelu_apprx_tanh", "gelu_apprx_sigmoid",
               "gelu_apprx_sigmoid_dx", "silu", "silu_dx", "softplus", "mish", "erf", "erf_dx", "sin", "arctan",
@@ -551,42 +731,65 @@ for _name in ("exp", "log", "sqrt", "tanh", "sigmoid", "gelu", "gelu_dx", "gelu_
 register_op(relu, alu="relu", act="relu")
 register_op(abs, alu="abs", act="abs")
 register_op(square, alu="square", act="square")
+for _name in ("exp", "log", "sqrt", "tanh", "sigmoid", "relu", "gelu", "gelu_dx", "gelu_apprx_tanh",
+              "gelu_apprx_sigmoid", "gelu_apprx_sigmoid_dx", "silu", "silu_dx", "softplus", "mish", "erf", "erf_dx",
+              "sin", "arctan", "sign", "abs", "square"):
+    globals()[_name].__doc__ += _ACTIVATION_NOTES
 
 
-def rsqrt(x, dtype=None, mask=None):
-    """1 / sqrt(x), on GpSimd as NKI does (higher precision than the Scalar engine)."""
+def rsqrt(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 / sqrt(x), on GpSimd as NKI does (higher precision than the Scalar engine).
+
+    Engine: GpSimd (nisa.tensor_scalar with op0=nl.rsqrt). Cost: about 4x the Scalar engine's
+    ``max(MIN_II, N)`` cycles. On hardware the input range is [2^-87, 2^97].
+    """
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, rsqrt, 0.0, engine=_isa.engine.gpsimd, mask=mask)
     return out
 
 
-def reciprocal(x, dtype=None, mask=None):
-    """1 / x on the Vector engine."""
+def reciprocal(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 / x on the Vector engine.
+
+    Engine: Vector (nisa.reciprocal). Cost: ``max(MIN_II, 8N)`` cycles
+    (nisa.activation(op=nl.reciprocal) on the Scalar engine costs ``max(MIN_II, N)``, at lower
+    precision).
+    """
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._reciprocal(out, x, mask=mask)
     return out
 
 
-def negative(x, dtype=None, mask=None):
-    """-x."""
+def negative(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """-x element by element, in a new SBUF tile (x.dtype unless dtype= says).
+
+    Engine: Vector (nisa.tensor_scalar multiply by -1). Cost: ``max(MIN_II, N)`` cycles.
+    """
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, multiply, -1.0, mask=mask)
     return out
 
 
-def invert(x, dtype=None, mask=None):
-    """Bitwise not of an integer tile."""
+def invert(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Bitwise not of an integer tile.
+
+    Limits: integer tiles. Engine: Vector (nisa.tensor_scalar). Cost: ``max(MIN_II, N)`` cycles.
+    """
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._tensor_scalar(out, x, invert, 0, mask=mask)
     return out
 
 
-def logical_not(x, dtype=None, mask=None):
-    """1 where x == 0 else 0."""
+def logical_not(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where x == 0 else 0.
+
+    Engine: Vector (nisa.tensor_scalar equal 0). Cost: ``max(MIN_II, N)`` cycles; the result is
+    bool_ unless dtype= says.
+    """
     return _binary_op("equal", x, 0.0, dtype=dtype, mask=mask)
 
 
@@ -596,8 +799,13 @@ register_op(negative, alu="negate")
 register_op(invert, alu="invert")
 
 
-def copy(x, dtype=None, mask=None):
-    """A copy of x in a new SBUF tile (bit-exact when the dtype is unchanged)."""
+def copy(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """A copy of x in a new SBUF tile (bit-exact when the dtype is unchanged).
+
+    Parameters: ``x``: an SBUF / PSUM tile (copied by nisa.tensor_copy on the Vector engine,
+    ``max(MIN_II, N)`` cycles) or an HBM view (copied by nisa.dma_copy); ``dtype``: the result's
+    dtype.
+    """
     x = _isa._check_tensor(x, "x")
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     if x.buffer.is_hbm:
@@ -610,12 +818,8 @@ def copy(x, dtype=None, mask=None):
 register_op(copy, act="copy")
 
 
-def _unsupported(name: str):
-    def fn(*args, **kwargs):
-        raise NotImplementedError(f"nl.{name} is not supported by nikki yet (see docs/api-coverage.md)")
-
-    fn.__name__ = name
-    return fn
+def _unsupported(name: str) -> NoReturn:
+    raise NotImplementedError(f"nl.{name} is not supported by nikki yet (see docs/api-coverage.md)")
 
 
 
@@ -651,19 +855,31 @@ def _rounded(x, dtype, mask, toward) -> NkiTensor:
     return out
 
 
-def trunc(x, dtype=None, mask=None):
-    """x rounded toward zero (through an int32 tile on the Vector engine)."""
+def trunc(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x rounded toward zero (through an int32 tile on the Vector engine).
+
+    Engine: Vector (copies through an int32 tile; for floats a predicated copy keeps the values of
+    2^23 and more, integral already). Cost: a few ``max(MIN_II, N)``-cycle passes.
+    """
     t = _truncated(x, mask)
     return copy(t, dtype=dtype if dtype is not None else x.dtype, mask=mask)
 
 
-def floor(x, dtype=None, mask=None):
-    """The largest integer <= x."""
+def floor(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """The largest integer <= x.
+
+    Engine: Vector (nl.trunc, then a comparison and a correction nisa.tensor_tensor). Cost: a few
+    ``max(MIN_II, N)``-cycle passes.
+    """
     return _rounded(x, dtype, mask, -1)
 
 
-def ceil(x, dtype=None, mask=None):
-    """The smallest integer >= x."""
+def ceil(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """The smallest integer >= x.
+
+    Engine: Vector (nl.trunc, then a comparison and a correction nisa.tensor_tensor). Cost: a few
+    ``max(MIN_II, N)``-cycle passes.
+    """
     return _rounded(x, dtype, mask, +1)
 
 
@@ -676,34 +892,46 @@ def _remainder(x, y, dtype, mask, rounding) -> NkiTensor:
     return _binary_tile("subtract", x, scaled, dtype=dtype if dtype is not None else ref.dtype, mask=mask)
 
 
-def fmod(x, y, dtype=None, mask=None):
+def fmod(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
     """Remainder of x / y with the sign of x (C's fmod), as x - y * trunc(x * (1 / y)); NKI lists it
     as simulation-only. The reciprocal rounds, so quotients within an ulp of an integer may differ
     from an exact fmod."""
     return _remainder(x, y, dtype, mask, trunc)
 
 
-def mod(x, y, dtype=None, mask=None):
+def mod(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
     """Remainder of x / y with the sign of y (Python's %), as x - y * floor(x * (1 / y)); see fmod."""
     return _remainder(x, y, dtype, mask, floor)
 
 
-def cos(x, dtype=None, mask=None):
-    """cos(x) = sin(x + pi/2) on the Scalar engine (the bias add rounds x + pi/2 to fp32)."""
+def cos(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """cos(x) = sin(x + pi/2) on the Scalar engine (the bias add rounds x + pi/2 to fp32).
+
+    Engine: Scalar (nisa.activation). Cost: ``max(MIN_II, N)`` cycles. On hardware sin is valid on
+    [-pi, pi].
+    """
     out = _result_tile(x.shape, to_dtype(dtype) if dtype is not None else x.dtype)
     _isa._activation(out, sin, x, bias=math.pi / 2, mask=mask)
     return out
 
 
-def tan(x, dtype=None, mask=None):
-    """tan(x) = sin(x) * (1 / cos(x))."""
+def tan(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """tan(x) = sin(x) * (1 / cos(x)).
+
+    Engine: Scalar (two activations) and Vector (reciprocal, multiply). Cost: a few ``N``-cycle
+    passes.
+    """
     return _binary_tile("multiply", sin(x, dtype=float32, mask=mask), reciprocal(cos(x, dtype=float32, mask=mask)),
                         dtype=dtype if dtype is not None else x.dtype, mask=mask)
 
 
-def gather_flattened(data, indices, axis=0, dtype=None, mask=None):
+def gather_flattened(data: NkiTensor, indices: NkiTensor, axis: int = 0, dtype: DTypeLike = None,
+                     mask: LegacyMask = None) -> NkiTensor:
     """out[p, ...] = data[p, flat(indices[p, ...])]: each partition gathers from its own free
-    elements, flattened (nisa.nc_n_gather on GpSimd); out has the shape of indices."""
+    elements, flattened (nisa.nc_n_gather on GpSimd); out has the shape of indices.
+
+    Cost: not published (``ceil(elements per partition / 512)`` GpSimd instructions).
+    """
     data, indices = _isa._check_tensor(data, "data"), _isa._check_tensor(indices, "indices")
     gathered = _result_tile(indices.shape, data.dtype)
     _isa.nc_n_gather(gathered, data, indices)
@@ -712,30 +940,63 @@ def gather_flattened(data, indices, axis=0, dtype=None, mask=None):
     return copy(gathered, dtype=dtype)
 
 
-def _magnitudes(name: str, pick):
-    def fn(x, y, dtype=None, mask=None):
-        ref = x if isinstance(x, NkiTensor) else y
-        a = abs(x, dtype=float32, mask=mask) if isinstance(x, NkiTensor) else builtins.abs(float(x))
-        b = abs(y, dtype=float32, mask=mask) if isinstance(y, NkiTensor) else builtins.abs(float(y))
-        return _binary_tile(pick, a, b, dtype=dtype if dtype is not None else ref.dtype, mask=mask)
-
-    fn.__name__ = fn.__qualname__ = name
-    fn.__doc__ = f"{pick} of |x| and |y| (the NeuronCore-v4 {name} operator, computed with abs and {pick})."
-    return fn
+def _magnitude(pick: str, x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike, mask: LegacyMask) -> NkiTensor:
+    ref = x if isinstance(x, NkiTensor) else y
+    assert isinstance(ref, NkiTensor)  # _binary_tile names a call without tiles
+    a = abs(x, dtype=float32, mask=mask) if isinstance(x, NkiTensor) else builtins.abs(float(x))
+    b = abs(y, dtype=float32, mask=mask) if isinstance(y, NkiTensor) else builtins.abs(float(y))
+    return _binary_tile(pick, a, b, dtype=dtype if dtype is not None else ref.dtype, mask=mask)
 
 
-abs_max = _magnitudes("abs_max", "maximum")
-abs_min = _magnitudes("abs_min", "minimum")
+def abs_max(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """maximum of |x| and |y| (NeuronCore-v4's abs_max operator), computed as abs then maximum:
+    two Scalar-engine activations and a Vector-engine nisa.tensor_tensor. Returns a new SBUF tile
+    of x's (or y's) dtype unless dtype= says otherwise."""
+    return _magnitude("maximum", x, y, dtype, mask)
+
+
+def abs_min(x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """minimum of |x| and |y| (NeuronCore-v4's abs_min operator), computed as abs then minimum:
+    two Scalar-engine activations and a Vector-engine nisa.tensor_tensor. Returns a new SBUF tile
+    of x's (or y's) dtype unless dtype= says otherwise."""
+    return _magnitude("minimum", x, y, dtype, mask)
+
+
 for _name in ("fmod", "mod", "abs_max", "abs_min"):
     register_op(globals()[_name], alu=_name)
-rand = _unsupported("rand")
-random_seed = _unsupported("random_seed")
-dropout = _unsupported("dropout")
-atomic_rmw = _unsupported("atomic_rmw")
-all_reduce = _unsupported("all_reduce")
 
 
-def loop_reduce(x, op, loop_indices, dtype=None, mask=None):
+def rand(shape: Shape, dtype: DTypeLike, buffer: MemoryRegion = sbuf, name: str = "") -> NkiTensor:
+    """A new tile of uniform random values. Not supported by nikki yet (NotImplementedError)."""
+    _unsupported("rand")
+
+
+def random_seed(seed: NkiTensor) -> None:
+    """Seeds nl.rand from a [1, 1] SBUF tensor. Not supported by nikki yet (NotImplementedError)."""
+    _unsupported("random_seed")
+
+
+def dropout(x: NkiTensor, rate: TileOrNumber, dtype: DTypeLike = None) -> NkiTensor:
+    """x with each element zeroed with probability rate (Vector engine, ``max(MIN_II, N)``
+    cycles). Not supported by nikki yet (NotImplementedError)."""
+    _unsupported("dropout")
+
+
+def atomic_rmw(dst: NkiTensor, value: NkiTensor, op: Operator, *, mask: LegacyMask = None) -> None:
+    """Beta 1: ``dst = op(dst, value)`` as one read-modify-write of HBM. Not supported by nikki yet
+    (NotImplementedError)."""
+    _unsupported("atomic_rmw")
+
+
+def all_reduce(x: NkiTensor, op: Operator, program_axes: Sequence[int], *, dtype: DTypeLike = None,
+               mask: LegacyMask = None, parallel_reduce: bool = True, asynchronous: bool = False) -> NkiTensor:
+    """Beta 1: x reduced with op across the SPMD programs along program_axes. Not supported by
+    nikki yet (NotImplementedError)."""
+    _unsupported("all_reduce")
+
+
+def loop_reduce(x: NkiTensor, op: Operator, loop_indices: Any, dtype: DTypeLike = None,
+                mask: LegacyMask = None) -> NkiTensor:
     """Beta 1: `x` reduced with `op` over the iterations of the loops whose indices are given, as
     the value assigned to a tile (``acc[...] = nl.loop_reduce(psum, op=np.add, loop_indices=[k])``).
     Loops unroll at trace time here, so the first iteration (every index 0) assigns x and later
@@ -769,33 +1030,73 @@ def _reduce(op, x, axis, dtype=None, keepdims=False, mask=None, negate=False, ap
     return out
 
 
-def sum(x, axis, dtype=None, keepdims=False, mask=None):
-    """Sum over the given free axes."""
+def sum(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
+        mask: LegacyMask = None) -> NkiTensor:
+    """Sum over the given free axes.
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``axis``: one free axis or several (never the
+    partition axis 0); ``dtype``: the result's dtype (default x.dtype); ``keepdims``: keep the
+    reduced axes with size 1. Engine: Vector (nisa.tensor_reduce). Cost: ``N`` cycles, ``N/2`` for
+    bf16 add / maximum; N the elements per partition.
+    """
     return _reduce(add, x, axis, dtype, keepdims, mask, api="sum")
 
 
-def prod(x, axis, dtype=None, keepdims=False, mask=None):
-    """Product over the given free axes."""
+def prod(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
+         mask: LegacyMask = None) -> NkiTensor:
+    """Product over the given free axes.
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``axis``: one free axis or several (never the
+    partition axis 0); ``dtype``: the result's dtype (default x.dtype); ``keepdims``: keep the
+    reduced axes with size 1. Engine: Vector (nisa.tensor_reduce). Cost: ``N`` cycles, ``N/2`` for
+    bf16 add / maximum; N the elements per partition.
+    """
     return _reduce(multiply, x, axis, dtype, keepdims, mask, api="prod")
 
 
-def max(x, axis, dtype=None, keepdims=False, mask=None):
-    """Maximum over the given free axes."""
+def max(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
+        mask: LegacyMask = None) -> NkiTensor:
+    """Maximum over the given free axes.
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``axis``: one free axis or several (never the
+    partition axis 0); ``dtype``: the result's dtype (default x.dtype); ``keepdims``: keep the
+    reduced axes with size 1. Engine: Vector (nisa.tensor_reduce). Cost: ``N`` cycles, ``N/2`` for
+    bf16 add / maximum; N the elements per partition.
+    """
     return _reduce(maximum, x, axis, dtype, keepdims, mask, api="max")
 
 
-def min(x, axis, dtype=None, keepdims=False, mask=None):
-    """Minimum over the given free axes."""
+def min(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
+        mask: LegacyMask = None) -> NkiTensor:
+    """Minimum over the given free axes.
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``axis``: one free axis or several (never the
+    partition axis 0); ``dtype``: the result's dtype (default x.dtype); ``keepdims``: keep the
+    reduced axes with size 1. Engine: Vector (nisa.tensor_reduce). Cost: ``N`` cycles, ``N/2`` for
+    bf16 add / maximum; N the elements per partition.
+    """
     return _reduce(minimum, x, axis, dtype, keepdims, mask, api="min")
 
 
-def all(x, axis, dtype=None, mask=None):
-    """1 where every element along the axes is nonzero."""
+def all(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """1 where every element along the axes is nonzero.
+
+    Parameters as in nl.sum. Engine: Vector (nisa.tensor_reduce with nl.logical_and). Cost: ``N``
+    cycles; the result is bool_ unless dtype= says.
+    """
     return _reduce(logical_and, x, axis, dtype if dtype is not None else bool_, False, mask, api="all")
 
 
-def mean(x, axis, dtype=None, keepdims=False, mask=None):
-    """Mean over the given free axes (computed in fp32)."""
+def mean(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
+         mask: LegacyMask = None) -> NkiTensor:
+    """Mean over the given free axes (computed in fp32).
+
+    Parameters: ``x``: a tile in SBUF or PSUM; ``axis``: one free axis or several (never the
+    partition axis 0); ``dtype``: the result's dtype (default x.dtype); ``keepdims``: keep the
+    reduced axes with size 1. Engine: Vector (nisa.tensor_reduce). Cost: ``N`` cycles, ``N/2`` for
+    bf16 add / maximum; N the elements per partition. Plus one nisa.tensor_scalar on the ``[P, 1]``
+    result.
+    """
     s = _reduce(add, x, axis, float32, keepdims, mask, api="mean")
     count = x.size // (s.size if s.size else 1)
     out = _result_tile(s.shape, to_dtype(dtype) if dtype is not None else x.dtype)
@@ -803,8 +1104,13 @@ def mean(x, axis, dtype=None, keepdims=False, mask=None):
     return out
 
 
-def var(x, axis, dtype=None, keepdims=False, mask=None):
-    """Population variance over the given free axes: mean((x - mean(x)) ** 2), computed in fp32."""
+def var(x: NkiTensor, axis: int | Sequence[int], dtype: DTypeLike = None, keepdims: bool = False,
+        mask: LegacyMask = None) -> NkiTensor:
+    """Population variance over the given free axes: mean((x - mean(x)) ** 2), computed in fp32.
+
+    Parameters as in nl.sum. Engine: Vector (reductions and element-wise passes over x). Cost: a few
+    ``N``-cycle passes.
+    """
     x = _isa._check_tensor(x, "x")
     m = mean(x, axis, dtype=float32, keepdims=True, mask=mask)
     centered = _result_tile(x.shape, float32)
@@ -849,14 +1155,14 @@ prelu = _OperatorConstant("prelu")
 bypass = _OperatorConstant("bypass")
 
 
-def gemm_grid(*args, **kwargs):
+def gemm_grid() -> Any:
     """Beta 1's grid of the Tensor engine's tiles: not supported (NotImplementedError)."""
-    raise NotImplementedError("nl.gemm_grid is not supported by nikki yet (see docs/api-coverage.md)")
+    _unsupported("gemm_grid")
 
 
-def gemm_stationary_grid(*args, **kwargs):
+def gemm_stationary_grid() -> Any:
     """Beta 1's grid of the stationary matmul tiles: not supported (NotImplementedError)."""
-    raise NotImplementedError("nl.gemm_stationary_grid is not supported by nikki yet (see docs/api-coverage.md)")
+    _unsupported("gemm_stationary_grid")
 
 
 class _FloatLimits:
@@ -877,45 +1183,17 @@ fp32 = _FloatLimits("fp32", -3.4028234663852886e38)  # bit pattern 0xff7fffff
 bfp16 = _FloatLimits("bfp16", float("-inf"))  # bit pattern 0xff80, as Beta 1 defined it
 
 
-class NKIObject:
-    """Base class of the configuration classes NKI kernels pass around. As in NKI, a subclass that
-    declares annotated fields and no constructor of its own takes them as (keyword or positional)
-    arguments, every one optional: a field not given keeps its class default, or None."""
-
-    def __init__(self, *args, **kwargs):
-        fields = _annotated_fields(type(self))
-        if len(args) > len(fields):
-            raise TypeError(f"{type(self).__name__}() takes at most {len(fields)} positional arguments "
-                            f"({', '.join(fields) or 'no fields'}), {len(args)} given")
-        for name, value in zip(fields, args):
-            if name in kwargs:
-                raise TypeError(f"{type(self).__name__}() got multiple values for field '{name}'")
-            kwargs[name] = value
-        for name in fields:
-            if name not in kwargs and not hasattr(type(self), name):
-                setattr(self, name, None)
-        for name, value in kwargs.items():
-            setattr(self, name, value)
-
-    def __repr__(self) -> str:
-        values = ", ".join(f"{n}={getattr(self, n, None)!r}" for n in _annotated_fields(type(self)))
-        return f"{type(self).__name__}({values})"
-
-
-def _annotated_fields(cls) -> list:
-    """Annotated field names of cls and its bases, base classes' first (dataclass order)."""
-    names: list = []
-    for klass in reversed(cls.__mro__):
-        for name, annotation in vars(klass).get("__annotations__", {}).items():
-            if name not in names and "ClassVar" not in str(annotation):
-                names.append(name)
-    return names
-
-
 # --- composite operations -------------------------------------------------------------------
 
-def softmax(x, axis=-1, dtype=None, compute_dtype=None, mask=None):
-    """softmax along the last free axis: exp(x - max) / sum(exp(x - max))."""
+def softmax(x: NkiTensor, axis: int = -1, dtype: DTypeLike = None, compute_dtype: DTypeLike = None,
+            mask: LegacyMask = None) -> NkiTensor:
+    """softmax along the last free axis: exp(x - max) / sum(exp(x - max)).
+
+    Parameters: ``axis``: the last free axis; ``dtype``: the result's dtype; ``compute_dtype``:
+    accepted for Beta 1 (nikki computes in fp32). Engine: Vector (a negated max reduction, the
+    reciprocal of the sum, the final scaling) and Scalar (exp with the bias -max and an add
+    reduction). Cost: about ``3N`` cycles over the engines plus ``[P, 1]`` steps.
+    """
     x = _isa._check_tensor(x, "x")
     axis = check_int(axis, "nl.softmax: axis")
     axis_n = axis + x.ndim if axis < 0 else axis
@@ -936,8 +1214,14 @@ def softmax(x, axis=-1, dtype=None, compute_dtype=None, mask=None):
     return out
 
 
-def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=None):
-    """x / sqrt(mean(x ** 2) + epsilon) * w along the last free axis; w is [1, D] or [P, D]."""
+def rms_norm(x: NkiTensor, w: NkiTensor, axis: int, n: float, epsilon: float = 1e-6, dtype: DTypeLike = None,
+             compute_dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """x / sqrt(mean(x ** 2) + epsilon) * w along the last free axis; w is [1, D] or [P, D].
+
+    Parameters: ``axis``: the last free axis; ``n``: the element count the mean divides by;
+    ``epsilon``: added to the mean of squares. Engine: Scalar (squares with an add reduction),
+    GpSimd (rsqrt) and Vector (scaling). Cost: about ``3N`` cycles over the engines.
+    """
     x = _isa._check_tensor(x, "x")
     p, d = x.shape[0], x.shape[-1]
     squares = _result_tile(x.shape, float32)
@@ -968,9 +1252,14 @@ def rms_norm(x, w, axis, n, epsilon=1e-6, dtype=None, compute_dtype=None, mask=N
     return out
 
 
-def matmul(x, y, transpose_x=False, mask=None):
+def matmul(x: NkiTensor, y: NkiTensor, transpose_x: bool = False, mask: LegacyMask = None) -> NkiTensor:
     """x @ y into a new fp32 PSUM tile. With transpose_x=True, x is given as x.T ([K, M], the
-    stationary layout); otherwise x [M, K] is transposed on the Tensor engine first."""
+    stationary layout); otherwise x [M, K] is transposed on the Tensor engine first.
+
+    Limits: x is at most [128, 128] (as stationary), y [128, 512]. Engine: Tensor (nisa.nc_matmul,
+    plus nisa.nc_transpose without transpose_x). Cost: ``max(min(64, M), N)`` cycles, four times
+    that for fp32 inputs.
+    """
     x, y = _isa._check_tensor(x, "x"), _isa._check_tensor(y, "y")
     if not transpose_x:
         x = transpose(x)
@@ -979,13 +1268,22 @@ def matmul(x, y, transpose_x=False, mask=None):
     return _isa._legacy_nc_matmul(x, y, mask=mask)
 
 
-def transpose(x, dtype=None, mask=None):
-    """2-D transpose: on the Vector engine up to 32x32, else on the Tensor engine into PSUM."""
+def transpose(x: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """2-D transpose: on the Vector engine up to 32x32, else on the Tensor engine into PSUM.
+
+    Limits: a 2-D tile of at most 128 x 128. Engine: Vector (up to 32x32, ``max(MIN_II, N)`` cycles)
+    or Tensor (``max(P, min(64, F))`` cycles).
+    """
     return _isa._legacy_nc_transpose(x, dtype=dtype, mask=mask, api="nl.transpose")
 
 
-def load(src, dtype=None, mask=None):
-    """Loads an HBM view into a new SBUF tile (dim 0 becomes the partition dim)."""
+def load(src: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Loads an HBM view into a new SBUF tile (dim 0 becomes the partition dim).
+
+    Parameters: ``src``: an HBM view (its dim 0 becomes the partition dim, at most 128); ``dtype``:
+    the tile's dtype (converted through fp32). Engine: the DMA queues (nisa.dma_copy). Cost: not
+    published per instruction; transfers of 2 KiB or more per partition approach the DMA bandwidth.
+    """
     src = _isa._check_tensor(src, "src")
     if not src.buffer.is_hbm:
         raise kernel_error_at(user_frame(2), f"Expected operand 'src' of 'load' to be in address space 'hbm', but got "
@@ -997,8 +1295,12 @@ def load(src, dtype=None, mask=None):
     return tile
 
 
-def store(dst, value, mask=None):
-    """Stores a tile into an HBM view (PSUM tiles are staged through SBUF)."""
+def store(dst: NkiTensor, value: NkiTensor, mask: LegacyMask = None) -> None:
+    """Stores a tile into an HBM view (PSUM tiles are staged through SBUF).
+
+    Parameters: ``dst``: an HBM view of value's shape; ``value``: an SBUF (or PSUM) tile. Engine:
+    the DMA queues (nisa.dma_copy; a PSUM tile first copied on the Vector engine). Cost: as nl.load.
+    """
     dst = _isa._check_tensor(dst, "dst")
     value = _isa._check_tensor(value, "value")
     if not dst.buffer.is_hbm:
@@ -1011,14 +1313,23 @@ def store(dst, value, mask=None):
     _isa.dma_copy(dst, value, mask=mask)
 
 
-def load_transpose2d(src, dtype=None, mask=None):
-    """Loads a 2-D HBM view transposed (the DMA reads it column by column)."""
+def load_transpose2d(src: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> NkiTensor:
+    """Loads a 2-D HBM view transposed (the DMA reads it column by column).
+
+    Engine: the DMA queues (a strided nisa.dma_copy). Cost: a transposing DMA reaches a fraction of
+    a plain copy's bandwidth.
+    """
     src = _isa._check_tensor(src, "src")
     return load(src.permute((1, 0)), dtype=dtype, mask=mask)
 
 
-def where(condition, x, y, dtype=None, mask=None):
-    """x where condition is nonzero, else y (x, y tiles or numbers)."""
+def where(condition: NkiTensor, x: TileOrNumber, y: TileOrNumber, dtype: DTypeLike = None,
+          mask: LegacyMask = None) -> NkiTensor:
+    """x where condition is nonzero, else y (x, y tiles or numbers).
+
+    Engine: Vector (y copied or filled into the result, then x copied over it by
+    nisa.tensor_copy_predicated). Cost: ``max(MIN_II, N)`` to ``max(MIN_II, 2N)`` cycles per pass.
+    """
     condition = _isa._check_tensor(condition, "condition")
     ref = x if isinstance(x, NkiTensor) else y if isinstance(y, NkiTensor) else condition
     dt = to_dtype(dtype) if dtype is not None else (ref.dtype if ref is not condition else float32)
@@ -1026,8 +1337,10 @@ def where(condition, x, y, dtype=None, mask=None):
     for t in (x, y):  # operands broadcast against each other like numpy's (size-1 dims repeat)
         if isinstance(t, NkiTensor):
             shape = _broadcast_shape(shape, t.shape) or shape
-    condition, x, y = (t.broadcast_to(shape) if isinstance(t, NkiTensor) and t.shape != shape else t
-                       for t in (condition, x, y))
+    def spread(t):
+        return t.broadcast_to(shape) if isinstance(t, NkiTensor) and t.shape != shape else t
+
+    condition, x, y = spread(condition), spread(x), spread(y)
     out = _result_tile(shape, dt)
     if isinstance(y, NkiTensor):
         _isa._tensor_copy(out, y, mask=mask)
@@ -1042,24 +1355,22 @@ def where(condition, x, y, dtype=None, mask=None):
     return out
 
 
-def broadcast_to(x, shape, dtype=None):
+def broadcast_to(x: NkiTensor, shape: Sequence[int], dtype: DTypeLike = None) -> NkiTensor:
     """A stride-0 view of x broadcast to `shape` (size-1 dims repeat)."""
     return _isa._check_tensor(x, "x").broadcast_to(shape)
 
 
-def expand_dims(x, axis):
+def expand_dims(x: NkiTensor, axis: int) -> NkiTensor:
     """A view of x with a size-1 dim inserted at `axis`."""
     return _isa._check_tensor(x, "x").expand_dim(axis)
 
 
-def static_cast(input_data, dtype):
+def static_cast(input_data: Any, dtype: DTypeLike) -> Any:
     """A copy of input_data converted to dtype: a new tile inside a kernel; outside one (Beta 1 test
     code casts host arrays with it), a numpy array of the dtype's numpy type."""
     if isinstance(input_data, NkiTensor):
         return copy(input_data, dtype=dtype)
     if type(input_data).__module__.startswith("torch"):
-        from .dtypes import torch_dtype
-
         return input_data.to(torch_dtype(dtype))
     import numpy as np
 
@@ -1085,7 +1396,7 @@ class _FloatInfo:
         return f"finfo(min={self.min}, max={self.max}, eps={self.eps}, dtype={self.dtype.name})"
 
 
-def finfo(dtype) -> _FloatInfo:
+def finfo(dtype: DTypeLike) -> _FloatInfo:
     """Machine limits of a floating-point dtype (bits, eps, min, max, tiny); works outside kernels."""
     import numpy as np
 
@@ -1103,7 +1414,7 @@ def finfo(dtype) -> _FloatInfo:
     return _FloatInfo(dt, int(info.bits), float(info.eps), float(info.max), float(info.tiny))
 
 
-def iinfo(dtype):
+def iinfo(dtype: DTypeLike) -> Any:
     """Machine limits of an integer dtype (numpy's iinfo of its numpy type); works outside kernels."""
     import numpy as np
 
@@ -1112,3 +1423,10 @@ def iinfo(dtype):
         raise TypeError(f"nl.iinfo: {dt.name} is not an integer dtype; use nl.finfo")
     return np.iinfo(_numpy_dtype(dt) if dt.name != "bool_" else np.uint8)
 
+
+# The tile operators of NkiTensor (a + b, -a, abs(a), ~a, t.astype(dt)) are these functions.
+_hooks.binary_op = _binary_op
+_hooks.negative = negative
+_hooks.abs = abs
+_hooks.invert = invert
+_hooks.copy = copy

@@ -17,6 +17,7 @@ from .dtypes import to_dtype
 from .errors import KernelError, user_frame
 from .kernel import Kernel, _TensorArg, _for_user
 from .tensor import NkiTensor
+from .tracing import maybe_current
 
 __all__ = ["LibraryKernel", "library_kernels", "doc_section", "kernels_table"]
 
@@ -63,8 +64,6 @@ class LibraryKernel(Kernel):
                           hint=f"call nikki.kernels.{self.name}(...) directly")
 
     def __call__(self, *args, **kwargs):
-        from .tracing import maybe_current
-
         ctx = maybe_current()
         if ctx is None:
             return super().__call__(*args, **kwargs)
@@ -73,7 +72,7 @@ class LibraryKernel(Kernel):
     # --- specialization ---------------------------------------------------------------------
     def param_values(self, values) -> dict:
         """The scalar parameters of a bound call as the registry takes them (validated)."""
-        out = {}
+        out: dict[str, float | None] = {}
         for name, value in zip(self._signature.parameters, values):
             if name not in self.param_kinds:
                 continue
@@ -150,7 +149,7 @@ def _named_stub(name: str, doc: str, signature: inspect.Signature):
 
     stub.__name__ = stub.__qualname__ = name
     stub.__doc__ = doc
-    stub.__signature__ = signature
+    stub.__signature__ = signature  # type: ignore[attr-defined]
     return stub
 
 

@@ -20,7 +20,7 @@ from .arguments import check_int
 from .dtypes import to_dtype
 from .errors import KernelError, kernel_error_at, user_frame
 from .entry import DecoratedKernel, as_kernel
-from .kernel import Kernel
+from .kernel import Kernel, _for_user
 
 __all__ = ["Profile", "Explanation", "estimate", "profile", "benchmark", "BenchmarkResult"]
 
@@ -127,7 +127,8 @@ class Profile:
 
     def instructions(self) -> list:
         """(queue, opcode, start ns, end ns, source) for every instruction, instance after instance."""
-        rows, offset = [], 0.0
+        rows: list = []
+        offset = 0.0
         for prog, p in zip(self._programs, self._profiles):
             rows.extend((q, op, s + offset, e + offset, src) for q, op, s, e, src in p.instructions(prog))
             offset += p.total_ns
@@ -239,8 +240,6 @@ def estimate(kernel, *args, target=None, **kwargs) -> Profile:
 
 
 def _estimate(k: Kernel, args, kwargs):
-    from .kernel import _for_user
-
     try:
         compiled = k.compile_for(k._bind(args, kwargs), k._grid(), for_running=False)
         return compiled, Profile.of(k.fn.__name__, compiled)

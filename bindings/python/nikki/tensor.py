@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from . import _core
 from .arguments import argument_error, check_int, check_shape, is_int
 from .dtypes import BY_CORE_INDEX as _DTYPE_BY_INDEX
 from .dtypes import dtype as _dtype_cls
 from .dtypes import to_dtype
-from .errors import KernelError, ViewError, kernel_error_at, user_frame
+from .errors import KernelError, ViewError, is_internal_frame, kernel_error_at, user_frame
+from .hooks import hooks
+from .registers import VirtualRegister
+from .tracing import assigned_name, current
 
-__all__ = ["MemoryRegion", "NkiTensor", "DynSlice", "sbuf", "psum", "hbm", "shared_hbm", "private_hbm"]
+__all__ = ["MemoryRegion", "NkiTensor", "DynSlice", "sbuf", "psum", "hbm", "shared_hbm", "private_hbm", "ndarray",
+           "par_dim"]
 
 
 class MemoryRegion:
@@ -85,8 +90,6 @@ class DynSlice:
 
 def _is_runtime_index(x) -> bool:
     """A register or a tensor standing for an index known only at run time."""
-    from .isa import VirtualRegister
-
     return isinstance(x, (VirtualRegister, NkiTensor))
 
 
@@ -201,13 +204,11 @@ class NkiTensor:
             raise _view_error(err, self.name) from None
 
     def __getitem__(self, key) -> "NkiTensor":
-        from . import index_expr  # legacy nl.arange index expressions
-
         if not isinstance(key, tuple):
             key = (key,)
-        if index_expr.uses_index_expr(key):
-            return index_expr.subscript(self, key)
-        subs = []
+        if hooks.uses_index_expr(key):  # legacy nl.arange index expressions
+            return hooks.index_subscript(self, key)
+        subs: list[slice | int] = []
         runtime = []  # (dim, runtime index) of subscripts t[reg] / t[nl.ds(reg, size)]
         for i, k in enumerate(key):
             if k is Ellipsis:
@@ -237,9 +238,7 @@ class NkiTensor:
         except ViewError as err:
             error = _view_error(err, self.name)
             if not runtime and "out-of-bound" in err.what:
-                from . import index_expr  # a legacy mask= may trim the slices into bounds
-
-                lazy = index_expr.overhanging_slices(self, key, error)
+                lazy = hooks.overhanging_slices(self, key, error)  # a legacy mask= may trim them into bounds
                 if lazy is not None:
                     return lazy
             raise error from None
@@ -253,8 +252,6 @@ class NkiTensor:
 
     def _with_runtime_offset(self, view, stride: int, index):
         """`view` shifted at run time by index * stride elements (index: a register or a 1x1 tensor)."""
-        from .isa import VirtualRegister
-
         if self.is_indirect():
             raise kernel_error_at(user_frame(3), f"tensor '{self.name}': a view with runtime offsets cannot take "
                                   "another runtime index", hint="index the base tensor once")
@@ -264,30 +261,26 @@ class NkiTensor:
 
     def __setitem__(self, key, value) -> None:
         """Legacy assignment ``t[...] = value``: copies value (a tile or a scalar) into t[key]."""
-        from . import isa
-
         # A tile no name refers to (`t[i] = nl.load(...)`: references from the caller's stack, this
         # frame and getrefcount's argument) may be written in place by the instruction producing it.
         temporary = sys.getrefcount(value) <= 3
         dst = self[key]
         if isinstance(value, LoopReduction):
-            isa._tensor_tensor(dst, dst, value, value.op)
+            hooks.tensor_tensor(dst, dst, value, value.op)
         elif isinstance(value, NkiTensor):
             if dst._view.same_as(value._view):
                 return  # `t[i] += x` writes in place, then assigns t[i] to itself
-            mask = isa.masked_write_of(value)
+            mask = hooks.masked_write_of(value)
             if mask is not None:  # `t[i] = op(..., mask=m)`: the mask applies to the assignment too
-                from . import index_expr
-
-                ops = index_expr.apply_mask(mask, dst, value)
+                ops = hooks.apply_mask(mask, dst, value)
                 if ops is not None:
-                    isa._assign(*ops)
+                    hooks.assign(*ops)
                 return
-            if temporary and isa._produce_in_place(dst, value):
+            if temporary and hooks.produce_in_place(dst, value):
                 return
-            isa._assign(dst, value)
+            hooks.assign(dst, value)
         else:
-            isa._assign_scalar(dst, value)
+            hooks.assign_scalar(dst, value)
 
     def slice(self, dim: int, start: int, end: int, step: int = 1) -> "NkiTensor":
         """Elements [start, end) with `step` along `dim`."""
@@ -381,9 +374,7 @@ class NkiTensor:
 
     def astype(self, dtype) -> "NkiTensor":
         """Beta 1: a copy converted to `dtype` (a new SBUF tile)."""
-        from . import language as nl
-
-        return nl.copy(self, dtype=dtype)
+        return hooks.copy(self, dtype=dtype)
 
     def rearrange(self, src_pattern, dst_pattern, fixed_sizes=None):
         """NKI 0.5's einops-style view: not supported yet (NotImplementedError)."""
@@ -405,8 +396,6 @@ class NkiTensor:
         """A raw access pattern [[stride, count], ...] over this tensor's storage, ignoring the
         current view (NKI's .ap()). Runtime offsets come from a register or a 1x1 tensor
         (scalar_offset) or a per-partition index tensor (vector_offset)."""
-        from .isa import VirtualRegister
-
         dt = to_dtype(dtype).core if dtype is not None else self._ctx.builder.storage(self._view.storage)["dtype"]
         try:
             pairs = [tuple(pair) for pair in pattern]
@@ -450,9 +439,7 @@ class NkiTensor:
 
     # --- legacy tile arithmetic (each operator emits instructions and returns a new tile) ---
     def _binary(self, other, op, reverse=False):
-        from . import language as nl
-
-        return nl._binary_op(op, other, self) if reverse else nl._binary_op(op, self, other)
+        return hooks.binary_op(op, other, self) if reverse else hooks.binary_op(op, self, other)
 
     def __add__(self, other):
         return self._binary(other, "add")
@@ -519,37 +506,25 @@ class NkiTensor:
         return self._binary(other, "not_equal")
 
     def __neg__(self):
-        from . import language as nl
-
-        return nl.negative(self)
+        return hooks.negative(self)
 
     def __abs__(self):
-        from . import language as nl
-
-        return nl.abs(self)
+        return hooks.abs(self)
 
     def __invert__(self):
-        from . import language as nl
-
-        return nl.invert(self)
+        return hooks.invert(self)
 
     def __iadd__(self, other):
         """``t += x`` accumulates in place; ``psum += nisa.nc_matmul(...)`` accumulates in PSUM."""
-        from . import isa
-
-        isa._accumulate_into(self, other)
+        hooks.accumulate_into(self, other)
         return self
 
     def __isub__(self, other):
-        from . import isa
-
-        isa._update_in_place(self, other, "subtract")
+        hooks.update_in_place(self, other, "subtract")
         return self
 
     def __imul__(self, other):
-        from . import isa
-
-        isa._update_in_place(self, other, "multiply")
+        hooks.update_in_place(self, other, "multiply")
         return self
 
 
@@ -574,3 +549,64 @@ class ComparisonTile(NkiTensor):
         raise kernel_error_at(user_frame(2), "Cannot evaluate truth value of a multi-element tensor",
                               hint="a comparison of tiles is computed at run time; use nl.where / masks, or "
                                    "compare shapes instead")
+
+
+# --- tensor creation (nl.ndarray; the tiles instructions create) ---------------------------
+
+class par_dim(int):
+    """Legacy marker of the partition dim in a shape with leading block dims (Beta 1)."""
+
+
+def _shape(shape) -> tuple:
+    if is_int(shape):
+        return (int(shape),)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        dims = None
+    if dims is None or isinstance(shape, str) or not all(is_int(s) for s in dims):
+        raise kernel_error_at(user_frame(3), f"shape {shape!r} is not a tuple of integers",
+                              hint="dims are ints (a float or a bool is not a size)")
+    return tuple(int(s) for s in dims)
+
+
+def ndarray(shape: Any, dtype: Any, buffer: MemoryRegion = sbuf, name: str = "",
+            address: tuple[int, int] | None = None) -> NkiTensor:
+    """A new uninitialized tensor (reads before writes see NaN for floats, 4 for integers).
+
+    Parameters: ``shape``: positive extents, at most the target's maximum rank (a Beta 1
+    ``nl.par_dim`` after leading block dims makes a block tensor); ``dtype``: any dtype spelling;
+    ``buffer``: nl.sbuf (default), nl.psum, nl.hbm, nl.shared_hbm (a kernel output) or
+    nl.private_hbm; ``name``: defaults to the variable the call is assigned to; ``address``: a
+    (partition, byte offset) placement in SBUF / PSUM. No instruction: allocation is free.
+    """
+    ctx = current("nl.ndarray")
+    shape_t = _shape(shape)
+    if isinstance(shape, (tuple, list)) and any(isinstance(s, par_dim) for s in shape) \
+            and not isinstance(shape[0], par_dim):
+        return hooks.block_tensor(shape, dtype, buffer, name)  # legacy block tensor
+    region = region_of(buffer)
+    if not shape_t or any(s < 1 for s in shape_t):
+        raise kernel_error_at(user_frame(2), f"nl.ndarray shape {shape_t} must have positive extents",
+                              hint="give the tensor a shape such as (128, 512)")
+    if len(shape_t) > _core.max_rank:
+        raise kernel_error_at(user_frame(2), f"nl.ndarray shape {shape_t} has {len(shape_t)} dims",
+                              limit=f"tensors have at most {_core.max_rank} dims", hint="merge dims")
+    if address is not None and not region.is_on_chip:
+        raise kernel_error_at(user_frame(2), f"address= is only meaningful for sbuf and psum tensors, not {region.name}")
+    if address is not None:
+        try:
+            partition, byte = address
+        except (TypeError, ValueError):
+            raise kernel_error_at(user_frame(2), f"nl.ndarray: address={address!r} must be a (partition, byte) "
+                                  "pair") from None
+        address = (check_int(partition, "nl.ndarray: address partition", minimum=0),
+                   check_int(byte, "nl.ndarray: address byte offset", minimum=0))
+    role = "output" if region is shared_hbm else "scratch"
+    if not name:
+        caller = sys._getframe(1)
+        if not is_internal_frame(caller.f_code.co_filename):
+            name = assigned_name(caller)
+    view = ctx.builder.add_storage(name or "t", region.core, to_dtype(dtype).core, list(shape_t), role,
+                                   ctx.location(), address)
+    return NkiTensor(ctx, view)

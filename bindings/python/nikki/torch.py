@@ -73,7 +73,7 @@ def nki_op(name: str, *, mutates_args=(), schema: str | None = None):
 
         op = torch.library.custom_op(name, impl, mutates_args=mutates, schema=op_schema)
         op.register_fake(fake)
-        op.kernel = kernel
+        op.kernel = kernel  # type: ignore[attr-defined]
         return op
 
     return register
@@ -245,8 +245,7 @@ def _register_library_autograd(op, forward, backward_op) -> None:
         for out_name, g in zip(forward.outputs, grads):
             if out_name in saved:
                 continue
-            ref = tensors.get(out_name)
-            tensors[f"grad_{out_name}"] = g if g is not None else torch.zeros_like(ref)
+            tensors[f"grad_{out_name}"] = g if g is not None else torch.zeros_like(tensors[out_name])
         args = [tensors[n] for n in backward.inputs] + [ctx.params[p] for p in backward_params]
         results = backward_op(*args)
         results = results if isinstance(results, tuple) else (results,)

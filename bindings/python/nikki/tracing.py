@@ -38,7 +38,7 @@ class TraceContext:
     def location(self, depth: int = 2) -> int:
         """Interned location of the user's line that is calling into nikki."""
         frame = sys._getframe(depth)
-        while frame.f_code.co_filename.startswith(_PACKAGE_DIR):
+        while frame.f_code.co_filename.startswith(_PACKAGE_DIR) and frame.f_back is not None:
             frame = frame.f_back
         key = (frame.f_code, frame.f_lasti)
         loc = self._locations.get(key)
