@@ -103,18 +103,18 @@ class Autotuned:
         return found
 
     def _estimate(self, args, kwargs) -> tuple:
-        table = []
+        table: list[tuple[dict, float | None, str | None]] = []
         for config in self.configs:
             try:
                 us = profiling.estimate(self.kernel, *args, target=self.target, **kwargs, **config).total_us
                 table.append((config, us, None))
             except KernelError as err:
                 table.append((config, None, err.summary if hasattr(err, "summary") else str(err)))
-        timed = [i for i, (_, us, _) in enumerate(table) if us is not None]
+        timed = {i: us for i, (_, us, _) in enumerate(table) if us is not None}
         if not timed:
             reasons = "; ".join(f"{json.dumps(c, sort_keys=True)}: {e}" for c, _, e in table)
             raise KernelError(f"autotune {self.__name__}: no configuration compiles for these arguments ({reasons})")
-        best = min(timed, key=lambda i: table[i][1])
+        best = min(timed, key=timed.__getitem__)
         return best, table
 
     def _cache_key(self, key) -> bytes:
