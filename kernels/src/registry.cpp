@@ -5,6 +5,7 @@
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
+#include "nikki/kernels/moe/topk.hpp"
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
 #include "nikki/kernels/optim/adamw.hpp"
@@ -24,6 +25,7 @@ const std::vector<KernelInfo>& registry() {
       rmsnorm_info(),
       rmsnorm_bwd_info(),
       adamw_info(),
+      topk_info(),
   };
   return kernels;
 }

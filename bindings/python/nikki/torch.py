@@ -26,7 +26,7 @@ from .errors import kernel_error_at, user_frame
 from .kernel import Kernel
 from .spec import TensorSpec
 
-__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
+__all__ = ["nki_op", "matmul", "softmax", "topk", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -326,8 +326,23 @@ def _register_matmul_autograd(op) -> None:
     op.register_autograd(backward, setup_context=setup_context)
 
 
+def _register_topk_autograd(op) -> None:
+    # The values are elements of x: their gradient goes back to where they came from, a scatter
+    # into zeros at the indices (which are integers, without a gradient).
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output[1])
+        ctx.x_shape = inputs[0].shape
+
+    def backward(ctx, grad_values, _grad_indices):
+        (indices,) = ctx.saved_tensors
+        grad_x = grad_values.new_zeros(ctx.x_shape).scatter(1, indices.long(), grad_values)
+        return grad_x, None
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
 # Kernels whose gradient is expressed with other library ops instead of a backward kernel.
-_AUTOGRAD_RULES = {"matmul": _register_matmul_autograd}
+_AUTOGRAD_RULES = {"matmul": _register_matmul_autograd, "topk": _register_topk_autograd}
 
 
 def differentiable(name: str) -> bool:
@@ -343,6 +358,20 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     moved = x.movedim(dim, -1)
     out = library_op("softmax")(moved.reshape(-1, moved.shape[-1]).contiguous())
     return out.reshape(moved.shape).movedim(-1, dim)
+
+
+def topk(x: torch.Tensor, k: int, dim: int = -1):
+    """``torch.topk(x, k, dim)`` (largest, sorted) with nikki's topk kernel: x of any rank, k up to
+    64. Returns (values, indices) with int64 indices as torch's; equal values come in order of
+    increasing index. Differentiable in x through the values."""
+    _tensor(x, "nikki.torch.topk: x")
+    dim = check_int(dim, "nikki.torch.topk: dim", -x.dim(), x.dim() - 1)
+    k = check_int(k, "nikki.torch.topk: k", minimum=1)
+    moved = x.movedim(dim, -1)
+    rows = moved.reshape(-1, moved.shape[-1]).contiguous()
+    values, indices = library_op("topk")(rows, k=k)
+    shape = (*moved.shape[:-1], k)
+    return (values.reshape(shape).movedim(-1, dim), indices.long().reshape(shape).movedim(-1, dim))
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,

@@ -94,6 +94,15 @@ def _adamw(param, grad, exp_avg, exp_avg_sq, params):
     return [p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]]
 
 
+def _topk(x, params):
+    """torch.topk's values; the indices of torch's stable descending sort, which orders equal
+    values by index as the kernel does (torch.topk itself leaves the order of ties unspecified)."""
+    k = int(params["k"])
+    values, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    assert torch.equal(values[:, :k], torch.topk(x, k, dim=-1).values)
+    return [values[:, :k], order[:, :k]]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -105,6 +114,7 @@ TORCH = {
     "flash_attention": lambda q, k, v, p: [_sdpa(q, k, v, p), _attention_lse(q, k, p)],
     "flash_attention_bwd": _attention_bwd,
     "adamw": _adamw,
+    "topk": _topk,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
