@@ -5,6 +5,7 @@
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
+#include "nikki/kernels/mlp/gated_mlp.hpp"
 #include "nikki/kernels/moe/topk.hpp"
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
@@ -26,6 +27,7 @@ const std::vector<KernelInfo>& registry() {
       rmsnorm_bwd_info(),
       adamw_info(),
       topk_info(),
+      gated_mlp_info(),
   };
   return kernels;
 }

@@ -26,7 +26,7 @@ from .errors import kernel_error_at, user_frame
 from .kernel import Kernel
 from .spec import TensorSpec
 
-__all__ = ["nki_op", "matmul", "softmax", "topk", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
+__all__ = ["nki_op", "matmul", "softmax", "topk", "gated_mlp", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -341,8 +341,54 @@ def _register_topk_autograd(op) -> None:
     op.register_autograd(backward, setup_context=setup_context)
 
 
+_GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
+def _gate_activation_and_slope(g: torch.Tensor, activation: int):
+    """act(g) and act'(g) for the gated MLP's activations, in g's dtype (fp32 here)."""
+    if activation == 0:
+        s = torch.sigmoid(g)
+        return g * s, s * (1 + g * (1 - s))
+    if activation == 1:
+        cdf = 0.5 * torch.erfc(-g / math.sqrt(2))
+        return g * cdf, cdf + g * torch.exp(-0.5 * g * g) / math.sqrt(2 * math.pi)
+    c = math.sqrt(2 / math.pi)
+    t = torch.tanh(c * (g + 0.044715 * g ** 3))
+    return 0.5 * g * (1 + t), 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * c * (1 + 3 * 0.044715 * g * g)
+
+
+def _register_gated_mlp_autograd(op) -> None:
+    # The six products of the backward run on the library's matmul kernel; the gate and up
+    # projections are recomputed rather than saved; the element-wise steps are torch's, in fp32.
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:7])
+        ctx.activation = int(inputs[7])
+
+    def backward(ctx, grad):
+        x, w_gate, w_up, w_down, b_gate, b_up, b_down = ctx.saved_tensors
+        dt = x.dtype
+        g = _mm(x, w_gate).float() + b_gate.float()
+        u = _mm(x, w_up).float() + b_up.float()
+        a, slope = _gate_activation_and_slope(g, ctx.activation)
+        grad = grad.contiguous()
+        dh = _mm(grad, w_down.t().contiguous()).float()
+        du, dg = dh * a, dh * u * slope
+        h = (a * u).to(dt)
+        dgt, dut = dg.to(dt), du.to(dt)
+        xt = x.t().contiguous()
+        grads = [
+            (_mm(dgt, w_gate.t().contiguous()).float() + _mm(dut, w_up.t().contiguous()).float()).to(dt),
+            _mm(xt, dgt), _mm(xt, dut), _mm(h.t().contiguous(), grad),
+            dg.sum(0).to(dt), du.sum(0).to(dt), grad.float().sum(0).to(dt),
+        ]
+        return tuple(gr if need else None for gr, need in zip(grads, ctx.needs_input_grad)) + (None,)
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
 # Kernels whose gradient is expressed with other library ops instead of a backward kernel.
-_AUTOGRAD_RULES = {"matmul": _register_matmul_autograd, "topk": _register_topk_autograd}
+_AUTOGRAD_RULES = {"matmul": _register_matmul_autograd, "topk": _register_topk_autograd,
+                   "gated_mlp": _register_gated_mlp_autograd}
 
 
 def differentiable(name: str) -> bool:
@@ -372,6 +418,36 @@ def topk(x: torch.Tensor, k: int, dim: int = -1):
     values, indices = library_op("topk")(rows, k=k)
     shape = (*moved.shape[:-1], k)
     return (values.reshape(shape).movedim(-1, dim), indices.long().reshape(shape).movedim(-1, dim))
+
+
+def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+              b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None,
+              b_down: torch.Tensor | None = None, activation: str = "silu") -> torch.Tensor:
+    """``(act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down`` with nikki's gated_mlp
+    kernel: x [..., H], w_gate and w_up [H, I], w_down [I, H] (torch Linear weights transposed),
+    optional biases, activation "silu" (SwiGLU), "gelu" or "gelu_tanh". Differentiable in every
+    tensor (the backward's products run on nikki's matmul kernel)."""
+    what = "nikki.torch.gated_mlp"
+    for name, t in (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        _tensor(t, f"{what}: {name}")
+    if activation not in _GATE_ACTIVATIONS:
+        raise argument_error(f"{what}: activation", f"one of {', '.join(map(repr, _GATE_ACTIVATIONS))}", activation)
+    if w_gate.dim() != 2:
+        raise argument_error(f"{what}: w_gate", "a [H, I] tensor", w_gate, got=f"shape {tuple(w_gate.shape)}")
+    h, i = w_gate.shape
+    b_gate = _optional_tensor(b_gate, f"{what}: b_gate", (i,), "w_gate's columns")
+    b_up = _optional_tensor(b_up, f"{what}: b_up", (i,), "w_up's columns")
+    b_down = _optional_tensor(b_down, f"{what}: b_down", (h,), "w_down's columns")
+    _one_device(what, (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down), ("b_gate", b_gate),
+                       ("b_up", b_up), ("b_down", b_down)))
+    zeros = lambda n: torch.zeros(n, dtype=x.dtype)  # noqa: E731
+    b_gate = zeros(i) if b_gate is None else b_gate
+    b_up = zeros(i) if b_up is None else b_up
+    b_down = zeros(h) if b_down is None else b_down
+    out = library_op("gated_mlp")(x.reshape(-1, x.shape[-1]).contiguous(), w_gate.contiguous(), w_up.contiguous(),
+                                  w_down.contiguous(), b_gate, b_up, b_down,
+                                  activation=_GATE_ACTIVATIONS.index(activation))
+    return out.reshape(*x.shape[:-1], h)
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,

@@ -103,6 +103,14 @@ def _topk(x, params):
     return [values[:, :k], order[:, :k]]
 
 
+_GATE_ACTIVATIONS = [F.silu, F.gelu, lambda t: F.gelu(t, approximate="tanh")]
+
+
+def _gated_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, params):
+    act = _GATE_ACTIVATIONS[int(params["activation"])]
+    return [(act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -115,6 +123,7 @@ TORCH = {
     "flash_attention_bwd": _attention_bwd,
     "adamw": _adamw,
     "topk": _topk,
+    "gated_mlp": _gated_mlp,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
