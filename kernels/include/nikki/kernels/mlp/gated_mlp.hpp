@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "nikki/kernels/mlp/gated_mlp_reference.hpp"
+#include "nikki/kernels/mlp/transposed_rows.hpp"
 #include "nikki/kernels/toolkit/argument_check.hpp"
 #include "nikki/kernels/toolkit/buffers.hpp"
 #include "nikki/kernels/toolkit/registration.hpp"
@@ -143,22 +144,7 @@ inline Tensor gated_mlp(const std::vector<Tensor>& in, reference::GateActivation
 
   toolkit::TaskScheduler sch;
   const auto all = nl::all;
-  const Engine vector = Engine::vector, scalar = Engine::scalar, gpsimd = Engine::gpsimd;
-  auto copy_out = [](const Tensor& dst, const Tensor& src, Engine e) {
-    if (e == Engine::scalar) isa::activation(dst, nl::copy, src);
-    else isa::tensor_copy(dst, src, isa::vector_engine);
-  };
-  // Copies `n` transposed 128-blocks ([P, n, cols] in PSUM) to dst ([P, n, cols]); the last
-  // block has `last` valid partitions.
-  auto copy_blocks = [&](const Tensor& dst, const Tensor& src, int64_t n, int64_t last) {
-    const int64_t full = last == P ? n : n - 1;
-    if (full > 0)
-      sch.add_any({[&] { copy_out(dst(all, nl::ds(0, full), all), src(all, nl::ds(0, full), all), vector); },
-                   [&] { copy_out(dst(all, nl::ds(0, full), all), src(all, nl::ds(0, full), all), scalar); }});
-    if (full < n)
-      sch.add_any({[&] { copy_out(dst(first(last), full, all), src(first(last), full, all), vector); },
-                   [&] { copy_out(dst(first(last), full, all), src(first(last), full, all), scalar); }});
-  };
+  const Engine vector = Engine::vector, gpsimd = Engine::gpsimd;
   auto bias_rows = [&](const Tensor& bias, int64_t c0, int64_t w) {
     const Tensor b = bias_ring.next()(all, nl::ds(0, w));
     sch.add([&] { isa::dma_copy(b, bias(nl::ds(c0, w)).expand_dim(0).broadcast(0, P)); });
@@ -173,17 +159,7 @@ inline Tensor gated_mlp(const std::vector<Tensor>& in, reference::GateActivation
       const int64_t pt = rt.p, t0 = rt.r0;
       const Tensor rows = row_ring.next()(first(pt), all);
       sch.add([&] { isa::dma_copy(rows, x(nl::ds(b0 + t0, pt), all)); });
-      for (int64_t k0 = 0; k0 < nH; k0 += tpb) {
-        const int64_t n = std::min(tpb, nH - k0), last = std::min(P, H - (k0 + n - 1) * P);
-        const Tensor tr = tr_ring.next();
-        sch.add([&] {
-          for (int64_t k = k0; k < k0 + n; ++k) {
-            const int64_t ph = std::min(P, H - k * P);
-            isa::nc_transpose(tr(first(ph), k - k0, first(pt)), rows(all, nl::ds(k * P, ph)));
-          }
-        });
-        copy_blocks(xT(all, nl::ds(k0, n), nl::ds(t0, pt)), tr(all, nl::ds(0, n), first(pt)), n, last);
-      }
+      mlp::transpose_rows(sch, tr_ring, xT(all, all, nl::ds(t0, pt)), rows);
     }
     // accs[i * spans + s] = sum over k of stationary_T[k, tile i]^T @ weight[k, c0 + 512 s ...]:
     // the weight's rows stream in slabs of w columns, each read by every tile of the block.
@@ -230,15 +206,7 @@ inline Tensor gated_mlp(const std::vector<Tensor>& in, reference::GateActivation
           sch.add([&] { isa::tensor_tensor(u, acc, bu(first(pt), nl::ds(s * bank, ws)), nl::add); });
           sch.add_any({[&] { isa::tensor_tensor(h, gate, u, nl::multiply, gpsimd); },
                        [&] { isa::tensor_tensor(h, gate, u, nl::multiply, vector); }});
-          const int64_t n = ceil_div(ws, P), last = ws - (n - 1) * P;
-          const Tensor tr = tr_ring.next();
-          sch.add([&] {
-            for (int64_t j = 0; j < n; ++j)
-              isa::nc_transpose(tr(first(std::min(P, ws - j * P)), j, first(pt)),
-                                h(all, nl::ds(j * P, std::min(P, ws - j * P))));
-          });
-          copy_blocks(hT(all, nl::ds((c0 + s * bank) / P, n), nl::ds(t0, pt)), tr(all, nl::ds(0, n), first(pt)), n,
-                      last);
+          mlp::transpose_rows(sch, tr_ring, hT(all, nl::ds((c0 + s * bank) / P, ceil_div(ws, P)), nl::ds(t0, pt)), h);
         }
     }
     // Down, a slab's columns of H at a time, b_down added on the way out of PSUM.
