@@ -6,6 +6,7 @@
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
+#include "nikki/kernels/moe/router_topk.hpp"
 #include "nikki/kernels/moe/topk.hpp"
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
@@ -28,6 +29,7 @@ const std::vector<KernelInfo>& registry() {
       adamw_info(),
       topk_info(),
       gated_mlp_info(),
+      router_topk_info(),
   };
   return kernels;
 }

@@ -26,7 +26,7 @@ from .errors import kernel_error_at, user_frame
 from .kernel import Kernel
 from .spec import TensorSpec
 
-__all__ = ["nki_op", "matmul", "softmax", "topk", "gated_mlp", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
+__all__ = ["nki_op", "matmul", "softmax", "topk", "gated_mlp", "router_topk", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -386,9 +386,44 @@ def _register_gated_mlp_autograd(op) -> None:
     op.register_autograd(backward, setup_context=setup_context)
 
 
+def _register_router_autograd(op) -> None:
+    # The routing weights' gradient, from logits recomputed on the matmul kernel: the activation's
+    # and the normalization's derivatives in torch (fp32), the selection a gather / scatter by the
+    # expert ids (which have no gradient).
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:3], output[0], output[1])
+        ctx.options = inputs[3:]
+
+    def backward(ctx, grad_weights, _grad_ids):
+        x, w_router, bias, weights, ids = ctx.saved_tensors
+        _k, sigmoid, select_first, normalize = ctx.options
+        ids = ids.long()
+        logits = _mm(x, w_router).float() + bias.float()
+        g = grad_weights.float()
+        if select_first and not sigmoid:  # softmax over the k selected logits
+            dv = weights * (g - (g * weights).sum(-1, keepdim=True))
+            dlogits = torch.zeros_like(logits).scatter(1, ids, dv)
+        else:
+            scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, -1)
+            picked = scores.gather(1, ids)
+            if normalize:  # weights = picked / sum(picked)
+                g = (g - (g * weights).sum(-1, keepdim=True)) / picked.sum(-1, keepdim=True)
+            if select_first:  # sigmoid of the selected logits
+                dlogits = torch.zeros_like(logits).scatter(1, ids, g * picked * (1 - picked))
+            else:
+                dscores = torch.zeros_like(logits).scatter(1, ids, g)
+                dlogits = (dscores * scores * (1 - scores) if sigmoid
+                           else scores * (dscores - (dscores * scores).sum(-1, keepdim=True)))
+        dl = dlogits.to(x.dtype)
+        grads = (_mm(dl, w_router.t().contiguous()), _mm(x.t().contiguous(), dl), dlogits.sum(0).to(bias.dtype))
+        return tuple(gr if need else None for gr, need in zip(grads, ctx.needs_input_grad)) + (None,) * 4
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
 # Kernels whose gradient is expressed with other library ops instead of a backward kernel.
 _AUTOGRAD_RULES = {"matmul": _register_matmul_autograd, "topk": _register_topk_autograd,
-                   "gated_mlp": _register_gated_mlp_autograd}
+                   "gated_mlp": _register_gated_mlp_autograd, "router_topk": _register_router_autograd}
 
 
 def differentiable(name: str) -> bool:
@@ -448,6 +483,30 @@ def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
                                   w_down.contiguous(), b_gate, b_up, b_down,
                                   activation=_GATE_ACTIVATIONS.index(activation))
     return out.reshape(*x.shape[:-1], h)
+
+
+def router_topk(x: torch.Tensor, w_router: torch.Tensor, bias: torch.Tensor | None = None, k: int = 2, *,
+                sigmoid: bool = False, select_first: bool = False, normalize: bool = False):
+    """The MoE router with nikki's router_topk kernel: logits = x @ w_router + bias for x [..., H]
+    and w_router [H, E] (torch Linear weight transposed); scores softmax (or sigmoid) of the
+    logits, the top-k experts of each token (select_first: top-k of the logits, then the
+    activation over the k), optionally renormalized. Returns (weights [..., k] float32,
+    expert ids [..., k] int64); differentiable in x, w_router and bias through the weights."""
+    what = "nikki.torch.router_topk"
+    _tensor(x, f"{what}: x")
+    _tensor(w_router, f"{what}: w_router")
+    if w_router.dim() != 2:
+        raise argument_error(f"{what}: w_router", "a [H, E] tensor", w_router, got=f"shape {tuple(w_router.shape)}")
+    bias = _optional_tensor(bias, f"{what}: bias", (w_router.shape[1],), "w_router's columns")
+    _one_device(what, (("x", x), ("w_router", w_router), ("bias", bias)))
+    k = check_int(k, f"{what}: k", minimum=1)
+    flags = {n: check_bool(v, f"{what}: {n}") for n, v in
+             (("sigmoid", sigmoid), ("select_first", select_first), ("normalize", normalize))}
+    bias = torch.zeros(w_router.shape[1], dtype=x.dtype) if bias is None else bias
+    weights, ids = library_op("router_topk")(x.reshape(-1, x.shape[-1]).contiguous(), w_router.contiguous(), bias,
+                                             k=k, **flags)
+    shape = (*x.shape[:-1], k)
+    return weights.reshape(shape), ids.long().reshape(shape)
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,

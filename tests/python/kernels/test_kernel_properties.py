@@ -111,6 +111,23 @@ def _gated_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, params):
     return [(act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down]
 
 
+def _router_topk(x, w_router, bias, params):
+    """A router as MoE models write it: scores, torch.topk (ties by the stable sort's order),
+    the optional activation over the selected and renormalization."""
+    k, sigmoid = int(params["k"]), bool(params["sigmoid"])
+    act = torch.sigmoid if sigmoid else (lambda t: torch.softmax(t, -1))
+    logits = x @ w_router + bias
+    scores = logits if params["select_first"] else act(logits)
+    _, order = torch.sort(scores, dim=-1, descending=True, stable=True)
+    ids = order[:, :k]
+    weights = scores.gather(1, ids)
+    if params["select_first"]:
+        weights = act(weights)
+    if params["normalize"] and not (params["select_first"] and not sigmoid):
+        weights = weights / weights.sum(-1, keepdim=True)
+    return [weights, ids]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -124,6 +141,7 @@ TORCH = {
     "adamw": _adamw,
     "topk": _topk,
     "gated_mlp": _gated_mlp,
+    "router_topk": _router_topk,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
