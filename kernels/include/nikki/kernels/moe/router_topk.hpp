@@ -10,6 +10,7 @@
 
 #include "nikki/kernels/mlp/transposed_rows.hpp"
 #include "nikki/kernels/moe/router_topk_reference.hpp"
+#include "nikki/kernels/moe/topk.hpp"
 #include "nikki/kernels/toolkit/argument_check.hpp"
 #include "nikki/kernels/toolkit/buffers.hpp"
 #include "nikki/kernels/toolkit/registration.hpp"
@@ -21,7 +22,7 @@ namespace nikki::kernels {
 inline constexpr const char* router_topk_doc = R"(MoE router: logits = x @ w_router + bias, softmax or sigmoid, the top-k experts of each token.
 
 Dimensions: x [T, H], w_router [H, E], bias [E] -> weights [T, k], expert_ids [T, k]; any T,
-            H >= 1; 1 <= E <= 512; 1 <= k <= min(E, 8).
+            H >= 1; 1 <= E <= 512; 1 <= k <= min(E, 64).
 Args:       x, w_router, bias: HBM tensors of one dtype, float32 / bfloat16 / float16 (zeros for
             a router without bias). k: experts per token. sigmoid: sigmoid of each logit instead
             of a softmax over the experts. select_first: take the top-k of the logits, then the
@@ -33,8 +34,9 @@ Notes:      128 tokens per tile: x's rows are transposed on TensorE (H on partit
             bias is added on VectorE as they leave PSUM. Softmax: a VectorE max, exp with its
             row sum on ScalarE, a reciprocal and a multiply; sigmoid: one ScalarE activation.
             max8 gives the 8 largest scores in descending order and nc_find_index8 their expert
-            ids (first occurrences, so ties go to the lowest id); the k selected take the
-            optional activation and normalization as [tokens, k] tiles. Rows of fewer than 8
+            ids (first occurrences, so ties go to the lowest id); k > 8 takes more rounds, each
+            after nc_match_replace8 has removed the previous 8 (as topk does). The k selected
+            take the optional activation and normalization as [tokens, k] tiles. Rows of fewer than 8
             experts are padded with NaN, which max8 ranks last. fp32 throughout.
 Pseudocode: logits = x @ w_router + bias
             scores = logits if select_first else act(logits)
@@ -43,7 +45,7 @@ Pseudocode: logits = x @ w_router + bias
 
 namespace router_detail {
 
-inline constexpr int64_t kMaxK = 8;
+inline constexpr int64_t kMaxK = topk_detail::kMaxK;
 inline constexpr int64_t kMaxExperts = 512;
 
 inline reference::RouterOptions options(const ParamValues& p) {
@@ -83,12 +85,13 @@ inline std::vector<Tensor> router_topk(const Tensor& x, const Tensor& w_router, 
   if (k < 1 || k > std::min(E, router_detail::kMaxK))
     check.fail("k = " + std::to_string(k) + " with " + std::to_string(E) + " experts",
                "1 <= k <= min(E, " + std::to_string(router_detail::kMaxK) + ")",
-               "route each token to between 1 and 8 experts");
+               "route each token to between 1 and " + std::to_string(router_detail::kMaxK) + " experts");
   const nl::TileSize ts = nl::tile_size();
   const TargetConfig& target = x.builder().config();
   const int64_t P = ts.pmax, lanes = target.max8_min_elems;
   const DType dt = x.dtype();
   const int64_t es = dtype_size(dt), nH = ceil_div(H, P), Ew = std::max(E, lanes);
+  const int64_t rounds = ceil_div(k, lanes);
   const int64_t tpb = ts.psum_bank_fmax_bytes / (P * es);
   Tensor weights = nl::ndarray({T, k}, nl::float32, nl::shared_hbm, "weights");
   Tensor ids = nl::ndarray({T, k}, nl::int32, nl::shared_hbm, "expert_ids");
@@ -100,9 +103,9 @@ inline std::vector<Tensor> router_topk(const Tensor& x, const Tensor& w_router, 
   toolkit::Ring row_ring = budget.sbuf_ring({P, H}, dt, 2, "x_rows");
   toolkit::Ring xT_ring = budget.sbuf_ring({P, nH, P}, dt, 2, "x_T");
   toolkit::Ring s_ring = budget.sbuf_ring({P, Ew}, nl::float32, kDepth, "scores");
-  toolkit::Ring top_ring = budget.sbuf_ring({P, lanes}, nl::float32, kDepth, "top_scores");
-  toolkit::Ring id_ring = budget.sbuf_ring({P, lanes}, nl::uint32, kDepth, "top_ids");
-  toolkit::Ring w_ring = budget.sbuf_ring({P, lanes}, nl::float32, kDepth, "top_weights");
+  toolkit::Ring top_ring = budget.sbuf_ring({P, rounds * lanes}, nl::float32, kDepth, "top_scores");
+  toolkit::Ring id_ring = budget.sbuf_ring({P, rounds * lanes}, nl::uint32, kDepth, "top_ids");
+  toolkit::Ring w_ring = budget.sbuf_ring({P, k}, nl::float32, kDepth, "top_weights");
   toolkit::Ring stat_ring = budget.sbuf_ring({P, 2}, nl::float32, 2 * kDepth, "row_stats");
   toolkit::Ring acc_ring = budget.psum_ring({P, ts.psum_bank_fmax}, nl::float32, 2, "logits");
   toolkit::Ring tr_ring = budget.psum_ring({P, tpb, P}, dt, 2, "transposes");
@@ -143,8 +146,7 @@ inline std::vector<Tensor> router_topk(const Tensor& x, const Tensor& w_router, 
       else softmax_rows(scores, stats);
     }
     const Tensor top = top_ring.next()(first(pt), all), top_ids = id_ring.next()(first(pt), all);
-    sch.add([&] { isa::max8(top, s); });
-    sch.add([&] { isa::nc_find_index8(top_ids, s, top); });
+    topk_detail::rounds(sch, s, top, top_ids, rounds);
     const Tensor w = w_ring.next()(first(pt), nl::ds(0, k));
     sch.add([&] {
       if (o.select_first && o.sigmoid) isa::activation(w, nl::sigmoid, top(all, nl::ds(0, k)));
@@ -194,7 +196,7 @@ inline KernelInfo router_topk_info() {
       .doc = router_topk_doc,
       .inputs = {"x", "w_router", "bias"},
       .outputs = {"weights", "expert_ids"},
-      .params = {{"k", ParamKind::integer, 2, "experts per token, 1 to min(E, 8)"},
+      .params = {{"k", ParamKind::integer, 2, "experts per token, 1 to min(E, 64)"},
                  {"sigmoid", ParamKind::boolean, 0, "sigmoid of each logit instead of a softmax"},
                  {"select_first", ParamKind::boolean, 0, "top-k of the logits, then the activation over the k"},
                  {"normalize", ParamKind::boolean, 0, "divide the k weights by their sum"}},
@@ -218,11 +220,13 @@ inline KernelInfo router_topk_info() {
                    router_case(3, 16, 4, DType::float32, Opts{.k = 4, .select_first = true},
                                "fewer than 8 experts (padded), softmax over the selected"),
                    router_case(300, 130, 128, DType::float16, Opts{.k = 3, .sigmoid = true, .select_first = true},
-                               "128 experts, sigmoid of the selected")},
+                               "128 experts, sigmoid of the selected"),
+                   router_case(20, 40, 160, DType::float32, Opts{.k = 20, .normalize = true},
+                               "k = 20: three rounds of max8")},
       .draw =
           [](CaseRng& r) {
             const int64_t E = r.coin(0.3) ? r.uniform(1, 12) : r.size(1, 300, 64);
-            Opts o{.k = r.uniform(1, std::min<int64_t>(E, router_detail::kMaxK)),
+            Opts o{.k = r.uniform(1, std::min<int64_t>(E, r.coin(0.8) ? 8 : router_detail::kMaxK)),
                    .sigmoid = r.coin(),
                    .select_first = r.coin(),
                    .normalize = r.coin()};
