@@ -2,10 +2,11 @@
 // model (timing only: nothing is executed). Every figure printed is an ESTIMATE of the modelled
 // NeuronCore, not a measurement.
 //
-//   build-dir/bench/nikki_kernel_estimates [--target trn1|trn2] [--markdown]
+//   build-dir/bench/nikki_kernel_estimates [--target trn1|trn2] [--markdown] [--kernel NAME]
 //
 // First, every registered kernel at the shape its registration names (docs/kernels.md's table;
-// --markdown prints just that table); then more shapes of matmul, softmax and the norms.
+// --markdown prints just that table; --kernel NAME just that kernel); then more shapes of matmul,
+// softmax and the norms.
 //
 // matmul:       TensorE FLOP utilization = matmul FLOPs / (total time x the 16-bit PE-array peak).
 // softmax, layernorm, rmsnorm and their backwards: DMA roofline = compulsory HBM traffic (each
@@ -126,19 +127,36 @@ void report_rows(const std::string& kernel, int64_t R, int64_t C, DType d, Targe
               goal_text(ratio, goal).c_str());
 }
 
+/** The gated MLP at decode (T tokens, weights streamed once): the time to read its three weight
+ *  matrices at peak DMA bandwidth over the estimated time. */
+void report_mlp_decode(int64_t T, int64_t H, int64_t I, DType d, TargetId target, double goal) {
+  Estimate e = estimate("gated_mlp",
+                        {spec({T, H}, d), spec({H, I}, d), spec({H, I}, d), spec({I, H}, d), spec({I}, d), spec({I}, d),
+                         spec({H}, d)},
+                        target);
+  const runtime::Profile& p = e.profile;
+  const double weights = 3.0 * double(H) * double(I) * dtype_size(d), roofline_ns = weights / p.dma_peak_bytes_per_ns;
+  const double ratio = roofline_ns / p.total_ns;
+  std::printf("gated_mlp decode T=%lld H=%lld I=%lld %-8s %9.1f us  weights' HBM roofline %8.1f us = %5.1f%%  %s\n",
+              (long long)T, (long long)H, (long long)I, std::string(dtype_name(d)).c_str(), p.total_ns / 1e3,
+              roofline_ns / 1e3, 100 * ratio, goal_text(ratio, goal).c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   TargetId target = TargetId::trn2;
   bool markdown = false;
+  std::string only;  // --kernel NAME: that registration's estimate alone
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--target") == 0 && i + 1 < argc) target = require_target(argv[++i]);
+    else if (std::strcmp(argv[i], "--kernel") == 0 && i + 1 < argc) only = argv[++i];
     else if (std::strcmp(argv[i], "--markdown") == 0) markdown = true;
   }
   try {
     std::vector<Registered> rows;
     for (const kernels::KernelInfo& k : kernels::registry())
-      if (k.benchmark) {
+      if (k.benchmark && (only.empty() || k.name == only)) {
         try {
           rows.push_back(estimate_registered(k, target));
         } catch (const KernelError& e) {
@@ -159,6 +177,11 @@ int main(int argc, char** argv) {
     for (const Registered& r : rows)
       std::printf("%-20s %-36s %9.1f us  %-32s %5.1f%%  %s\n", r.kernel.c_str(), r.shape.c_str(), r.us, r.metric.c_str(),
                   100 * r.utilization, goal_text(r.utilization, r.goal).c_str());
+    if (only == "gated_mlp") {
+      report_mlp_decode(1, 4096, 14336, DType::bfloat16, target, 0.70);
+      report_mlp_decode(8, 4096, 14336, DType::bfloat16, target, 0.70);
+    }
+    if (!only.empty()) return rows.empty() ? 2 : 0;
     std::printf("\n");
     report_matmul(4096, 4096, 4096, DType::bfloat16, target, 0.85);
     report_matmul(4096, 4096, 4096, DType::float32, target, 0);
@@ -185,6 +208,8 @@ int main(int argc, char** argv) {
       report_rows(norm, 4096, 16384, DType::bfloat16, target, 0);
       report_rows(norm, 512, 65536, DType::bfloat16, target, 0);
     }
+    std::printf("\n");
+    report_mlp_decode(8, 4096, 14336, DType::bfloat16, target, 0.70);
   } catch (const KernelError& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

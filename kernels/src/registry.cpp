@@ -5,6 +5,9 @@
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
+#include "nikki/kernels/mlp/gated_mlp.hpp"
+#include "nikki/kernels/moe/router_topk.hpp"
+#include "nikki/kernels/moe/topk.hpp"
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
 #include "nikki/kernels/optim/adamw.hpp"
@@ -24,6 +27,9 @@ const std::vector<KernelInfo>& registry() {
       rmsnorm_info(),
       rmsnorm_bwd_info(),
       adamw_info(),
+      topk_info(),
+      gated_mlp_info(),
+      router_topk_info(),
   };
   return kernels;
 }

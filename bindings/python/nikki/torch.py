@@ -26,7 +26,7 @@ from .errors import kernel_error_at, user_frame
 from .kernel import Kernel
 from .spec import TensorSpec
 
-__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
+__all__ = ["nki_op", "matmul", "softmax", "topk", "gated_mlp", "router_topk", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -325,8 +325,104 @@ def _register_matmul_autograd(op) -> None:
     op.register_autograd(backward, setup_context=setup_context)
 
 
+def _register_topk_autograd(op) -> None:
+    # The values are elements of x: their gradient goes back to where they came from, a scatter
+    # into zeros at the indices (which are integers, without a gradient).
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output[1])
+        ctx.x_shape = inputs[0].shape
+
+    def backward(ctx, grad_values, _grad_indices):
+        (indices,) = ctx.saved_tensors
+        grad_x = grad_values.new_zeros(ctx.x_shape).scatter(1, indices.long(), grad_values)
+        return grad_x, None
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
+_GATE_ACTIVATIONS = ("silu", "gelu", "gelu_tanh")
+
+
+def _gate_activation_and_slope(g: torch.Tensor, activation: int):
+    """act(g) and act'(g) for the gated MLP's activations, in g's dtype (fp32 here)."""
+    if activation == 0:
+        s = torch.sigmoid(g)
+        return g * s, s * (1 + g * (1 - s))
+    if activation == 1:
+        cdf = 0.5 * torch.erfc(-g / math.sqrt(2))
+        return g * cdf, cdf + g * torch.exp(-0.5 * g * g) / math.sqrt(2 * math.pi)
+    c = math.sqrt(2 / math.pi)
+    t = torch.tanh(c * (g + 0.044715 * g ** 3))
+    return 0.5 * g * (1 + t), 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * c * (1 + 3 * 0.044715 * g * g)
+
+
+def _register_gated_mlp_autograd(op) -> None:
+    # The six products of the backward run on the library's matmul kernel; the gate and up
+    # projections are recomputed rather than saved; the element-wise steps are torch's, in fp32.
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:7])
+        ctx.activation = int(inputs[7])
+
+    def backward(ctx, grad):
+        x, w_gate, w_up, w_down, b_gate, b_up, b_down = ctx.saved_tensors
+        dt = x.dtype
+        g = _mm(x, w_gate).float() + b_gate.float()
+        u = _mm(x, w_up).float() + b_up.float()
+        a, slope = _gate_activation_and_slope(g, ctx.activation)
+        grad = grad.contiguous()
+        dh = _mm(grad, w_down.t().contiguous()).float()
+        du, dg = dh * a, dh * u * slope
+        h = (a * u).to(dt)
+        dgt, dut = dg.to(dt), du.to(dt)
+        xt = x.t().contiguous()
+        grads = [
+            (_mm(dgt, w_gate.t().contiguous()).float() + _mm(dut, w_up.t().contiguous()).float()).to(dt),
+            _mm(xt, dgt), _mm(xt, dut), _mm(h.t().contiguous(), grad),
+            dg.sum(0).to(dt), du.sum(0).to(dt), grad.float().sum(0).to(dt),
+        ]
+        return tuple(gr if need else None for gr, need in zip(grads, ctx.needs_input_grad)) + (None,)
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
+def _register_router_autograd(op) -> None:
+    # The routing weights' gradient, from logits recomputed on the matmul kernel: the activation's
+    # and the normalization's derivatives in torch (fp32), the selection a gather / scatter by the
+    # expert ids (which have no gradient).
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:3], output[0], output[1])
+        ctx.options = inputs[3:]
+
+    def backward(ctx, grad_weights, _grad_ids):
+        x, w_router, bias, weights, ids = ctx.saved_tensors
+        _k, sigmoid, select_first, normalize = ctx.options
+        ids = ids.long()
+        logits = _mm(x, w_router).float() + bias.float()
+        g = grad_weights.float()
+        if select_first and not sigmoid:  # softmax over the k selected logits
+            dv = weights * (g - (g * weights).sum(-1, keepdim=True))
+            dlogits = torch.zeros_like(logits).scatter(1, ids, dv)
+        else:
+            scores = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, -1)
+            picked = scores.gather(1, ids)
+            if normalize:  # weights = picked / sum(picked)
+                g = (g - (g * weights).sum(-1, keepdim=True)) / picked.sum(-1, keepdim=True)
+            if select_first:  # sigmoid of the selected logits
+                dlogits = torch.zeros_like(logits).scatter(1, ids, g * picked * (1 - picked))
+            else:
+                dscores = torch.zeros_like(logits).scatter(1, ids, g)
+                dlogits = (dscores * scores * (1 - scores) if sigmoid
+                           else scores * (dscores - (dscores * scores).sum(-1, keepdim=True)))
+        dl = dlogits.to(x.dtype)
+        grads = (_mm(dl, w_router.t().contiguous()), _mm(x.t().contiguous(), dl), dlogits.sum(0).to(bias.dtype))
+        return tuple(gr if need else None for gr, need in zip(grads, ctx.needs_input_grad)) + (None,) * 4
+
+    op.register_autograd(backward, setup_context=setup_context)
+
+
 # Kernels whose gradient is expressed with other library ops instead of a backward kernel.
-_AUTOGRAD_RULES = {"matmul": _register_matmul_autograd}
+_AUTOGRAD_RULES = {"matmul": _register_matmul_autograd, "topk": _register_topk_autograd,
+                   "gated_mlp": _register_gated_mlp_autograd, "router_topk": _register_router_autograd}
 
 
 def differentiable(name: str) -> bool:
@@ -342,6 +438,74 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     moved = x.movedim(dim, -1)
     out = library_op("softmax")(moved.reshape(-1, moved.shape[-1]).contiguous())
     return out.reshape(moved.shape).movedim(-1, dim)
+
+
+def topk(x: torch.Tensor, k: int, dim: int = -1):
+    """``torch.topk(x, k, dim)`` (largest, sorted) with nikki's topk kernel: x of any rank, k up to
+    64. Returns (values, indices) with int64 indices as torch's; equal values come in order of
+    increasing index. Differentiable in x through the values."""
+    _tensor(x, "nikki.torch.topk: x")
+    dim = check_int(dim, "nikki.torch.topk: dim", -x.dim(), x.dim() - 1)
+    k = check_int(k, "nikki.torch.topk: k", minimum=1)
+    moved = x.movedim(dim, -1)
+    rows = moved.reshape(-1, moved.shape[-1]).contiguous()
+    values, indices = library_op("topk")(rows, k=k)
+    shape = (*moved.shape[:-1], k)
+    return (values.reshape(shape).movedim(-1, dim), indices.long().reshape(shape).movedim(-1, dim))
+
+
+def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
+              b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None,
+              b_down: torch.Tensor | None = None, activation: str = "silu") -> torch.Tensor:
+    """``(act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down`` with nikki's gated_mlp
+    kernel: x [..., H], w_gate and w_up [H, I], w_down [I, H] (torch Linear weights transposed),
+    optional biases, activation "silu" (SwiGLU), "gelu" or "gelu_tanh". Differentiable in every
+    tensor (the backward's products run on nikki's matmul kernel)."""
+    what = "nikki.torch.gated_mlp"
+    for name, t in (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
+        _tensor(t, f"{what}: {name}")
+    if activation not in _GATE_ACTIVATIONS:
+        raise argument_error(f"{what}: activation", f"one of {', '.join(map(repr, _GATE_ACTIVATIONS))}", activation)
+    if w_gate.dim() != 2:
+        raise argument_error(f"{what}: w_gate", "a [H, I] tensor", w_gate, got=f"shape {tuple(w_gate.shape)}")
+    h, i = w_gate.shape
+    b_gate = _optional_tensor(b_gate, f"{what}: b_gate", (i,), "w_gate's columns")
+    b_up = _optional_tensor(b_up, f"{what}: b_up", (i,), "w_up's columns")
+    b_down = _optional_tensor(b_down, f"{what}: b_down", (h,), "w_down's columns")
+    _one_device(what, (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down), ("b_gate", b_gate),
+                       ("b_up", b_up), ("b_down", b_down)))
+    zeros = lambda n: torch.zeros(n, dtype=x.dtype)  # noqa: E731
+    b_gate = zeros(i) if b_gate is None else b_gate
+    b_up = zeros(i) if b_up is None else b_up
+    b_down = zeros(h) if b_down is None else b_down
+    out = library_op("gated_mlp")(x.reshape(-1, x.shape[-1]).contiguous(), w_gate.contiguous(), w_up.contiguous(),
+                                  w_down.contiguous(), b_gate, b_up, b_down,
+                                  activation=_GATE_ACTIVATIONS.index(activation))
+    return out.reshape(*x.shape[:-1], h)
+
+
+def router_topk(x: torch.Tensor, w_router: torch.Tensor, bias: torch.Tensor | None = None, k: int = 2, *,
+                sigmoid: bool = False, select_first: bool = False, normalize: bool = False):
+    """The MoE router with nikki's router_topk kernel: logits = x @ w_router + bias for x [..., H]
+    and w_router [H, E] (torch Linear weight transposed); scores softmax (or sigmoid) of the
+    logits, the top-k experts of each token (select_first: top-k of the logits, then the
+    activation over the k), optionally renormalized. Returns (weights [..., k] float32,
+    expert ids [..., k] int64); differentiable in x, w_router and bias through the weights."""
+    what = "nikki.torch.router_topk"
+    _tensor(x, f"{what}: x")
+    _tensor(w_router, f"{what}: w_router")
+    if w_router.dim() != 2:
+        raise argument_error(f"{what}: w_router", "a [H, E] tensor", w_router, got=f"shape {tuple(w_router.shape)}")
+    bias = _optional_tensor(bias, f"{what}: bias", (w_router.shape[1],), "w_router's columns")
+    _one_device(what, (("x", x), ("w_router", w_router), ("bias", bias)))
+    k = check_int(k, f"{what}: k", minimum=1)
+    flags = {n: check_bool(v, f"{what}: {n}") for n, v in
+             (("sigmoid", sigmoid), ("select_first", select_first), ("normalize", normalize))}
+    bias = torch.zeros(w_router.shape[1], dtype=x.dtype) if bias is None else bias
+    weights, ids = library_op("router_topk")(x.reshape(-1, x.shape[-1]).contiguous(), w_router.contiguous(), bias,
+                                             k=k, **flags)
+    shape = (*x.shape[:-1], k)
+    return weights.reshape(shape), ids.long().reshape(shape)
 
 
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,

@@ -74,6 +74,39 @@ def _adamw(param, grad, exp_avg, exp_avg_sq, params):
     return [p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]]
 
 
+def _topk(x, params):
+    """torch.topk's values; the indices of torch's stable descending sort, which orders equal
+    values by index as the kernel does (torch.topk itself leaves the order of ties unspecified)."""
+    k = int(params["k"])
+    values, order = torch.sort(x, dim=-1, descending=True, stable=True)
+    return [values[:, :k], order[:, :k]]
+
+
+_GATE_ACTIVATIONS = [F.silu, F.gelu, lambda t: F.gelu(t, approximate="tanh")]
+
+
+def _gated_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, params):
+    act = _GATE_ACTIVATIONS[int(params["activation"])]
+    return [(act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down]
+
+
+def _router_topk(x, w_router, bias, params):
+    """A router as MoE models write it: scores, the top k (ties by the stable sort's order), the
+    optional activation over the selected and renormalization."""
+    k, sigmoid = int(params["k"]), bool(params["sigmoid"])
+    act = torch.sigmoid if sigmoid else (lambda t: torch.softmax(t, -1))
+    logits = x @ w_router + bias
+    scores = logits if params["select_first"] else act(logits)
+    _, order = torch.sort(scores, dim=-1, descending=True, stable=True)
+    ids = order[:, :k]
+    weights = scores.gather(1, ids)
+    if params["select_first"]:
+        weights = act(weights)
+    if params["normalize"] and not (params["select_first"] and not sigmoid):
+        weights = weights / weights.sum(-1, keepdim=True)
+    return [weights, ids]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -85,6 +118,9 @@ TORCH = {
     "flash_attention": lambda q, k, v, p: [_sdpa(q, k, v, p), _attention_lse(q, k, p)],
     "flash_attention_bwd": _attention_bwd,
     "adamw": _adamw,
+    "topk": _topk,
+    "gated_mlp": _gated_mlp,
+    "router_topk": _router_topk,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

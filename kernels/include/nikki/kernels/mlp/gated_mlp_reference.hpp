@@ -1,0 +1,54 @@
+// Float64 reference of the gated MLP (SwiGLU / GeGLU feed-forward block).
+#pragma once
+
+#include <cmath>
+#include <numbers>
+#include <vector>
+
+#include "nikki/kernels/toolkit/registration.hpp"
+
+namespace nikki::kernels::reference {
+
+/** @brief The gate's activation function. */
+enum class GateActivation { silu = 0, gelu = 1, gelu_tanh = 2 };
+
+/** @brief act(g): silu (x * sigmoid(x)), gelu (erf form) or gelu's tanh approximation. */
+inline double gate_activation(GateActivation act, double g) {
+  switch (act) {
+    case GateActivation::silu: return g / (1 + std::exp(-g));
+    case GateActivation::gelu: return 0.5 * g * std::erfc(-g / std::numbers::sqrt2);
+    case GateActivation::gelu_tanh: {
+      const double c = std::sqrt(2 / std::numbers::pi);
+      return 0.5 * g * (1 + std::tanh(c * (g + 0.044715 * g * g * g)));
+    }
+  }
+  return 0;
+}
+
+/** @brief out = (act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down, for x [T, H],
+ *  w_gate, w_up [H, I], w_down [I, H], b_gate, b_up [I], b_down [H]. */
+inline RefTensor gated_mlp(const RefTensor& x, const RefTensor& w_gate, const RefTensor& w_up, const RefTensor& w_down,
+                           const RefTensor& b_gate, const RefTensor& b_up, const RefTensor& b_down,
+                           GateActivation act) {
+  const int64_t T = x.shape[0], H = x.shape[1], I = w_gate.shape[1];
+  RefTensor out(Shape{T, H});
+  std::vector<double> h(static_cast<size_t>(I));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int64_t i = 0; i < I; ++i) {
+      double g = b_gate[i], u = b_up[i];
+      for (int64_t k = 0; k < H; ++k) {
+        g += x[t * H + k] * w_gate[k * I + i];
+        u += x[t * H + k] * w_up[k * I + i];
+      }
+      h[size_t(i)] = gate_activation(act, g) * u;
+    }
+    for (int64_t c = 0; c < H; ++c) {
+      double o = b_down[c];
+      for (int64_t i = 0; i < I; ++i) o += h[size_t(i)] * w_down[i * H + c];
+      out[t * H + c] = o;
+    }
+  }
+  return out;
+}
+
+}  // namespace nikki::kernels::reference
