@@ -10,6 +10,7 @@ implementation of is in ``NO_TORCH_EQUIVALENT`` with the reason.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -82,7 +83,11 @@ def _topk(x, params):
     return [values[:, :k], order[:, :k]]
 
 
-_GATE_ACTIVATIONS = [F.silu, F.gelu, lambda t: F.gelu(t, approximate="tanh")]
+def _gelu_tanh(t):
+    return F.gelu(t, approximate="tanh")
+
+
+_GATE_ACTIVATIONS: list[Callable] = [F.silu, F.gelu, _gelu_tanh]
 
 
 def _gated_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, params):
