@@ -8,6 +8,7 @@
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
 #include "nikki/kernels/optim/adamw.hpp"
+#include "nikki/kernels/scan/cumsum.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
 namespace nikki::kernels {
@@ -24,6 +25,8 @@ const std::vector<KernelInfo>& registry() {
       rmsnorm_info(),
       rmsnorm_bwd_info(),
       adamw_info(),
+      cumsum_info(),
+      cumsum_bwd_info(),
   };
   return kernels;
 }

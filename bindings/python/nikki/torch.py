@@ -345,6 +345,19 @@ def softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
     return out.reshape(moved.shape).movedim(-1, dim)
 
 
+def cumsum(x: torch.Tensor, dim: int = -1, reverse: bool = False) -> torch.Tensor:
+    """``torch.cumsum(x, dim)`` with nikki's cumsum kernel (any rank; fp32 sums); `reverse` sums
+    from the end of `dim` (``x.flip(dim).cumsum(dim).flip(dim)``). Differentiable."""
+    _tensor(x, "nikki.torch.cumsum: x")
+    dim = check_int(dim, "nikki.torch.cumsum: dim", -x.dim(), x.dim() - 1)
+    reverse = check_bool(reverse, "nikki.torch.cumsum: reverse")
+    if x.numel() == 0:
+        return x.clone()
+    moved = x.movedim(dim, -1)
+    out = library_op("cumsum")(moved.reshape(-1, moved.shape[-1]).contiguous(), reverse=reverse)
+    return out.reshape(moved.shape).movedim(-1, dim)
+
+
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` with nikki's layernorm kernel (statistics with bn_stats / bn_aggr)."""

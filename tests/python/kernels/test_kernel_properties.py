@@ -94,6 +94,17 @@ def _adamw(param, grad, exp_avg, exp_avg_sq, params):
     return [p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]]
 
 
+def _cumsum(x, params):
+    if params.get("reverse", 0):
+        return torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1])
+    return torch.cumsum(x, -1)
+
+
+def _cumsum_bwd(grad_out, params):
+    x = torch.zeros_like(grad_out, requires_grad=True)
+    return list(torch.autograd.grad(_cumsum(x, params), x, grad_out))
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -105,6 +116,8 @@ TORCH = {
     "flash_attention": lambda q, k, v, p: [_sdpa(q, k, v, p), _attention_lse(q, k, p)],
     "flash_attention_bwd": _attention_bwd,
     "adamw": _adamw,
+    "cumsum": lambda x, p: [_cumsum(x, p)],
+    "cumsum_bwd": _cumsum_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
