@@ -4,6 +4,7 @@
 
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
+#include "nikki/kernels/loss/cross_entropy.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
@@ -27,6 +28,8 @@ const std::vector<KernelInfo>& registry() {
       adamw_info(),
       cumsum_info(),
       cumsum_bwd_info(),
+      cross_entropy_info(),
+      cross_entropy_bwd_info(),
   };
   return kernels;
 }

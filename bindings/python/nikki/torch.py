@@ -358,6 +358,32 @@ def cumsum(x: torch.Tensor, dim: int = -1, reverse: bool = False) -> torch.Tenso
     return out.reshape(moved.shape).movedim(-1, dim)
 
 
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy(logits, targets, reduction='none', ignore_index=..., label_smoothing=...)``
+    with nikki's cross_entropy kernels: logits [..., V] (classes last), integer targets [...]
+    (any integer dtype). Returns the per-token loss in float32, of targets' shape; differentiable
+    in logits. Reduce it as torch would (``loss.sum() / (targets != ignore_index).sum()`` is
+    torch's 'mean')."""
+    _tensor(logits, "nikki.torch.cross_entropy: logits")
+    if not isinstance(targets, torch.Tensor) or targets.dtype.is_floating_point or targets.dtype.is_complex \
+            or targets.dtype == torch.bool:
+        raise argument_error("nikki.torch.cross_entropy: targets", "an integer torch.Tensor", targets)
+    if tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise argument_error("nikki.torch.cross_entropy: targets", f"a tensor of shape {tuple(logits.shape[:-1])} "
+                             "(logits' shape without the class dim)", targets, got=f"shape {tuple(targets.shape)}")
+    ignore_index = check_int(ignore_index, "nikki.torch.cross_entropy: ignore_index", -2**31, 2**31 - 1)
+    label_smoothing = check_real(label_smoothing, "nikki.torch.cross_entropy: label_smoothing", finite=True)
+    _one_device("nikki.torch.cross_entropy", (("logits", logits), ("targets", targets)))
+    if targets.numel() == 0:
+        return torch.zeros(targets.shape, dtype=torch.float32)
+    v = logits.shape[-1]
+    loss, _lse = library_op("cross_entropy")(logits.reshape(-1, v).contiguous(),
+                                             targets.reshape(-1).to(torch.int32).contiguous(),
+                                             ignore_index=ignore_index, label_smoothing=label_smoothing)
+    return loss.reshape(targets.shape)
+
+
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` with nikki's layernorm kernel (statistics with bn_stats / bn_aggr)."""

@@ -105,6 +105,16 @@ def _cumsum_bwd(grad_out, params):
     return list(torch.autograd.grad(_cumsum(x, params), x, grad_out))
 
 
+def _cross_entropy_loss(logits, targets, params):
+    return F.cross_entropy(logits, targets.long(), reduction="none", ignore_index=int(params["ignore_index"]),
+                           label_smoothing=params["label_smoothing"])
+
+
+def _cross_entropy_bwd(logits, targets, lse, grad_loss, params):
+    logits = logits.clone().requires_grad_()
+    return list(torch.autograd.grad(_cross_entropy_loss(logits, targets, params), logits, grad_loss))
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -118,6 +128,8 @@ TORCH = {
     "adamw": _adamw,
     "cumsum": lambda x, p: [_cumsum(x, p)],
     "cumsum_bwd": _cumsum_bwd,
+    "cross_entropy": lambda logits, targets, p: [_cross_entropy_loss(logits, targets, p), torch.logsumexp(logits, -1)],
+    "cross_entropy_bwd": _cross_entropy_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
