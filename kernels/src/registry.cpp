@@ -6,6 +6,7 @@
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/kernels/loss/cross_entropy.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
+#include "nikki/kernels/norm/add_rmsnorm.hpp"
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
 #include "nikki/kernels/optim/adamw.hpp"
@@ -30,6 +31,8 @@ const std::vector<KernelInfo>& registry() {
       cumsum_bwd_info(),
       cross_entropy_info(),
       cross_entropy_bwd_info(),
+      add_rmsnorm_info(),
+      add_rmsnorm_bwd_info(),
   };
   return kernels;
 }

@@ -415,6 +415,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     return out.reshape(x.shape)
 
 
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                 eps: float = 1e-6) -> tuple:
+    """``h = x + residual; (F.rms_norm(h, (H,), weight, eps), h)`` over the last dimension with
+    nikki's fused add_rmsnorm kernel: returns (normed, sum), the sum being the next residual.
+    Differentiable in x, residual and weight."""
+    _tensor(x, "nikki.torch.add_rms_norm: x")
+    _tensor(residual, "nikki.torch.add_rms_norm: residual")
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise argument_error("nikki.torch.add_rms_norm: residual", f"a {x.dtype} tensor of x's shape {tuple(x.shape)}",
+                             residual, got=f"{residual.dtype} of shape {tuple(residual.shape)}")
+    h = x.shape[-1]
+    weight = _optional_tensor(weight, "nikki.torch.add_rms_norm: weight", (h,), "the last dim of x")
+    eps = check_real(eps, "nikki.torch.add_rms_norm: eps", finite=True)
+    _one_device("nikki.torch.add_rms_norm", (("x", x), ("residual", residual), ("weight", weight)))
+    weight = torch.ones(h, dtype=x.dtype) if weight is None else weight
+    out, total, _rstd = library_op("add_rmsnorm")(x.reshape(-1, h).contiguous(), residual.reshape(-1, h).contiguous(),
+                                                  weight, eps=eps)
+    return out.reshape(x.shape), total.reshape(x.shape)
+
+
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     scale: float | None = None) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)``

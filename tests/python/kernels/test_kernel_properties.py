@@ -115,6 +115,15 @@ def _cross_entropy_bwd(logits, targets, lse, grad_loss, params):
     return list(torch.autograd.grad(_cross_entropy_loss(logits, targets, params), logits, grad_loss))
 
 
+def _add_rmsnorm(x, residual, gamma, params):
+    return _rmsnorm(x + residual, gamma, params)[:1] + [x + residual] + _rmsnorm(x + residual, gamma, params)[1:]
+
+
+def _add_rmsnorm_bwd(total, gamma, rstd, grad_out, grad_sum, params):
+    grad_x, grad_gamma = _rmsnorm_bwd(total, gamma, rstd, grad_out, params)
+    return [grad_x + grad_sum, grad_x + grad_sum, grad_gamma]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -130,6 +139,8 @@ TORCH = {
     "cumsum_bwd": _cumsum_bwd,
     "cross_entropy": lambda logits, targets, p: [_cross_entropy_loss(logits, targets, p), torch.logsumexp(logits, -1)],
     "cross_entropy_bwd": _cross_entropy_bwd,
+    "add_rmsnorm": _add_rmsnorm,
+    "add_rmsnorm_bwd": _add_rmsnorm_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -90,3 +90,14 @@ def test_argument_errors_name_the_argument_at_the_call():
                             np.zeros(5, np.float32))
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.cross_entropy: targets"):
         nt.cross_entropy(torch.zeros(4, 10), torch.zeros(4))
+
+
+def test_lm_loss_example_matches_torch(monkeypatch, capsys):
+    import pathlib
+    import runpy
+
+    path = pathlib.Path(__file__).resolve().parents[3] / "examples" / "lm_loss_demo.py"
+    monkeypatch.setattr("sys.argv", [str(path), "--tokens", "20", "--hidden", "32", "--vocab", "300"])
+    module = runpy.run_path(str(path))
+    assert module["main"]() == 0
+    assert capsys.readouterr().out.strip().endswith("OK")
