@@ -4,13 +4,16 @@
 
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
+#include "nikki/kernels/loss/cross_entropy.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
 #include "nikki/kernels/moe/topk.hpp"
+#include "nikki/kernels/norm/add_rmsnorm.hpp"
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
 #include "nikki/kernels/optim/adamw.hpp"
+#include "nikki/kernels/scan/cumsum.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
 namespace nikki::kernels {
@@ -30,6 +33,12 @@ const std::vector<KernelInfo>& registry() {
       topk_info(),
       gated_mlp_info(),
       router_topk_info(),
+      cumsum_info(),
+      cumsum_bwd_info(),
+      cross_entropy_info(),
+      cross_entropy_bwd_info(),
+      add_rmsnorm_info(),
+      add_rmsnorm_bwd_info(),
   };
   return kernels;
 }

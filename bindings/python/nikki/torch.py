@@ -508,6 +508,45 @@ def router_topk(x: torch.Tensor, w_router: torch.Tensor, bias: torch.Tensor | No
     return weights.reshape(shape), ids.long().reshape(shape)
 
 
+def cumsum(x: torch.Tensor, dim: int = -1, reverse: bool = False) -> torch.Tensor:
+    """``torch.cumsum(x, dim)`` with nikki's cumsum kernel (any rank; fp32 sums); `reverse` sums
+    from the end of `dim` (``x.flip(dim).cumsum(dim).flip(dim)``). Differentiable."""
+    _tensor(x, "nikki.torch.cumsum: x")
+    dim = check_int(dim, "nikki.torch.cumsum: dim", -x.dim(), x.dim() - 1)
+    reverse = check_bool(reverse, "nikki.torch.cumsum: reverse")
+    if x.numel() == 0:
+        return x.clone()
+    moved = x.movedim(dim, -1)
+    out = library_op("cumsum")(moved.reshape(-1, moved.shape[-1]).contiguous(), reverse=reverse)
+    return out.reshape(moved.shape).movedim(-1, dim)
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+                  label_smoothing: float = 0.0) -> torch.Tensor:
+    """``F.cross_entropy(logits, targets, reduction='none', ignore_index=..., label_smoothing=...)``
+    with nikki's cross_entropy kernels: logits [..., V] (classes last), integer targets [...]
+    (any integer dtype). Returns the per-token loss in float32, of targets' shape; differentiable
+    in logits. Reduce it as torch would (``loss.sum() / (targets != ignore_index).sum()`` is
+    torch's 'mean')."""
+    _tensor(logits, "nikki.torch.cross_entropy: logits")
+    if not isinstance(targets, torch.Tensor) or targets.dtype.is_floating_point or targets.dtype.is_complex \
+            or targets.dtype == torch.bool:
+        raise argument_error("nikki.torch.cross_entropy: targets", "an integer torch.Tensor", targets)
+    if tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise argument_error("nikki.torch.cross_entropy: targets", f"a tensor of shape {tuple(logits.shape[:-1])} "
+                             "(logits' shape without the class dim)", targets, got=f"shape {tuple(targets.shape)}")
+    ignore_index = check_int(ignore_index, "nikki.torch.cross_entropy: ignore_index", -2**31, 2**31 - 1)
+    label_smoothing = check_real(label_smoothing, "nikki.torch.cross_entropy: label_smoothing", finite=True)
+    _one_device("nikki.torch.cross_entropy", (("logits", logits), ("targets", targets)))
+    if targets.numel() == 0:
+        return torch.zeros(targets.shape, dtype=torch.float32)
+    v = logits.shape[-1]
+    loss, _lse = library_op("cross_entropy")(logits.reshape(-1, v).contiguous(),
+                                             targets.reshape(-1).to(torch.int32).contiguous(),
+                                             ignore_index=ignore_index, label_smoothing=label_smoothing)
+    return loss.reshape(targets.shape)
+
+
 def layer_norm(x: torch.Tensor, normalized_shape, weight: torch.Tensor | None = None,
                bias: torch.Tensor | None = None, eps: float = 1e-5) -> torch.Tensor:
     """``F.layer_norm`` with nikki's layernorm kernel (statistics with bn_stats / bn_aggr)."""
@@ -537,6 +576,26 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
     weight = torch.ones(h, dtype=x.dtype) if weight is None else weight
     out, _rstd = library_op("rmsnorm")(x.reshape(-1, h).contiguous(), weight, eps=eps)
     return out.reshape(x.shape)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor | None = None,
+                 eps: float = 1e-6) -> tuple:
+    """``h = x + residual; (F.rms_norm(h, (H,), weight, eps), h)`` over the last dimension with
+    nikki's fused add_rmsnorm kernel: returns (normed, sum), the sum being the next residual.
+    Differentiable in x, residual and weight."""
+    _tensor(x, "nikki.torch.add_rms_norm: x")
+    _tensor(residual, "nikki.torch.add_rms_norm: residual")
+    if residual.shape != x.shape or residual.dtype != x.dtype:
+        raise argument_error("nikki.torch.add_rms_norm: residual", f"a {x.dtype} tensor of x's shape {tuple(x.shape)}",
+                             residual, got=f"{residual.dtype} of shape {tuple(residual.shape)}")
+    h = x.shape[-1]
+    weight = _optional_tensor(weight, "nikki.torch.add_rms_norm: weight", (h,), "the last dim of x")
+    eps = check_real(eps, "nikki.torch.add_rms_norm: eps", finite=True)
+    _one_device("nikki.torch.add_rms_norm", (("x", x), ("residual", residual), ("weight", weight)))
+    weight = torch.ones(h, dtype=x.dtype) if weight is None else weight
+    out, total, _rstd = library_op("add_rmsnorm")(x.reshape(-1, h).contiguous(), residual.reshape(-1, h).contiguous(),
+                                                  weight, eps=eps)
+    return out.reshape(x.shape), total.reshape(x.shape)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

@@ -112,6 +112,37 @@ def _router_topk(x, w_router, bias, params):
     return [weights, ids]
 
 
+def _cumsum(x, params):
+    if params.get("reverse", 0):
+        return torch.flip(torch.cumsum(torch.flip(x, [-1]), -1), [-1])
+    return torch.cumsum(x, -1)
+
+
+def _cumsum_bwd(grad_out, params):
+    x = torch.zeros_like(grad_out, requires_grad=True)
+    return list(torch.autograd.grad(_cumsum(x, params), x, grad_out))
+
+
+def _cross_entropy_loss(logits, targets, params):
+    return F.cross_entropy(logits, targets.long(), reduction="none", ignore_index=int(params["ignore_index"]),
+                           label_smoothing=params["label_smoothing"])
+
+
+def _cross_entropy_bwd(logits, targets, lse, grad_loss, params):
+    logits = logits.clone().requires_grad_()
+    return list(torch.autograd.grad(_cross_entropy_loss(logits, targets, params), logits, grad_loss))
+
+
+def _add_rmsnorm(x, residual, gamma, params):
+    normed, rstd = _rmsnorm(x + residual, gamma, params)
+    return [normed, x + residual, rstd]
+
+
+def _add_rmsnorm_bwd(total, gamma, rstd, grad_out, grad_sum, params):
+    grad_x, grad_gamma = _rmsnorm_bwd(total, gamma, rstd, grad_out, params)
+    return [grad_x + grad_sum, grad_x + grad_sum, grad_gamma]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -126,6 +157,12 @@ TORCH = {
     "topk": _topk,
     "gated_mlp": _gated_mlp,
     "router_topk": _router_topk,
+    "cumsum": lambda x, p: [_cumsum(x, p)],
+    "cumsum_bwd": _cumsum_bwd,
+    "cross_entropy": lambda logits, targets, p: [_cross_entropy_loss(logits, targets, p), torch.logsumexp(logits, -1)],
+    "cross_entropy_bwd": _cross_entropy_bwd,
+    "add_rmsnorm": _add_rmsnorm,
+    "add_rmsnorm_bwd": _add_rmsnorm_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -83,4 +83,22 @@ inline std::vector<RefTensor> rmsnorm_backward(const RefTensor& x, const RefTens
   return {gx, gg};
 }
 
+/** @brief (out, sum, rstd) of a residual add followed by rmsnorm: sum = x + residual. */
+inline std::vector<RefTensor> add_rmsnorm(const RefTensor& x, const RefTensor& residual, const RefTensor& gamma,
+                                          double eps) {
+  RefTensor sum(x.shape);
+  for (int64_t i = 0; i < x.size(); ++i) sum[i] = x[i] + residual[i];
+  std::vector<RefTensor> norm = rmsnorm(sum, gamma, eps);
+  return {norm[0], sum, norm[1]};
+}
+
+/** @brief (grad_x, grad_residual, grad_gamma) of add_rmsnorm: both addends get the gradient of
+ *  the sum, through the norm and directly (grad_sum). */
+inline std::vector<RefTensor> add_rmsnorm_backward(const RefTensor& sum, const RefTensor& gamma, const RefTensor& rstd,
+                                                   const RefTensor& grad_out, const RefTensor& grad_sum) {
+  std::vector<RefTensor> g = rmsnorm_backward(sum, gamma, rstd, grad_out);
+  for (int64_t i = 0; i < g[0].size(); ++i) g[0][i] += grad_sum[i];
+  return {g[0], g[0], g[1]};
+}
+
 }  // namespace nikki::kernels::reference

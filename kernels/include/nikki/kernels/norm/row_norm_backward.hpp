@@ -142,11 +142,19 @@ class ColumnSums {
 
 /**
  * @brief The backward of layernorm / rmsnorm: {grad_x, grad_gamma, grad_beta} (layernorm) or
- * {grad_x, grad_gamma} (rmsnorm). See the file comment for the engine plan.
+ * {grad_x, grad_gamma} (rmsnorm). With grad_sum (the backward of a residual add fused before
+ * the norm, whose normalized rows x are then the sum), grad_sum is added to grad_x, which is
+ * the gradient of both addends: {grad_x, grad_residual, grad_gamma}. See the file comment for
+ * the engine plan.
  */
 inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& gamma, const std::optional<Tensor>& mean,
-                                    const Tensor& rstd, const Tensor& dy, Loc loc) {
-  const ArgumentCheck check(std::string(kind_name(kind)) + "_bwd", x, loc);
+                                    const Tensor& rstd, const Tensor& dy, Loc loc,
+                                    const std::optional<Tensor>& grad_sum = std::nullopt) {
+  const ArgumentCheck check((grad_sum ? std::string("add_") : std::string()) + kind_name(kind) + "_bwd", x, loc);
+  if (grad_sum)
+    check.require(grad_sum->shape() == x.shape() && grad_sum->dtype() == x.dtype(),
+                  "grad_sum must match sum (" + std::string(dtype_name(x.dtype())) + x.shape().str() + "), got " +
+                      std::string(dtype_name(grad_sum->dtype())) + grad_sum->shape().str());
   check_inputs(check, x, {&gamma});
   check.require(dy.ndim() == 2 && dy.shape() == x.shape(),
                 "grad_out must have x's shape " + x.shape().str() + ", got " + dy.shape().str());
@@ -164,6 +172,8 @@ inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& ga
   const BackwardMath math{kind, H};
 
   Tensor grad_x = nl::ndarray({R, H}, xd, nl::shared_hbm, "grad_x");
+  std::optional<Tensor> grad_residual;
+  if (grad_sum) grad_residual = nl::ndarray({R, H}, xd, nl::shared_hbm, "grad_residual");
   Tensor grad_gamma = nl::ndarray({H}, gd, nl::shared_hbm, "grad_gamma");
   std::optional<Tensor> grad_beta;
   if (layer) grad_beta = nl::ndarray({H}, gd, nl::shared_hbm, "grad_beta");
@@ -178,9 +188,10 @@ inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& ga
   // between the passes; three output tiles; chunk temporaries between the engines.
   constexpr int64_t kOut = 3, kChunks = 3, kProducts = 4, kSlack = 8 * 1024;
   struct Rings {
-    RingShape x, dy, gamma, cache, out, xhat, g, prod, u, discard, sums, coef, stage, tail;
+    RingShape x, dy, gamma, cache, out, dsum, xhat, g, prod, u, discard, sums, coef, stage, tail;
     int64_t bytes() const {
-      return total_bytes({&x, &dy, &gamma, &cache, &out, &xhat, &g, &prod, &u, &discard, &sums, &coef, &stage, &tail});
+      return total_bytes(
+          {&x, &dy, &gamma, &cache, &out, &dsum, &xhat, &g, &prod, &u, &discard, &sums, &coef, &stage, &tail});
     }
   };
   auto rings_for = [&](const Plan& pl, bool cached) {
@@ -198,6 +209,7 @@ inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& ga
     // The kept xhat and g: [P, 2, k, H] per group.
     r.cache = {{P, cached ? 2 * k * H : 1}, nl::float32, cached ? 2 : 1, "xhat_g"};
     r.out = {{P, k, pl.segment}, xd, kOut, "grad_x_tile"};
+    r.dsum = {{P, k, pl.segment}, xd, grad_sum ? 2 : 0, "grad_sum_tile"};
     r.xhat = {{P, CW}, nl::float32, cached ? 1 : kChunks, "xhat"};
     r.g = {{P, CW}, nl::float32, cached ? 1 : kChunks, "g"};
     r.prod = {{P, CW}, nl::float32, kProducts, "product"};
@@ -218,6 +230,7 @@ inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& ga
   toolkit::Ring x_ring = shapes.x.allocate(budget), dy_ring = shapes.dy.allocate(budget);
   toolkit::Ring gamma_ring = shapes.gamma.allocate(budget), cache_ring = shapes.cache.allocate(budget);
   toolkit::Ring out_ring = shapes.out.allocate(budget), xhat_ring = shapes.xhat.allocate(budget);
+  toolkit::Ring dsum_ring = grad_sum ? shapes.dsum.allocate(budget) : toolkit::Ring{};
   toolkit::Ring g_ring = shapes.g.allocate(budget), prod_ring = shapes.prod.allocate(budget);
   toolkit::Ring u_ring = shapes.u.allocate(budget), discard_ring = shapes.discard.allocate(budget);
   toolkit::Ring sums_ring = shapes.sums.allocate(budget), coef_ring = shapes.coef.allocate(budget);
@@ -365,6 +378,14 @@ inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& ga
           sch.add([&] { math.residual(u, xh, g, c2(all, nl::ds(j, 1))); });
           sch.add_any({[&] { math.grad_x(dst, u, rs, sh, vector); }, [&] { math.grad_x(dst, u, rs, sh, scalar); }});
         }
+      if (grad_sum) {
+        // The gradient through the norm plus the one that reached the sum directly, for both addends.
+        const Tensor gs = dsum_ring.next()(first(p), first(k), nl::ds(0, sw));
+        sch.add([&] { isa::dma_copy(gs, G.rows(*grad_sum)(all, all, nl::ds(s0, sw))); });
+        sch.add_any({[&] { isa::tensor_tensor(ot, ot, gs, nl::add, isa::vector_engine); },
+                     [&] { isa::tensor_tensor(ot, ot, gs, nl::add, isa::gpsimd_engine); }});
+        sch.add([&] { isa::dma_copy(G.rows(*grad_residual)(all, all, nl::ds(s0, sw)), ot); });
+      }
       sch.add([&] { isa::dma_copy(G.rows(grad_x)(all, all, nl::ds(s0, sw)), ot); });
     }
   }
@@ -372,7 +393,9 @@ inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& ga
   dgamma.store(sch, grad_gamma, setup);
   if (dbeta) dbeta->store(sch, *grad_beta, setup);
   sch.run();
-  std::vector<Tensor> result{grad_x, grad_gamma};
+  std::vector<Tensor> result{grad_x};
+  if (grad_sum) result.push_back(*grad_residual);
+  result.push_back(grad_gamma);
   if (layer) result.push_back(*grad_beta);
   return result;
 }

@@ -88,20 +88,32 @@ struct ForwardMath {
       if (beta)
         isa::tensor_scalar(dst, src, nl::multiply, gamma.block(blk0 + b, wb),
                            {.op1 = nl::add, .operand1 = beta->block(blk0 + b, wb), .engine = engine});
-      else isa::tensor_scalar(dst, src, nl::multiply, gamma.block(blk0 + b, wb), {.engine = engine});
+      // + 0 turns the -0 of a zero row element times a negative gamma into +0: the copy out of
+      // PSUM keeps a -0 on VectorE but not on ScalarE (an activation adds its bias), and the
+      // result must not depend on which engine the scheduler picks. (A second op is free.)
+      else
+        isa::tensor_scalar(dst, src, nl::multiply, gamma.block(blk0 + b, wb),
+                           {.op1 = nl::add, .operand1 = 0.0, .engine = engine});
     }
   }
 };
 
 /**
  * @brief The forward of layernorm / rmsnorm: returns {out, mean, rstd} (layernorm) or
- * {out, rstd} (rmsnorm). See the file comment for the engine plan.
+ * {out, rstd} (rmsnorm). With a residual, the rows normalized are sum = x + residual (rounded
+ * to x's dtype, as an unfused add would), which is returned after out: {out, sum, rstd}. See the
+ * file comment for the engine plan.
  */
 inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gamma, const std::optional<Tensor>& beta,
-                                   double eps, Loc loc) {
-  const ArgumentCheck check(kind_name(kind), x, loc);
+                                   double eps, Loc loc, const std::optional<Tensor>& residual = std::nullopt) {
+  const ArgumentCheck check(residual ? std::string("add_") + kind_name(kind) : kind_name(kind), x, loc);
   if (beta) check_inputs(check, x, {&gamma, &*beta});
   else check_inputs(check, x, {&gamma});
+  if (residual)
+    check.require(residual->shape() == x.shape() && residual->dtype() == x.dtype(),
+                  "residual must match x (" + std::string(dtype_name(x.dtype())) + x.shape().str() + "), got " +
+                      std::string(dtype_name(residual->dtype())) + residual->shape().str(),
+                  "pass the residual stream in x's shape and dtype");
   check.require(eps >= 0 && std::isfinite(eps), "eps must be a finite non-negative number");
   const nl::TileSize ts = nl::tile_size();
   const int64_t P = ts.pmax, R = x.shape()[0], H = x.shape()[1], F = ts.bn_stats_fmax, CW = chunk_width();
@@ -114,6 +126,8 @@ inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gam
   std::optional<Tensor> mean_o;
   if (layer) mean_o = nl::ndarray({R}, nl::float32, nl::shared_hbm, "mean");
   Tensor rstd_o = nl::ndarray({R}, nl::float32, nl::shared_hbm, "rstd");
+  std::optional<Tensor> sum_o;
+  if (residual) sum_o = nl::ndarray({R, H}, xd, nl::shared_hbm, "sum");
 
   toolkit::Budget budget(check);
   const ColumnBlocks gamma_cols(budget, H, "gamma_cols");
@@ -126,13 +140,18 @@ inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gam
   constexpr int64_t kOut = 3, kChunks = 3, kStats = 2, kSlack = 8 * 1024, kLoadsAhead = 32 * 1024;
   const int64_t nstat = layer ? 2 : 1;
   struct Rings {
-    RingShape x, out, y, oT, stats, mean_var, nb, scratch, consts, stage, tail;
-    int64_t bytes() const { return total_bytes({&x, &out, &y, &oT, &stats, &mean_var, &nb, &scratch, &consts, &stage, &tail}); }
+    RingShape x, res, out, y, oT, stats, mean_var, nb, scratch, consts, stage, tail;
+    int64_t bytes() const {
+      return total_bytes({&x, &res, &out, &y, &oT, &stats, &mean_var, &nb, &scratch, &consts, &stage, &tail});
+    }
   };
   auto rings_for = [&](const Plan& pl) {
     const int64_t k = pl.k;
     Rings r;
     r.x = pl.resident ? RingShape{{P, k, H}, xd, pl.depth, "x_tile"} : RingShape{{P, pl.segment}, xd, pl.depth, "x_segment"};
+    r.res = r.x;  // the residual's tiles, added into x's as they arrive
+    r.res.depth = residual ? std::min<int64_t>(pl.depth, 2) : 0;
+    r.res.name = "residual_tile";
     r.out = {{P, k, pl.segment}, xd, kOut, "out_tile"};
     r.y = {{P, CW}, nl::float32, kChunks, "y"};
     r.oT = {{P, CW / P, P}, xd, kChunks, "oT"};
@@ -149,6 +168,7 @@ inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gam
       budget, R, H, H * dtype_size(xd), [&](const Plan& pl) { return rings_for(pl).bytes() + kSlack; }, kLoadsAhead);
   const Rings shapes = rings_for(plan);
   toolkit::Ring x_ring = shapes.x.allocate(budget), out_ring = shapes.out.allocate(budget);
+  toolkit::Ring res_ring = residual ? shapes.res.allocate(budget) : toolkit::Ring{};
   toolkit::Ring y_ring = shapes.y.allocate(budget), oT_ring = shapes.oT.allocate(budget);
   toolkit::Ring stats_ring = shapes.stats.allocate(budget), mv_ring = shapes.mean_var.allocate(budget);
   toolkit::Ring nb_ring = shapes.nb.allocate(budget), scratch_ring = shapes.scratch.allocate(budget);
@@ -175,6 +195,17 @@ inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gam
   for (const RowGroup& G : groups) {
     const int64_t p = G.p, k = G.k;
     const Tensor x_rows = G.rows(x);
+    // With a residual, sum = x + residual replaces x as it arrives (VectorE or GpSimd) and is
+    // stored at once; streamed rows read the stored sum back for their second pass.
+    const Tensor again_rows = residual ? G.rows(*sum_o) : x_rows;
+    auto add_residual = [&](const Tensor& xs, const Tensor& res_rows, const Tensor& sum_rows) {
+      const Tensor rs = res_ring.next();
+      const Tensor rt = xs.ndim() == 3 ? rs(first(p), first(k), nl::ds(0, xs.shape()[2])) : rs(first(p), nl::ds(0, xs.shape()[1]));
+      sch.add([&] { isa::dma_copy(rt, res_rows); });
+      sch.add_any({[&] { isa::tensor_tensor(xs, xs, rt, nl::add, isa::vector_engine); },
+                   [&] { isa::tensor_tensor(xs, xs, rt, nl::add, isa::gpsimd_engine); }});
+      sch.add([&] { isa::dma_copy(sum_rows, xs); });
+    };
     // Statistics: one bn_stats per row chunk, one bn_aggr per row. Whole rows are loaded once, in
     // pieces of at most one output segment per row (a store queued behind one huge load would
     // hold its output buffer for as long); streamed rows a segment at a time, read again below.
@@ -185,6 +216,7 @@ inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gam
       for (int64_t s0 = 0; s0 < H; s0 += plan.segment) {
         const auto cols = nl::ds(s0, std::min(plan.segment, H - s0));
         sch.add([&] { isa::dma_copy(xt(all, all, cols), x_rows(all, all, cols)); });
+        if (residual) add_residual(xt(all, all, cols), G.rows(*residual)(all, all, cols), again_rows(all, all, cols));
       }
       for (int64_t j = 0; j < k; ++j) {
         for (int64_t c = 0; c < nst; ++c)
@@ -196,6 +228,7 @@ inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gam
         const int64_t sw = std::min(plan.segment, H - s0);
         const Tensor xs = x_ring.next()(first(p), nl::ds(0, sw));
         sch.add([&] { isa::dma_copy(xs, x_rows(all, 0, nl::ds(s0, sw))); });
+        if (residual) add_residual(xs, G.rows(*residual)(all, 0, nl::ds(s0, sw)), again_rows(all, 0, nl::ds(s0, sw)));
         for (int64_t c = 0; c < sw; c += F)
           sch.add([&] { math.chunk_stats(st(all, 0, nl::ds((s0 + c) / F * 6, 6)), xs(all, nl::ds(c, std::min(F, sw - c)))); });
       }
@@ -232,7 +265,7 @@ inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gam
       Tensor xs;
       if (!plan.resident) {
         xs = x_ring.next()(first(p), nl::ds(0, sw));
-        sch.add([&] { isa::dma_copy(xs, x_rows(all, 0, nl::ds(s0, sw))); });
+        sch.add([&] { isa::dma_copy(xs, again_rows(all, 0, nl::ds(s0, sw))); });
       }
       for (int64_t j = 0; j < k; ++j)
         for (int64_t c0 = s0; c0 < s0 + sw; c0 += CW) {
@@ -256,6 +289,7 @@ inline std::vector<Tensor> forward(Kind kind, const Tensor& x, const Tensor& gam
   }
   sch.run();
   std::vector<Tensor> result{out};
+  if (residual) result.push_back(*sum_o);
   if (layer) result.push_back(*mean_o);
   result.push_back(rstd_o);
   return result;
