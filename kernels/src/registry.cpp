@@ -4,6 +4,7 @@
 
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
+#include "nikki/kernels/attention/rope.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
@@ -24,6 +25,8 @@ const std::vector<KernelInfo>& registry() {
       rmsnorm_info(),
       rmsnorm_bwd_info(),
       adamw_info(),
+      rope_info(),
+      rope_bwd_info(),
   };
   return kernels;
 }

@@ -262,3 +262,31 @@ TEST_CASE("flash_attention: argument errors point at the line that called the ke
 
 }  // namespace
 }  // namespace nikki::test
+
+namespace nikki::test {
+namespace {
+
+TEST_CASE("rope: shape, dtype and size mistakes are KernelErrors that say what to change") {
+  const DType bf = DType::bfloat16, f32 = DType::float32;
+  const TensorSpec x = spec({2, 4, 64, 32}, bf), table = spec({64, 32}, bf);
+  const kernels::Params interleaved{{"interleaved", 1.0}};
+  CHECK(contains(attention_error("rope", {spec({4, 64, 32}, bf), table, table}),
+                 "rope: x must be 4-D [batch, heads, seq, head_dim], got [4, 64, 32]"));
+  CHECK(contains(attention_error("rope", {spec({2, 4, 64, 32}, DType::int8), table, table}),
+                 "rope: x must be float32, bfloat16 or float16, got int8"));
+  CHECK(contains(attention_error("rope", {x, spec({64}, bf), spec({64}, bf)}), "rope: cos must be [S, r] or [B, S, r], got [64]"));
+  CHECK(contains(attention_error("rope", {x, spec({3, 64, 32}, bf), spec({3, 64, 32}, bf)}),
+                 "cos [3, 64, 32] does not match x [2, 4, 64, 32]: it must be [S, r], [B, S, r] or [1, S, r] with S = 64 and B = 2"));
+  CHECK(contains(attention_error("rope", {x, table, spec({64, 30}, bf)}), "sin [64, 30] must have cos's shape [64, 32]"));
+  CHECK(contains(attention_error("rope", {x, spec({64, 33}, bf), spec({64, 33}, bf)}, interleaved),
+                 "the rotary dim r = 33 (cos's last dim) must be even and at most head_dim 32"));
+  CHECK(contains(attention_error("rope", {x, table, spec({64, 32}, f32)}),
+                 "cos and sin must have one float dtype, got bfloat16 and float32"));
+  CHECK(contains(attention_error("rope_bwd", {table, table, spec({2, 4, 64}, bf)}), "rope_bwd: grad_out must be 4-D"));
+  const std::string huge = attention_error("rope", {spec({1, 1, 128, 60000}, f32), spec({128, 2}, f32), spec({128, 2}, f32)});
+  CHECK(contains(huge, "rope: a head of 60000 dims does not fit in SBUF"));
+  CHECK(contains(huge, "use a smaller head_dim"));
+}
+
+}  // namespace
+}  // namespace nikki::test

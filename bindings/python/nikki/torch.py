@@ -26,7 +26,8 @@ from .errors import kernel_error_at, user_frame
 from .kernel import Kernel
 from .spec import TensorSpec
 
-__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
+__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "apply_rotary_pos_emb", "adamw_",
+           "library_op"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -390,6 +391,25 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(),
                                               causal=causal, scale=scale)
     return out
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         unsqueeze_dim: int = 1, interleaved: bool = False):
+    """Hugging Face's ``apply_rotary_pos_emb(q, k, cos, sin)`` with nikki's rope kernel: q
+    [B, H, S, D], k [B, H_kv, S, D], cos and sin [B, S, r] or [S, r] as the rotary embedding
+    returns them (r <= D: partial rotary rotates the first r dims). `interleaved` rotates pairs
+    (2i, 2i + 1) instead of the two halves. Returns (q_embed, k_embed); differentiable in q and k."""
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        _tensor(t, f"nikki.torch.apply_rotary_pos_emb: {name}")
+    if unsqueeze_dim != 1:
+        raise ValueError("nikki.torch.apply_rotary_pos_emb: only unsqueeze_dim=1 (q and k as [B, H, S, D]) is "
+                         f"supported, got {unsqueeze_dim!r}; transpose q and k to [B, H, S, D]")
+    interleaved = check_bool(interleaved, "nikki.torch.apply_rotary_pos_emb: interleaved")
+    _one_device("nikki.torch.apply_rotary_pos_emb", (("q", q), ("k", k), ("cos", cos), ("sin", sin)))
+    op = library_op("rope")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    return (op(q.contiguous(), cos, sin, interleaved=interleaved),
+            op(k.contiguous(), cos, sin, interleaved=interleaved))
 
 
 @torch.no_grad()

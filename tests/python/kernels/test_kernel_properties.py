@@ -94,6 +94,24 @@ def _adamw(param, grad, exp_avg, exp_avg_sq, params):
     return [p.detach(), opt.state[p]["exp_avg"], opt.state[p]["exp_avg_sq"]]
 
 
+def _apply_rotary_pos_emb(x, cos, sin, params):
+    """Hugging Face's apply_rotary_pos_emb on the first r dims (rotate_half, or rotate-every-two
+    when interleaved); the rest pass through."""
+    r = cos.shape[-1]
+    cos, sin = (t[:, None] if t.dim() == 3 else t for t in (cos, sin))
+    xr, xp = x[..., :r], x[..., r:]
+    if params.get("interleaved", 0):
+        rotated = torch.stack((-xr[..., 1::2], xr[..., 0::2]), -1).flatten(-2)
+    else:
+        rotated = torch.cat((-xr[..., r // 2:], xr[..., :r // 2]), -1)
+    return torch.cat((xr * cos + rotated * sin, xp), -1)
+
+
+def _rope_bwd(cos, sin, grad_out, params):
+    x = torch.zeros_like(grad_out, requires_grad=True)
+    return list(torch.autograd.grad(_apply_rotary_pos_emb(x, cos, sin, params), (x,), grad_out))
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -105,6 +123,8 @@ TORCH = {
     "flash_attention": lambda q, k, v, p: [_sdpa(q, k, v, p), _attention_lse(q, k, p)],
     "flash_attention_bwd": _attention_bwd,
     "adamw": _adamw,
+    "rope": lambda x, cos, sin, p: [_apply_rotary_pos_emb(x, cos, sin, p)],
+    "rope_bwd": _rope_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
