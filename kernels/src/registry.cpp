@@ -4,6 +4,7 @@
 
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
+#include "nikki/kernels/attention/output_projection.hpp"
 #include "nikki/kernels/attention/rope.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/norm/layernorm.hpp"
@@ -27,6 +28,8 @@ const std::vector<KernelInfo>& registry() {
       adamw_info(),
       rope_info(),
       rope_bwd_info(),
+      output_projection_info(),
+      output_projection_bwd_info(),
   };
   return kernels;
 }

@@ -290,3 +290,28 @@ TEST_CASE("rope: shape, dtype and size mistakes are KernelErrors that say what t
 
 }  // namespace
 }  // namespace nikki::test
+
+namespace nikki::test {
+namespace {
+
+TEST_CASE("output_projection: shape and dtype mistakes are KernelErrors naming the operand") {
+  const DType bf = DType::bfloat16, f32 = DType::float32;
+  const TensorSpec attn = spec({2, 8, 64}, bf), w = spec({64, 32}, bf), bias = spec({32}, bf), res = spec({2, 8, 32}, bf);
+  CHECK(contains(attention_error("output_projection", {spec({16, 64}, bf), w, bias, res}),
+                 "output_projection: attn must be 3-D [batch, seq, heads * head_dim], got [16, 64]"));
+  CHECK(contains(attention_error("output_projection", {spec({2, 8, 64}, DType::int8), spec({64, 32}, DType::int8), bias, res}),
+                 "attn must be float32, bfloat16 or float16, got int8"));
+  CHECK(contains(attention_error("output_projection", {attn, spec({60, 32}, bf), bias, res}),
+                 "w_o must be [K, N] with K = attn's last dim 64, got [60, 32]"));
+  CHECK(contains(attention_error("output_projection", {attn, spec({64, 32}, f32), bias, res}),
+                 "w_o must have attn's dtype bfloat16, got float32"));
+  CHECK(contains(attention_error("output_projection", {attn, w, spec({32}, f32), res}),
+                 "bias must be [32] bfloat16, got [32] float32"));
+  CHECK(contains(attention_error("output_projection", {attn, w, bias, spec({2, 8, 31}, bf)}),
+                 "residual must be [2, 8, 32] bfloat16, got [2, 8, 31] bfloat16"));
+  CHECK(contains(attention_error("output_projection_bwd", {attn, w, spec({2, 8, 32}, f32)}),
+                 "output_projection_bwd: grad_out must be [2, 8, 32] bfloat16, got [2, 8, 32] float32"));
+}
+
+}  // namespace
+}  // namespace nikki::test

@@ -26,7 +26,8 @@ from .errors import kernel_error_at, user_frame
 from .kernel import Kernel
 from .spec import TensorSpec
 
-__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "apply_rotary_pos_emb", "adamw_",
+__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "apply_rotary_pos_emb",
+           "output_projection", "adamw_",
            "library_op"]
 
 
@@ -410,6 +411,27 @@ def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, si
     cos, sin = cos.contiguous(), sin.contiguous()
     return (op(q.contiguous(), cos, sin, interleaved=interleaved),
             op(k.contiguous(), cos, sin, interleaved=interleaved))
+
+
+def output_projection(attn: torch.Tensor, w_o: torch.Tensor, bias: torch.Tensor | None = None,
+                      residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``attn @ w_o + bias + residual`` with nikki's output_projection kernel: attn [B, S, K]
+    (the heads concatenated), w_o [K, N] (``o_proj.weight.T``), bias [N], residual [B, S, N];
+    bias and residual are optional (zeros are passed for them). Differentiable in every tensor."""
+    for name, t in (("attn", attn), ("w_o", w_o)):
+        _tensor(t, f"nikki.torch.output_projection: {name}")
+    if attn.dim() != 3 or w_o.dim() != 2:
+        raise ValueError(f"nikki.torch.output_projection takes attn [B, S, K] and w_o [K, N], got "
+                         f"{tuple(attn.shape)} and {tuple(w_o.shape)}")
+    n = w_o.shape[1]
+    bias = _optional_tensor(bias, "nikki.torch.output_projection: bias", (n,), "w_o's last dim")
+    residual = _optional_tensor(residual, "nikki.torch.output_projection: residual", (*attn.shape[:2], n),
+                                "[B, S, N]")
+    _one_device("nikki.torch.output_projection", (("attn", attn), ("w_o", w_o), ("bias", bias), ("residual", residual)))
+    bias = torch.zeros(n, dtype=attn.dtype) if bias is None else bias
+    residual = attn.new_zeros(*attn.shape[:2], n) if residual is None else residual
+    return library_op("output_projection")(attn.contiguous(), w_o.contiguous(), bias.contiguous(),
+                                           residual.contiguous())
 
 
 @torch.no_grad()

@@ -112,6 +112,13 @@ def _rope_bwd(cos, sin, grad_out, params):
     return list(torch.autograd.grad(_apply_rotary_pos_emb(x, cos, sin, params), (x,), grad_out))
 
 
+def _output_projection_bwd(attn, w_o, grad_out, params):
+    attn, w_o = attn.clone().requires_grad_(), w_o.clone().requires_grad_()
+    bias = torch.zeros(w_o.shape[1], dtype=attn.dtype, requires_grad=True)
+    residual = torch.zeros(grad_out.shape, dtype=attn.dtype, requires_grad=True)
+    return list(torch.autograd.grad(attn @ w_o + bias + residual, (attn, w_o, bias, residual), grad_out))
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -125,6 +132,8 @@ TORCH = {
     "adamw": _adamw,
     "rope": lambda x, cos, sin, p: [_apply_rotary_pos_emb(x, cos, sin, p)],
     "rope_bwd": _rope_bwd,
+    "output_projection": lambda attn, w_o, bias, residual, p: [attn @ w_o + bias + residual],
+    "output_projection_bwd": _output_projection_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
