@@ -315,3 +315,23 @@ TEST_CASE("output_projection: shape and dtype mistakes are KernelErrors naming t
 
 }  // namespace
 }  // namespace nikki::test
+
+namespace nikki::test {
+namespace {
+
+TEST_CASE("flash_attention: sliding-window mistakes are KernelErrors in the forward and the backward") {
+  const DType bf = DType::bfloat16;
+  const TensorSpec q = spec({1, 1, 256, 64}, bf), short_kv = spec({1, 1, 128, 64}, bf);
+  const std::string fewer_keys =
+      attention_error("flash_attention", {q, short_kv, short_kv}, kernels::Params{{"window", 16.0}});
+  CHECK(contains(fewer_keys, "a sliding window needs at least as many keys as queries, got S = 256 queries and Skv = 128 keys"));
+  CHECK(contains(fewer_keys, "pad the keys, or drop the window for this call"));
+  CHECK(contains(attention_error("flash_attention", {q, q, q}, kernels::Params{{"window", -1.0}}),
+                 "window must be >= 0 (0: no sliding window), got -1"));
+  CHECK(contains(attention_error("flash_attention_bwd", {q, short_kv, short_kv, q, spec({1, 1, 256}, DType::float32), q},
+                                 kernels::Params{{"window", 16.0}}),
+                 "flash_attention_bwd: a sliding window needs at least as many keys as queries"));
+}
+
+}  // namespace
+}  // namespace nikki::test

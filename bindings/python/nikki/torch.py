@@ -379,18 +379,20 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None) -> torch.Tensor:
+                    scale: float | None = None, window: int = 0) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)``
     with nikki's flash attention kernels: q [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv
-    dividing H (grouped-query attention)."""
+    dividing H (grouped-query attention). `window` > 0 is a sliding window (causal implied): key
+    j is visible from query i when i - window < j <= i."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _tensor(t, f"nikki.torch.flash_attention: {name}")
     causal = check_bool(causal, "nikki.torch.flash_attention: causal")
     _one_device("nikki.torch.flash_attention", (("q", q), ("k", k), ("v", v)))
     if scale is not None:
         scale = check_real(scale, "nikki.torch.flash_attention: scale", finite=True)
+    window = check_int(window, "nikki.torch.flash_attention: window", minimum=0)
     out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(),
-                                              causal=causal, scale=scale)
+                                              causal=causal, scale=scale, window=window)
     return out
 
 

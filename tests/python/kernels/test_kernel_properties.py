@@ -40,7 +40,17 @@ def _scale(params, d):
     return None if s is None or math.isnan(s) else s
 
 
+def _window_mask(s, skv, window):
+    """Sliding window (causal implied): key j visible from query i when i - window < j <= i."""
+    i, j = torch.arange(s)[:, None], torch.arange(skv)[None]
+    return (j <= i) & (j > i - window)
+
+
 def _sdpa(q, k, v, params):
+    window = int(params.get("window", 0))
+    if window:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(q.shape[2], k.shape[2], window),
+                                              scale=_scale(params, q.shape[-1]), enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, is_causal=bool(params.get("causal", 0)),
                                           scale=_scale(params, q.shape[-1]), enable_gqa=True)
 
@@ -49,7 +59,9 @@ def _attention_lse(q, k, params):
     group = q.shape[1] // k.shape[1]
     scale = _scale(params, q.shape[-1]) or 1 / math.sqrt(q.shape[-1])
     s = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)) * scale
-    if params.get("causal", 0):
+    if params.get("window", 0):
+        s = s.masked_fill(~_window_mask(s.shape[-2], s.shape[-1], int(params["window"])), float("-inf"))
+    elif params.get("causal", 0):
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
     return torch.logsumexp(s, -1)
 
