@@ -6,7 +6,7 @@
 // block of positions and reused by every head). Positions go onto partitions, several
 // consecutive positions of one head per partition, so that each partition moves one long
 // contiguous run of x per DMA. Sequences shorter than a tile (decode) pack several heads onto
-// the partitions instead. Per tile, four element-wise instructions on the Vector and GpSimd
+// the partitions instead (and several batches when the tables are shared by the batch). Per tile, four element-wise instructions on the Vector and GpSimd
 // engines (the scheduler spreads them) compute the rotated part in place in the loaded tile,
 // which is then stored whole, pass-through dims included:
 //   a = x * cos;  m = x * T;  out[member 0] = a[member 0] + m[member 1];  out[member 1] = ...
@@ -131,14 +131,18 @@ inline Tensor rope_apply(const ArgumentCheck& check, const Tensor& x, const Tens
   namespace isa = nikki::isa;
   using toolkit::first;
   const int64_t r = check_rope(check, x, cos, sin, backward ? "grad_out" : "x");
-  const int64_t B = x.shape()[0], H = x.shape()[1], S = x.shape()[2], D = x.shape()[3];
+  const int64_t S = x.shape()[2], D = x.shape()[3];
   const int64_t P = nl::tile_size().pmax;
   const bool per_batch = cos.ndim() == 3 && cos.shape()[0] > 1;
+  // Tables shared by the batch: every sequence of every batch is alike, so the kernel sees
+  // [1, B * H, S, D] and short sequences (decode) pack across the batch as well as the heads.
+  const int64_t B = per_batch ? x.shape()[0] : 1, H = x.shape()[1] * (per_batch ? 1 : x.shape()[0]);
   const DType dt = x.dtype(), table_dt = cos.dtype();
   // Products in x's dtype when the tables have it (torch's roundings of the formula), else fp32.
   const DType cd = table_dt == dt ? dt : DType::float32;
   const int64_t es = dtype_size(dt), ces = dtype_size(cd), tes = dtype_size(table_dt);
   Tensor out = nl::ndarray(x.shape(), dt, nl::shared_hbm, backward ? "grad_x" : "out");
+  const Tensor x_seqs = x.reshape({B, H, S, D}), out_seqs = out.reshape({B, H, S, D});
 
   // x tiles four deep (load, two computing, store); the products two deep; the tables (cos, sin,
   // T) two deep, so the next block's tables load while the current block finishes.
@@ -193,7 +197,9 @@ inline Tensor rope_apply(const ArgumentCheck& check, const Tensor& x, const Tens
         for (const std::pair<Tensor, Tensor>& tile_table : {std::pair{ct, cos}, std::pair{st, sin}}) {
           const Tensor& tile = tile_table.first;
           const Tensor src = table_rows(tile_table.second, b);
-          if (heads_per_tile > 1) {
+          if (heads_per_tile > 1 && S == 1) {  // decode: one row for every partition, one DMA
+            sch.add([&] { isa::dma_copy(tile, src.broadcast(0, heads_per_tile).expand_dim(1)); });
+          } else if (heads_per_tile > 1) {
             for (int64_t j = 0; j < heads_per_tile; ++j)
               sch.add([&] { isa::dma_copy(tile(nl::ds(j * S, S), all, all), src.reshape({S, 1, r})); });
           } else {
@@ -209,12 +215,12 @@ inline Tensor rope_apply(const ArgumentCheck& check, const Tensor& x, const Tens
         const Tensor a = a_ring.next()(first(p), nl::ds(0, rt.g), all);
         const Tensor m = m_ring.next()(first(p), nl::ds(0, rt.g), all);
         const Tensor ct = c_tile(first(p), all, all), tt = T_tile(first(p), all, all);
-        sch.add([&] { isa::dma_copy(xt, rows(x, b, h0, heads, rt)); });
+        sch.add([&] { isa::dma_copy(xt, rows(x_seqs, b, h0, heads, rt)); });
         sch.add_any({[&] { math.products(a, xt, ct, vector); }, [&] { math.products(a, xt, ct, gpsimd); }});
         sch.add_any({[&] { math.products(m, xt, tt, vector); }, [&] { math.products(m, xt, tt, gpsimd); }});
         for (int64_t j : {0, 1})
           sch.add_any({[&] { math.combine(xt, a, m, j, vector); }, [&] { math.combine(xt, a, m, j, gpsimd); }});
-        sch.add([&] { isa::dma_copy(rows(out, b, h0, heads, rt), xt); });
+        sch.add([&] { isa::dma_copy(rows(out_seqs, b, h0, heads, rt), xt); });
       }
     }
   }
@@ -258,7 +264,8 @@ inline std::vector<ExampleCase> rope_examples(bool backward) {
           rope_case(backward, 2, 3, 130, 64, 32, bf16, bf16, false, true, "interleaved, partial rotary"),
           rope_case(backward, 2, 4, 1, 128, 128, bf16, bf16, true, false, "one token per sequence (decode), heads packed"),
           rope_case(backward, 2, 5, 30, 80, 40, f16, f32, true, true, "per-sequence tables, heads packed with a tail"),
-          rope_case(backward, 1, 2, 600, 96, 64, bf16, bf16, false, false, "several positions per partition, tail")};
+          rope_case(backward, 1, 2, 600, 96, 64, bf16, bf16, false, false, "several positions per partition, tail"),
+          rope_case(backward, 2, 5, 30, 64, 64, bf16, bf16, false, false, "shared tables: short sequences packed across the batch")};
 }
 
 inline ExampleCase draw_rope(CaseRng& rng, bool backward) {
