@@ -6,13 +6,17 @@
 // the forward's for the backward (S, dP, dV, dK, dQ). The profile's own figure
 // (tensor_flop_utilization) counts every matmul, transposes and the ones column included.
 //
-//   nikki_attention_estimates [--summary] [--heads H] [--trace T0_US T1_US]
+//   nikki_attention_estimates [--summary] [--heads H] [--window W] [--trace T0_US T1_US]
 //                             [--only fwd|fwd_causal|bwd|bwd_causal] [S] [D]
+//
+// --window W estimates the sliding-window kernels instead (key j visible from query i when
+// i - W < j <= i), counting as useful 4 * D per visible (query, key) pair per head.
 //
 // --trace prints every instruction that runs between T0 and T1 microseconds (queue, start, end,
 // opcode, source line): the way to see which engine waits for which.
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -57,12 +61,13 @@ Figures estimate(const kernels::KernelInfo& info, const std::vector<TensorSpec>&
 
 int main(int argc, char** argv) {
   bool summary = false;
-  int64_t S = 4096, D = 128, H = 1;
+  int64_t S = 4096, D = 128, H = 1, window = 0;
   int positional = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--summary") == 0) summary = true;
     else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) only = argv[++i];
     else if (std::strcmp(argv[i], "--heads") == 0 && i + 1 < argc) H = std::atoll(argv[++i]);
+    else if (std::strcmp(argv[i], "--window") == 0 && i + 1 < argc) window = std::atoll(argv[++i]);
     else if (std::strcmp(argv[i], "--trace") == 0 && i + 2 < argc) {
       trace_t0 = std::atof(argv[++i]);
       trace_t1 = std::atof(argv[++i]);
@@ -77,6 +82,20 @@ int main(int argc, char** argv) {
               "target");
   const TensorSpec qs = spec({B, H, S, D}, DType::bfloat16), lse = spec({B, H, S}, DType::float32);
   const double fwd_flops = 4.0 * double(B * H) * double(S) * double(S) * double(D);
+  if (window > 0) {
+    double visible = 0;  // (query, key) pairs the window shows
+    for (int64_t i = 0; i < S; ++i) visible += double(std::min(i + 1, window));
+    const kernels::Params params{{"window", double(window)}};
+    for (const bool backward : {false, true}) {
+      const double f = 4.0 * double(B * H) * visible * double(D) * (backward ? 2.5 : 1.0);
+      const Figures fig = backward ? estimate(kernels::flash_attention_bwd_info(), {qs, qs, qs, qs, lse, qs}, params, f, summary)
+                                   : estimate(kernels::flash_attention_info(), {qs, qs, qs}, params, f, summary);
+      std::printf("%-10s %-7s %12.1f %13.1f%% %13.1f%% %7s\n", backward ? "backward" : "forward",
+                  ("w=" + std::to_string(window)).c_str(), fig.total_ns / 1e3, 100 * fig.useful, 100 * fig.profile_util,
+                  backward ? "" : ">=55%");
+    }
+    return 0;
+  }
   struct Run {
     const char* name;
     bool backward, causal;

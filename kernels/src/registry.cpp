@@ -5,6 +5,8 @@
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/kernels/loss/cross_entropy.hpp"
+#include "nikki/kernels/attention/output_projection.hpp"
+#include "nikki/kernels/attention/rope.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
@@ -39,6 +41,10 @@ const std::vector<KernelInfo>& registry() {
       cross_entropy_bwd_info(),
       add_rmsnorm_info(),
       add_rmsnorm_bwd_info(),
+      rope_info(),
+      rope_bwd_info(),
+      output_projection_info(),
+      output_projection_bwd_info(),
   };
   return kernels;
 }

@@ -262,3 +262,76 @@ TEST_CASE("flash_attention: argument errors point at the line that called the ke
 
 }  // namespace
 }  // namespace nikki::test
+
+namespace nikki::test {
+namespace {
+
+TEST_CASE("rope: shape, dtype and size mistakes are KernelErrors that say what to change") {
+  const DType bf = DType::bfloat16, f32 = DType::float32;
+  const TensorSpec x = spec({2, 4, 64, 32}, bf), table = spec({64, 32}, bf);
+  const kernels::Params interleaved{{"interleaved", 1.0}};
+  CHECK(contains(attention_error("rope", {spec({4, 64, 32}, bf), table, table}),
+                 "rope: x must be 4-D [batch, heads, seq, head_dim], got [4, 64, 32]"));
+  CHECK(contains(attention_error("rope", {spec({2, 4, 64, 32}, DType::int8), table, table}),
+                 "rope: x must be float32, bfloat16 or float16, got int8"));
+  CHECK(contains(attention_error("rope", {x, spec({64}, bf), spec({64}, bf)}), "rope: cos must be [S, r] or [B, S, r], got [64]"));
+  CHECK(contains(attention_error("rope", {x, spec({3, 64, 32}, bf), spec({3, 64, 32}, bf)}),
+                 "cos [3, 64, 32] does not match x [2, 4, 64, 32]: it must be [S, r], [B, S, r] or [1, S, r] with S = 64 and B = 2"));
+  CHECK(contains(attention_error("rope", {x, table, spec({64, 30}, bf)}), "sin [64, 30] must have cos's shape [64, 32]"));
+  CHECK(contains(attention_error("rope", {x, spec({64, 33}, bf), spec({64, 33}, bf)}, interleaved),
+                 "the rotary dim r = 33 (cos's last dim) must be even and at most head_dim 32"));
+  CHECK(contains(attention_error("rope", {x, table, spec({64, 32}, f32)}),
+                 "cos and sin must have one float dtype, got bfloat16 and float32"));
+  CHECK(contains(attention_error("rope_bwd", {table, table, spec({2, 4, 64}, bf)}), "rope_bwd: grad_out must be 4-D"));
+  const std::string huge = attention_error("rope", {spec({1, 1, 128, 60000}, f32), spec({128, 2}, f32), spec({128, 2}, f32)});
+  CHECK(contains(huge, "rope: a head of 60000 dims does not fit in SBUF"));
+  CHECK(contains(huge, "use a smaller head_dim"));
+}
+
+}  // namespace
+}  // namespace nikki::test
+
+namespace nikki::test {
+namespace {
+
+TEST_CASE("output_projection: shape and dtype mistakes are KernelErrors naming the operand") {
+  const DType bf = DType::bfloat16, f32 = DType::float32;
+  const TensorSpec attn = spec({2, 8, 64}, bf), w = spec({64, 32}, bf), bias = spec({32}, bf), res = spec({2, 8, 32}, bf);
+  CHECK(contains(attention_error("output_projection", {spec({16, 64}, bf), w, bias, res}),
+                 "output_projection: attn must be 3-D [batch, seq, heads * head_dim], got [16, 64]"));
+  CHECK(contains(attention_error("output_projection", {spec({2, 8, 64}, DType::int8), spec({64, 32}, DType::int8), bias, res}),
+                 "attn must be float32, bfloat16 or float16, got int8"));
+  CHECK(contains(attention_error("output_projection", {attn, spec({60, 32}, bf), bias, res}),
+                 "w_o must be [K, N] with K = attn's last dim 64, got [60, 32]"));
+  CHECK(contains(attention_error("output_projection", {attn, spec({64, 32}, f32), bias, res}),
+                 "w_o must have attn's dtype bfloat16, got float32"));
+  CHECK(contains(attention_error("output_projection", {attn, w, spec({32}, f32), res}),
+                 "bias must be [32] bfloat16, got [32] float32"));
+  CHECK(contains(attention_error("output_projection", {attn, w, bias, spec({2, 8, 31}, bf)}),
+                 "residual must be [2, 8, 32] bfloat16, got [2, 8, 31] bfloat16"));
+  CHECK(contains(attention_error("output_projection_bwd", {attn, w, spec({2, 8, 32}, f32)}),
+                 "output_projection_bwd: grad_out must be [2, 8, 32] bfloat16, got [2, 8, 32] float32"));
+}
+
+}  // namespace
+}  // namespace nikki::test
+
+namespace nikki::test {
+namespace {
+
+TEST_CASE("flash_attention: sliding-window mistakes are KernelErrors in the forward and the backward") {
+  const DType bf = DType::bfloat16;
+  const TensorSpec q = spec({1, 1, 256, 64}, bf), short_kv = spec({1, 1, 128, 64}, bf);
+  const std::string fewer_keys =
+      attention_error("flash_attention", {q, short_kv, short_kv}, kernels::Params{{"window", 16.0}});
+  CHECK(contains(fewer_keys, "a sliding window needs at least as many keys as queries, got S = 256 queries and Skv = 128 keys"));
+  CHECK(contains(fewer_keys, "pad the keys, or drop the window for this call"));
+  CHECK(contains(attention_error("flash_attention", {q, q, q}, kernels::Params{{"window", -1.0}}),
+                 "window must be >= 0 (0: no sliding window), got -1"));
+  CHECK(contains(attention_error("flash_attention_bwd", {q, short_kv, short_kv, q, spec({1, 1, 256}, DType::float32), q},
+                                 kernels::Params{{"window", 16.0}}),
+                 "flash_attention_bwd: a sliding window needs at least as many keys as queries"));
+}
+
+}  // namespace
+}  // namespace nikki::test

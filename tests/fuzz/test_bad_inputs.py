@@ -345,13 +345,15 @@ class Estimate(Entry):
         return np.array(1)
 
 
-def _flash_reference(q, k, v, causal=False, scale=None):
+def _flash_reference(q, k, v, causal=False, scale=None, window=0):
     q, k, v = (torch.from_numpy(_as_numpy(t).astype(np.float64)) for t in (q, k, v))
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     s = q @ k.transpose(-1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
-    if causal:
+    if causal or window:
         s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)  # torch's top-left mask
+    if window:  # a sliding window: key j visible from query i when i - window < j
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).tril(-int(window)), -math.inf)
     return [torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)]
 
 

@@ -29,6 +29,11 @@ from .spec import TensorSpec
 __all__ = ["nki_op", "matmul", "softmax", "topk", "gated_mlp", "router_topk", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
 
 
+__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "apply_rotary_pos_emb",
+           "output_projection", "adamw_",
+           "library_op"]
+
+
 # --- nki_op ---------------------------------------------------------------------------------------
 
 def nki_op(name: str, *, mutates_args=(), schema: str | None = None):
@@ -599,19 +604,61 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None) -> torch.Tensor:
+                    scale: float | None = None, window: int = 0) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)``
     with nikki's flash attention kernels: q [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv
-    dividing H (grouped-query attention)."""
+    dividing H (grouped-query attention). `window` > 0 is a sliding window (causal implied): key
+    j is visible from query i when i - window < j <= i."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         _tensor(t, f"nikki.torch.flash_attention: {name}")
     causal = check_bool(causal, "nikki.torch.flash_attention: causal")
     _one_device("nikki.torch.flash_attention", (("q", q), ("k", k), ("v", v)))
     if scale is not None:
         scale = check_real(scale, "nikki.torch.flash_attention: scale", finite=True)
+    window = check_int(window, "nikki.torch.flash_attention: window", minimum=0)
     out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(),
-                                              causal=causal, scale=scale)
+                                              causal=causal, scale=scale, window=window)
     return out
+
+
+def apply_rotary_pos_emb(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         unsqueeze_dim: int = 1, interleaved: bool = False):
+    """Hugging Face's ``apply_rotary_pos_emb(q, k, cos, sin)`` with nikki's rope kernel: q
+    [B, H, S, D], k [B, H_kv, S, D], cos and sin [B, S, r] or [S, r] as the rotary embedding
+    returns them (r <= D: partial rotary rotates the first r dims). `interleaved` rotates pairs
+    (2i, 2i + 1) instead of the two halves. Returns (q_embed, k_embed); differentiable in q and k."""
+    for name, t in (("q", q), ("k", k), ("cos", cos), ("sin", sin)):
+        _tensor(t, f"nikki.torch.apply_rotary_pos_emb: {name}")
+    if unsqueeze_dim != 1:
+        raise ValueError("nikki.torch.apply_rotary_pos_emb: only unsqueeze_dim=1 (q and k as [B, H, S, D]) is "
+                         f"supported, got {unsqueeze_dim!r}; transpose q and k to [B, H, S, D]")
+    interleaved = check_bool(interleaved, "nikki.torch.apply_rotary_pos_emb: interleaved")
+    _one_device("nikki.torch.apply_rotary_pos_emb", (("q", q), ("k", k), ("cos", cos), ("sin", sin)))
+    op = library_op("rope")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    return (op(q.contiguous(), cos, sin, interleaved=interleaved),
+            op(k.contiguous(), cos, sin, interleaved=interleaved))
+
+
+def output_projection(attn: torch.Tensor, w_o: torch.Tensor, bias: torch.Tensor | None = None,
+                      residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``attn @ w_o + bias + residual`` with nikki's output_projection kernel: attn [B, S, K]
+    (the heads concatenated), w_o [K, N] (``o_proj.weight.T``), bias [N], residual [B, S, N];
+    bias and residual are optional (zeros are passed for them). Differentiable in every tensor."""
+    for name, t in (("attn", attn), ("w_o", w_o)):
+        _tensor(t, f"nikki.torch.output_projection: {name}")
+    if attn.dim() != 3 or w_o.dim() != 2:
+        raise ValueError(f"nikki.torch.output_projection takes attn [B, S, K] and w_o [K, N], got "
+                         f"{tuple(attn.shape)} and {tuple(w_o.shape)}")
+    n = w_o.shape[1]
+    bias = _optional_tensor(bias, "nikki.torch.output_projection: bias", (n,), "w_o's last dim")
+    residual = _optional_tensor(residual, "nikki.torch.output_projection: residual", (*attn.shape[:2], n),
+                                "[B, S, N]")
+    _one_device("nikki.torch.output_projection", (("attn", attn), ("w_o", w_o), ("bias", bias), ("residual", residual)))
+    bias = torch.zeros(n, dtype=attn.dtype) if bias is None else bias
+    residual = attn.new_zeros(*attn.shape[:2], n) if residual is None else residual
+    return library_op("output_projection")(attn.contiguous(), w_o.contiguous(), bias.contiguous(),
+                                           residual.contiguous())
 
 
 @torch.no_grad()

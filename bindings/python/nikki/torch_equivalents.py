@@ -21,7 +21,17 @@ def _scale(params, d):
     return None if s is None or math.isnan(s) else s
 
 
+def _window_mask(s, skv, window):
+    """Sliding window (causal implied): key j visible from query i when i - window < j <= i."""
+    i, j = torch.arange(s)[:, None], torch.arange(skv)[None]
+    return (j <= i) & (j > i - window)
+
+
 def _sdpa(q, k, v, params):
+    window = int(params.get("window", 0))
+    if window:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(q.shape[2], k.shape[2], window),
+                                              scale=_scale(params, q.shape[-1]), enable_gqa=True)
     return F.scaled_dot_product_attention(q, k, v, is_causal=bool(params.get("causal", 0)),
                                           scale=_scale(params, q.shape[-1]), enable_gqa=True)
 
@@ -30,7 +40,9 @@ def _attention_lse(q, k, params):
     group = q.shape[1] // k.shape[1]
     scale = _scale(params, q.shape[-1]) or 1 / math.sqrt(q.shape[-1])
     s = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)) * scale
-    if params.get("causal", 0):
+    if params.get("window", 0):
+        s = s.masked_fill(~_window_mask(s.shape[-2], s.shape[-1], int(params["window"])), float("-inf"))
+    elif params.get("causal", 0):
         s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
     return torch.logsumexp(s, -1)
 
@@ -143,6 +155,31 @@ def _add_rmsnorm_bwd(total, gamma, rstd, grad_out, grad_sum, params):
     return [grad_x + grad_sum, grad_x + grad_sum, grad_gamma]
 
 
+def _apply_rotary_pos_emb(x, cos, sin, params):
+    """Hugging Face's apply_rotary_pos_emb on the first r dims (rotate_half, or rotate-every-two
+    when interleaved); the rest pass through."""
+    r = cos.shape[-1]
+    cos, sin = (t[:, None] if t.dim() == 3 else t for t in (cos, sin))
+    xr, xp = x[..., :r], x[..., r:]
+    if params.get("interleaved", 0):
+        rotated = torch.stack((-xr[..., 1::2], xr[..., 0::2]), -1).flatten(-2)
+    else:
+        rotated = torch.cat((-xr[..., r // 2:], xr[..., :r // 2]), -1)
+    return torch.cat((xr * cos + rotated * sin, xp), -1)
+
+
+def _rope_bwd(cos, sin, grad_out, params):
+    x = torch.zeros_like(grad_out, requires_grad=True)
+    return list(torch.autograd.grad(_apply_rotary_pos_emb(x, cos, sin, params), (x,), grad_out))
+
+
+def _output_projection_bwd(attn, w_o, grad_out, params):
+    attn, w_o = attn.clone().requires_grad_(), w_o.clone().requires_grad_()
+    bias = torch.zeros(w_o.shape[1], dtype=attn.dtype, requires_grad=True)
+    residual = torch.zeros(grad_out.shape, dtype=attn.dtype, requires_grad=True)
+    return list(torch.autograd.grad(attn @ w_o + bias + residual, (attn, w_o, bias, residual), grad_out))
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -163,6 +200,10 @@ TORCH = {
     "cross_entropy_bwd": _cross_entropy_bwd,
     "add_rmsnorm": _add_rmsnorm,
     "add_rmsnorm_bwd": _add_rmsnorm_bwd,
+    "rope": lambda x, cos, sin, p: [_apply_rotary_pos_emb(x, cos, sin, p)],
+    "rope_bwd": _rope_bwd,
+    "output_projection": lambda attn, w_o, bias, residual, p: [attn @ w_o + bias + residual],
+    "output_projection_bwd": _output_projection_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

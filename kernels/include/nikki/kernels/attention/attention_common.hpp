@@ -111,4 +111,23 @@ inline void mask_after_diagonal(const Tensor& block, int64_t q0, int64_t lo, dou
   isa::affine_select(block, {{-1, w}}, 1, block, masked, nl::greater_equal, q0 - lo);
 }
 
+/**
+ * @brief Sliding-window mask of one block of scores: entry (i, j) of `block` (rows q0.., keys
+ * lo..) keeps its value when key lo + j > query q0 + i - window, and becomes `masked` otherwise.
+ */
+inline void mask_before_window(const Tensor& block, int64_t q0, int64_t lo, int64_t window, double masked) {
+  const int64_t w = block.shape()[1];
+  isa::affine_select(block, {{1, w}}, -1, block, masked, nl::greater_equal, window - 1 - q0 + lo);
+}
+
+/** @brief Checks a sliding window against the problem: every query must see a key. */
+inline void check_window(const ArgumentCheck& check, const Dims& d, int64_t window) {
+  if (window < 0) check.fail("window must be >= 0 (0: no sliding window), got " + std::to_string(window));
+  if (window > 0 && d.Skv < d.S)
+    check.fail("a sliding window needs at least as many keys as queries, got S = " + std::to_string(d.S) +
+                   " queries and Skv = " + std::to_string(d.Skv) + " keys",
+               "with a window, query i sees keys i - window < j <= i: queries past the last key would see none",
+               "pad the keys, or drop the window for this call");
+}
+
 }  // namespace nikki::kernels::attention

@@ -44,6 +44,8 @@ Args:       q, k, v: HBM tensors of one dtype: float32, bfloat16 or float16.
               the top left, as torch's scaled_dot_product_attention(is_causal=True): every query
               sees key 0, so no row is empty even when Skv < S).
             scale: multiplier of q k^T (default 1 / sqrt(D)).
+            window: a sliding window (Mistral style; causal implied): key j is visible from query
+              i when i - window < j <= i. 0 (the default) for none; needs Skv >= S.
 Returns:    out in q's dtype; lse = logsumexp of the scaled, masked scores of each query, float32
             (saved for the backward).
 Notes:      One pass over the keys per 128-query tile, in chunks of up to 4096 keys, with an online
@@ -51,9 +53,11 @@ Notes:      One pass over the keys per 128-query tile, in chunks of up to 4096 k
             maximum, sums and the output accumulate in float32; the probabilities are rounded to
             the input dtype for the P V matmul, and the denominator sums those rounded
             probabilities. In causal mode key chunks past the diagonal are skipped and only the
-            diagonal block is masked. K and V of one kv head stay in SBUF: Skv is limited by the
+            diagonal block is masked; with a window, key tiles wholly before a query tile's
+            window are skipped too (the work follows the visible keys) and the blocks crossing
+            the window's start are masked. K and V of one kv head stay in SBUF: Skv is limited by the
             SBUF size (about 20k keys at D = 128 in bfloat16); exceeding it is a KernelError.
-Pseudocode: s = scale * q @ k.T (masked to -inf where j > i if causal)
+Pseudocode: s = scale * q @ k.T (masked to -inf where j > i if causal, and where j <= i - window)
             lse = logsumexp(s, axis=-1); out = exp(s - lse) @ v)";
 
 namespace attention {
@@ -123,7 +127,8 @@ struct ForwardMath {
 
 /** @brief (out, lse) = flash_attention(q, k, v); see flash_attention_doc. */
 inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal = false,
-                                           std::optional<double> scale_opt = std::nullopt, Loc loc = Loc::current()) {
+                                           std::optional<double> scale_opt = std::nullopt, int64_t window = 0,
+                                           Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using attention::first;
@@ -131,6 +136,8 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
   using toolkit::Ring;
   const ArgumentCheck check("flash_attention", q, loc);
   const attention::Dims d = attention::check_qkv(check, q, k, v);
+  attention::check_window(check, d, window);
+  causal = causal || window > 0;  // the window's keys end at the query
   const nl::TileSize ts = nl::tile_size();
   const int64_t P = ts.pmax, D = d.D, D1 = d.D + 1, S = d.S, Skv = d.Skv;
   const DType dt = d.dtype;
@@ -238,6 +245,8 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
         for (int64_t q0 = 0; q0 < S; q0 += P) {
           const int64_t pq = std::min(P, S - q0);
           const int64_t kv_end = causal ? std::min(Skv, q0 + pq) : Skv;
+          // With a sliding window, key tiles wholly before the first query's window are skipped.
+          const int64_t kv_begin = window > 0 ? std::max<int64_t>(0, q0 - window + 1) / P * P : 0;
           // Q rows -> transpose -> Q^T.
           const Tensor qrow = qrow_ring.next(), q_psum = prep_ring.next(), qT = qT_ring.next();
           sch.add([&] { attention::load_rows(qrow, q(b, h, nl::ds(q0, pq), all)); });
@@ -250,9 +259,9 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
           // overlap with, and a short chunk's softmax finishes sooner.
           const bool final_tile = b == d.B - 1 && h == d.H - 1 && q0 + P >= S;
           const int64_t chunk = final_tile ? std::min<int64_t>(C, 2 * bank) : C;
-          for (int64_t c0 = 0; c0 < kv_end; c0 += chunk) {
+          for (int64_t c0 = kv_begin; c0 < kv_end; c0 += chunk) {
             const int64_t cw = std::min(chunk, kv_end - c0);
-            const bool first_chunk = c0 == 0;
+            const bool first_chunk = c0 == kv_begin;
             load_keys(std::min(nkt, ceil_div(ceil_div(c0 + cw, P), kgroup) * kgroup));
 
             // Scores, one PSUM bank of keys at a time: matmul, scaled copy to SBUF, the diagonal
@@ -270,6 +279,8 @@ inline std::vector<Tensor> flash_attention(const Tensor& q, const Tensor& k, con
               const int64_t lo = std::max(q0, c), hi = c + w;  // keys after the diagonal: only its block
               if (causal && hi - 1 > q0)
                 sch.add([&] { attention::mask_after_diagonal(sf(all, nl::ds(lo - c0, hi - lo)), q0, lo, -1.0e30); });
+              if (window > 0 && c <= q0 + pq - 1 - window)  // keys before the last query's window
+                sch.add([&] { attention::mask_before_window(sfw, q0, c, window, -1.0e30); });
               const Tensor half = halves(all, nl::ds(off / 2, (w + 1) / 2));
               sch.add_any({[&] { m.half_max(half, sfw, gpsimd); }, [&] { m.half_max(half, sfw, vector); }});
             }
@@ -359,6 +370,10 @@ inline ExampleCase draw_problem(CaseRng& r) {
   ExampleCase c{problem(B, G * Hkv, Hkv, S, Skv, D, t), {}, "drawn"};
   c.params.set("causal", r.coin() ? 1.0 : 0.0);
   if (r.coin(0.25)) c.params.set("scale", 0.02 + 0.5 * double(r.uniform(0, 100)) / 100.0);
+  if (r.coin(0.25)) {  // a sliding window needs Skv >= S
+    c.params.set("window", double(r.uniform(1, S + 20)));
+    if (Skv < S) c = ExampleCase{problem(B, G * Hkv, Hkv, S, S, D, t), c.params, "drawn"};
+  }
   return c;
 }
 
@@ -388,17 +403,20 @@ inline KernelInfo flash_attention_info() {
       .inputs = {"q", "k", "v"},
       .outputs = {"out", "lse"},
       .params = {{"causal", ParamKind::boolean, 0, "mask keys after the query (top-left aligned)"},
-                 {"scale", ParamKind::optional_real, 0, "score multiplier; default 1 / sqrt(head_dim)"}},
+                 {"scale", ParamKind::optional_real, 0, "score multiplier; default 1 / sqrt(head_dim)"},
+                 {"window", ParamKind::integer, 0, "sliding window: query i sees keys i - window < j <= i (0: none)"}},
       .dtypes = {DType::float32, DType::bfloat16, DType::float16},
       .backward = "flash_attention_bwd",
       .saved_outputs = {"lse"},
       .body =
           [](const KernelCall& c) {
-            return flash_attention(c.inputs[0], c.inputs[1], c.inputs[2], c.flag("causal"), c.optional_real("scale"));
+            return flash_attention(c.inputs[0], c.inputs[1], c.inputs[2], c.flag("causal"), c.optional_real("scale"),
+                                   c.integer("window"));
           },
       .reference =
           [](const std::vector<RefTensor>& in, const ParamValues& p) {
-            return reference::attention_forward(in[0], in[1], in[2], p.flag("causal"), p.optional_real("scale"));
+            return reference::attention_forward(in[0], in[1], in[2], p.flag("causal"), p.optional_real("scale"),
+                                                p.integer("window"));
           },
       .make_inputs = {},
       .examples = {{problem(1, 2, 1, 200, 330, 64, DType::float32), {}, "grouped query heads, query and key tails"},
@@ -408,7 +426,10 @@ inline KernelInfo flash_attention_info() {
                    {problem(1, 1, 1, 129, 129, 96, DType::float32), Params{{"causal", 1.0}, {"scale", 0.3}},
                     "odd head dim, explicit scale"},
                    {problem(1, 4, 2, 333, 333, 128, DType::float32), Params{{"causal", 1.0}},
-                    "grouped query heads, causal, tails"}},
+                    "grouped query heads, causal, tails"},
+                   {problem(1, 2, 1, 700, 750, 64, DType::bfloat16), Params{{"window", 200.0}},
+                    "sliding window: key tiles before it skipped, both edges masked"},
+                   {problem(1, 1, 1, 300, 300, 32, DType::float32), Params{{"window", 1.0}}, "window of one key"}},
       .draw = attention::draw_problem,
       .tolerance = {},
       .benchmark = Benchmark{attention::benchmark_problem(false), Bound::tensor_engine, attention::forward_flops, 0.60},

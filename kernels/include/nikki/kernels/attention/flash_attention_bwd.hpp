@@ -26,7 +26,7 @@ inline constexpr const char* flash_attention_bwd_doc = R"(Backward of flash_atte
 
 Dimensions: q [B, H, S, D], k, v [B, Hkv, Skv, D], out [B, H, S, D], lse [B, H, S],
             grad_out [B, H, S, D] -> grad_q [B, H, S, D], grad_k, grad_v [B, Hkv, Skv, D].
-Args:       q, k, v, causal, scale: as given to the forward; out and lse: the forward's outputs;
+Args:       q, k, v, causal, scale, window: as given to the forward; out and lse: the forward's outputs;
             grad_out: the gradient of the loss with respect to out.
 Returns:    grad_q, grad_k, grad_v in q's dtype. Grouped query attention sums grad_k and grad_v
             over the query heads that share a kv head. Keys no query sees (causal, Skv > S) get 0.
@@ -73,7 +73,7 @@ struct BackwardMath {
 /** @brief (grad_q, grad_k, grad_v) of flash_attention; see flash_attention_bwd_doc. */
 inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                                const Tensor& lse, const Tensor& dout, bool causal = false,
-                                               std::optional<double> scale_opt = std::nullopt,
+                                               std::optional<double> scale_opt = std::nullopt, int64_t window = 0,
                                                Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
@@ -82,6 +82,8 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   using toolkit::Ring;
   const ArgumentCheck check("flash_attention_bwd", q, loc);
   const attention::Dims d = attention::check_qkv(check, q, k, v);
+  attention::check_window(check, d, window);
+  causal = causal || window > 0;  // the window's keys end at the query
   for (const Tensor* t : {&o, &dout})
     if (t->shape() != q.shape() || t->dtype() != q.dtype())
       check.fail(t->name() + " " + t->shape().str() + " " + std::string(dtype_name(t->dtype())) +
@@ -222,7 +224,11 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
           const int64_t g0 = j * Wg, wg = std::min(Wg, Skv - g0), ntile = ceil_div(wg, P);
           std::vector<int64_t> visible;
           for (int64_t t = p0; t < p1; ++t)
-            if (!causal || tiles[size_t(t)].q0 + tiles[size_t(t)].pq - 1 >= g0) visible.push_back(t);
+            // Causal: the tile's last query reaches the group; window: the group reaches the
+            // tile's first query's window.
+            if ((!causal || tiles[size_t(t)].q0 + tiles[size_t(t)].pq - 1 >= g0) &&
+                (window == 0 || g0 + wg - 1 > tiles[size_t(t)].q0 - window))
+              visible.push_back(t);
           if (visible.empty()) continue;
 
           // Key group: K rows (the dQ matmul's moving operand), K^T and V^T.
@@ -278,6 +284,8 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
             sch.add([&] { m.probabilities(p, s, neg_lse); });
             const int64_t lo = std::max(q0, g0), hi = g0 + wkv;
             if (causal && hi - 1 > q0) sch.add([&] { attention::mask_after_diagonal(p(all, nl::ds(lo - g0, hi - lo)), q0, lo, 0.0); });
+            if (window > 0 && g0 <= q0 + pq - 1 - window)
+              sch.add([&] { attention::mask_before_window(p, q0, g0, window, 0.0); });
             // dS = P * (dP - Di).
             const Tensor dpm = dpm_ar.next(wkv)(first(pq), all), dS = ds_ar.next(wkv)(first(pq), all);
             sch.add_any({[&] { m.dp_minus_di(dpm, dp, neg_di, vector); }, [&] { m.dp_minus_di(dpm, dp, neg_di, scalar); }});
@@ -398,7 +406,8 @@ inline std::vector<RefTensor> backward_inputs(const ExampleCase& c, CaseRng& r) 
   const std::optional<double> scale =
       c.params.find("scale") && !std::isnan(*c.params.find("scale")) ? c.params.find("scale") : std::nullopt;
   std::vector<RefTensor> f =
-      reference::attention_forward(in[0], in[1], in[2], c.params.find("causal").value_or(0) != 0, scale);
+      reference::attention_forward(in[0], in[1], in[2], c.params.find("causal").value_or(0) != 0, scale,
+                                   int64_t(c.params.find("window").value_or(0)));
   for (double& x : f[0].data) x = round_to(c.inputs[3].dtype, x);
   for (double& x : f[1].data) x = round_to(DType::float32, x);
   in.push_back(f[0]);
@@ -420,19 +429,20 @@ inline KernelInfo flash_attention_bwd_info() {
       .inputs = {"q", "k", "v", "out", "lse", "grad_out"},
       .outputs = {"grad_q", "grad_k", "grad_v"},
       .params = {{"causal", ParamKind::boolean, 0, "mask keys after the query (top-left aligned)"},
-                 {"scale", ParamKind::optional_real, 0, "score multiplier; default 1 / sqrt(head_dim)"}},
+                 {"scale", ParamKind::optional_real, 0, "score multiplier; default 1 / sqrt(head_dim)"},
+                 {"window", ParamKind::integer, 0, "sliding window: query i sees keys i - window < j <= i (0: none)"}},
       .dtypes = {DType::float32, DType::bfloat16, DType::float16},
       .backward = "",
       .saved_outputs = {},
       .body =
           [](const KernelCall& c) {
             return flash_attention_bwd(c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4], c.inputs[5],
-                                       c.flag("causal"), c.optional_real("scale"));
+                                       c.flag("causal"), c.optional_real("scale"), c.integer("window"));
           },
       .reference =
           [](const std::vector<RefTensor>& in, const ParamValues& p) {
             return reference::attention_backward(in[0], in[1], in[2], in[3], in[5], p.flag("causal"),
-                                                 p.optional_real("scale"));
+                                                 p.optional_real("scale"), p.integer("window"));
           },
       .make_inputs = attention::backward_inputs,
       .examples = {{problem(2, 1, 200, 330, 64, DType::float32), {}, "grouped query heads, tails"},
@@ -443,7 +453,9 @@ inline KernelInfo flash_attention_bwd_info() {
                    {problem(4, 2, 333, 333, 128, DType::float32), Params{{"causal", 1.0}},
                     "grouped query heads, causal, tails"},
                    {problem(2, 1, 300, 300, 100, DType::bfloat16), {},
-                    "head dim 100: grad_k / grad_v blocks packed so none crosses a PSUM bank"}},
+                    "head dim 100: grad_k / grad_v blocks packed so none crosses a PSUM bank"},
+                   {problem(2, 1, 700, 750, 64, DType::bfloat16), Params{{"window", 200.0}},
+                    "sliding window: key groups before it skipped, both edges masked"}},
       .draw =
           [](CaseRng& r) {
             ExampleCase c = attention::draw_problem(r);

@@ -30,7 +30,10 @@ Notes:      TensorE contracts over the partition dim, so a's tiles are transpose
             last column tile has read them, so TensorE never waits for a block to be prepared.
             When the transposed block does not fit SBUF (very large K), K is split into blocks
             whose fp32 partial sums go through an HBM scratch tensor. Products accumulate in
-            fp32; one rounding to the output dtype on the final copy out of PSUM.
+            fp32; one rounding to the output dtype on the final copy out of PSUM. From C++
+            (MatmulOptions), a may be given K-major ([K, M], loaded into the transposed block
+            with no transposes), and a bias [N] and a residual [M, N] are added to the fp32
+            sums before that rounding.
 Pseudocode: for each row block R (<= 512 rows): aT = transpose(a[R, :])            # [K, |R|]
               for each column tile C (<= 512 columns):
                 acc[R, C] = sum over k tiles of aT[k, R].T @ b[k, C]   # fp32 PSUM
@@ -98,9 +101,23 @@ inline void emit_pipelined(std::vector<Step>& steps, double window, int64_t cap)
 
 }  // namespace matmul_detail
 
-/** @brief out = a @ b; see matmul_doc. */
-inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_dtype = std::nullopt,
-                     Loc loc = Loc::current()) {
+/**
+ * @brief Options of matmul for the kernels built on it: a K-major first operand, a fused
+ * epilogue (bias and residual added to the fp32 accumulators before the one rounding), and an
+ * output the caller allocated.
+ */
+struct MatmulOptions {
+  std::optional<DType> out_dtype;  // a's dtype when not given
+  /** a is given transposed, as [K, M] (K-major, e.g. the activations of a weight gradient
+   *  x^T @ dy): its tiles load straight into the stationary operand, with no transposes. */
+  bool a_transposed = false;
+  std::optional<Tensor> bias;      // [N], added to every row
+  std::optional<Tensor> residual;  // [M, N], added
+  std::optional<Tensor> out;       // an HBM view [M, N] to write instead of a new output tensor
+};
+
+/** @brief out = a @ b (+ bias + residual); see matmul_doc and MatmulOptions. */
+inline Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& options, Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using matmul_detail::Load;
@@ -109,9 +126,16 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
   const ArgumentCheck check("matmul", a, loc);
   check.require(a.ndim() == 2 && b.ndim() == 2, "a and b must be 2-D, got " + a.shape().str() + " and " + b.shape().str(),
                 "reshape to [M, K] and [K, N]");
-  const int64_t M = a.shape()[0], K = a.shape()[1], N = b.shape()[1];
-  check.require(b.shape()[0] == K, "contraction sizes differ: a is " + a.shape().str() + ", b is " + b.shape().str(),
+  const bool a_t = options.a_transposed;
+  const int64_t M = a.shape()[a_t ? 1 : 0], K = a.shape()[a_t ? 0 : 1], N = b.shape()[1];
+  check.require(b.shape()[0] == K, "contraction sizes differ: a is " + a.shape().str() + (a_t ? " (transposed)" : "") +
+                                       ", b is " + b.shape().str(),
                 "a [M, K] @ b [K, N] needs a.shape[1] == b.shape[0]");
+  const std::optional<DType> out_dtype = options.out_dtype;
+  const std::optional<Tensor> bias = options.bias, residual = options.residual;
+  internal_check(!bias || bias->shape() == Shape{N}, "matmul: bias must be [N]");
+  internal_check(!residual || residual->shape() == Shape{M, N}, "matmul: residual must be [M, N]");
+  internal_check(!options.out || options.out->shape() == Shape{M, N}, "matmul: out must be [M, N]");
   check.require(a.dtype() == b.dtype(),
                 std::string("a is ") + std::string(dtype_name(a.dtype())) + " but b is " +
                     std::string(dtype_name(b.dtype())),
@@ -154,7 +178,7 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
   const int64_t KB = n_kblocks == 1 ? KT : ceil_div(ceil_div(KT, n_kblocks), per_bank) * per_bank;
   const int64_t n_mblocks = ceil_div(MT, TM);
 
-  Tensor out = nl::ndarray({M, N}, odt, nl::shared_hbm, "out");
+  Tensor out = options.out ? *options.out : nl::ndarray({M, N}, odt, nl::shared_hbm, "out");
   std::optional<Tensor> partial;  // fp32 partial sums between K blocks
   if (n_kblocks > 1) partial = nl::ndarray({M, N}, nl::float32, nl::hbm, "partial");
 
@@ -206,6 +230,22 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
       const int64_t full = k_rows(g + ng - 1) == P ? ng : ng - 1;  // only K's last tile is partial
       for (int64_t mi = 0; mi < ps.tiles; ++mi) {
         const int64_t mm = m_rows(ps, mi), r0 = ps.m0 + mi * TMW;
+        if (a_t) {
+          // a given K-major: its k tiles load straight into the stationary operand.
+          Step s;
+          s.emit = [=, &a, &aT] {
+            const int64_t k0 = (ps.kt0 + g) * P;
+            if (full > 0)
+              isa::dma_copy(aT(nl::all, mi, nl::ds(g, full), nl::ds(0, mm)),
+                            a(nl::ds(k0, full * P), nl::ds(r0, mm)).reshape_dim(0, {full, P}).permute({1, 0, 2}));
+            if (full < ng) {
+              const int64_t kk = k_rows(g + full);
+              isa::dma_copy(aT(nl::ds(0, kk), mi, g + full, nl::ds(0, mm)), a(nl::ds(k0 + full * P, kk), nl::ds(r0, mm)));
+            }
+          };
+          steps.emplace_back(g + ng - 1, std::move(s));
+          continue;
+        }
         const int64_t g0 = g / (per_bank * groups_per_piece) * (per_bank * groups_per_piece);
         if (g == g0) {
           const int64_t c0 = (ps.kt0 + g0) * P, cols = std::min(per_bank * groups_per_piece * P, K - c0);
@@ -303,21 +343,38 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
       // allocator then alternates whole tiles, and an evacuation never waits for the store DMA
       // of a tile that was just written.
       std::shared_ptr<bool>& stored = partial_stored[ps.m0 / (TM * TMW) * NT + j];
-      if (!ps.first_k)
+      // What the accumulators get added before the store, in fp32: the earlier K blocks' partial
+      // sums, and on the last K block the epilogue's residual rows and bias. The first term
+      // loads straight into the tile (DMA widens to fp32); further ones are added on GpSimd.
+      const bool epilogue = ps.last_k && (bias || residual);
+      if (!ps.first_k || epilogue)
         e.needs = {&loads.emplace_back(Load{[=] {
-          Tensor s = nl::ndarray({P, ps.tiles, nn}, nl::float32, nl::sbuf, "partial_tile");
-          for (int64_t mi = 0; mi < ps.tiles; ++mi)
-            isa::dma_copy(s(nl::ds(0, m_rows(ps, mi)), mi, nl::all),
-                          (*partial)(nl::ds(ps.m0 + mi * TMW, m_rows(ps, mi)), nl::ds(n0, nn)));
+          Tensor s = nl::ndarray({P, ps.tiles, nn}, nl::float32, nl::sbuf, "addend_tile");
+          bool filled = false;
+          auto add_rows = [&](const Tensor& src, const char* name) {
+            const Tensor dst = filled ? nl::ndarray({P, ps.tiles, nn}, nl::float32, nl::sbuf, name) : s;
+            for (int64_t mi = 0; mi < ps.tiles; ++mi)
+              isa::dma_copy(dst(nl::ds(0, m_rows(ps, mi)), mi, nl::all),
+                            src(nl::ds(ps.m0 + mi * TMW, m_rows(ps, mi)), nl::ds(n0, nn)));
+            if (filled)
+              for (int64_t mi = 0; mi < ps.tiles; ++mi) {
+                const Tensor sm = s(nl::ds(0, m_rows(ps, mi)), mi, nl::all);
+                isa::tensor_tensor(sm, sm, dst(nl::ds(0, m_rows(ps, mi)), mi, nl::all), nl::add, isa::gpsimd_engine);
+              }
+            filled = true;
+          };
+          if (!ps.first_k) add_rows(*partial, "partial_tile");
+          if (ps.last_k && residual) add_rows(*residual, "residual_tile");
+          if (ps.last_k && bias) add_rows(bias->expand_dim(0).broadcast(0, M), "bias_tile");
           return s;
-        }, ps.tiles * nn * 4, std::nullopt, 0, stored})};
+        }, ps.tiles * nn * 4 * (1 + int64_t(!ps.first_k) + int64_t(epilogue)), std::nullopt, 0, stored})};
       if (!ps.last_k) stored = std::make_shared<bool>(false);
       e.emit = [=, &evacuate, &out, sums = e.needs, stored = stored] {
         Tensor res = nl::ndarray({P, ps.tiles, nn}, ps.last_k ? odt : nl::float32, nl::sbuf, "out_tile");
         for (int64_t mi = 0; mi < ps.tiles; ++mi) {
           const int64_t r0 = ps.m0 + mi * TMW, mm = m_rows(ps, mi);
           Tensor r = res(nl::ds(0, mm), mi, nl::all);
-          if (ps.first_k) {
+          if (sums.empty()) {
             evacuate(r, (*acc)[mi]);
           } else if (mi % 2 == 0) {
             isa::tensor_tensor(r, sums[0]->get()(nl::ds(0, mm), mi, nl::all), (*acc)[mi], nl::add,
@@ -346,6 +403,12 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
   }
   matmul_detail::emit_pipelined(order, window, stream_cap);
   return out;
+}
+
+/** @brief out = a @ b; see matmul_doc. */
+inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_dtype = std::nullopt,
+                     Loc loc = Loc::current()) {
+  return matmul(a, b, MatmulOptions{.out_dtype = out_dtype}, loc);
 }
 
 inline KernelInfo matmul_info() {
