@@ -69,6 +69,29 @@ def sweep(info: dict, scales) -> list:
     return points
 
 
+WIDTH_SCALES = (1 / 8, 1 / 4, 1 / 2, 1, 2, 4, 8, 16)
+WIDTH_ROWS = 128
+
+
+def width_sweep(info: dict, scales) -> list:
+    """For a kernel whose first input is [rows, cols]: 128 rows, the columns scaled by `scales`
+    (every input dim equal to rows or cols follows). Time per element against the row width
+    shows where a row stops fitting in SBUF and the kernel changes its plan."""
+    bench = info["benchmark"]
+    specs = [(tuple(shape), dtype) for shape, dtype in bench["inputs"]]
+    first = specs[0][0]
+    if len(first) != 2 or first[0] == first[1]:
+        return []
+    rows, cols = first
+    points = []
+    for scale in scales:
+        w = max(1, int(round(cols * scale)))
+        scaled = [(tuple(WIDTH_ROWS if d == rows else w if d == cols else d for d in shape), dtype)
+                  for shape, dtype in specs]
+        points.append((f"{list(scaled[0][0])} {to_dtype(scaled[0][1]).name}", scaled, dict(bench["params"])))
+    return points
+
+
 def _call_params(kernel, params: dict) -> dict:
     kinds = {p[0]: p[1] for p in kernel.info["params"]}
     return {k: (bool(v) if kinds.get(k) == "bool" else
@@ -110,10 +133,7 @@ def host_times(name: str, kernel, specs, params: dict, repeats: int) -> dict:
 
     from nikki.torch_equivalents import TORCH
 
-    rng = np.random.default_rng(0)
-    values = [rng.standard_normal(shape) for shape, _ in specs]
-    if name == "adamw":  # the second moment is a running mean of squares: never negative
-        values[3] = np.abs(values[3])
+    values = _core.library_inputs(name, [(list(s), d) for s, d in specs], params, 0)
     arrays = [v.astype(numpy_dtype(to_dtype(d))) for v, (_, d) in zip(values, specs)]
     call = _call_params(kernel, params)
     out = {"nikki_s": _median_seconds(lambda: kernel(*arrays, **call), repeats)}
@@ -142,20 +162,25 @@ def _progress(done: int, total: int, what: str) -> None:
     sys.stderr.flush()
 
 
-def run(names, quick: bool, host_limit: int, progress: bool = True) -> list:
+def run(names, quick: bool, host_limit: int, progress: bool = True, sweeps=("size", "width")) -> list:
     kernels = library_kernels()
     scales = QUICK_SCALES if quick else FULL_SCALES
     repeats = 1 if quick else 5
-    work = [(n, p) for n in names for p in sweep(kernels[n].info, scales)]
+    work = []
+    for n in names:
+        if "size" in sweeps:
+            work += [(n, "size", p) for p in sweep(kernels[n].info, scales)]
+        if "width" in sweeps and not quick:
+            work += [(n, "width", p) for p in width_sweep(kernels[n].info, WIDTH_SCALES)]
     rows = []
-    for step, (name, (label, specs, params)) in enumerate(work, 1):
+    for step, (name, kind, (label, specs, params)) in enumerate(work, 1):
         kernel = kernels[name]
-        row = {"kernel": name, "size": label, "inputs": [[list(s), to_dtype(d).name] for s, d in specs],
+        row = {"kernel": name, "sweep": kind, "size": label, "inputs": [[list(s), to_dtype(d).name] for s, d in specs],
                "params": params, "bound": kernel.info["benchmark"]["bound"], "goal": kernel.info["benchmark"]["goal"]}
         for target in TARGETS:
             row[target] = estimate(name, kernel, specs, params, target)
         heavy = max(row["trn2"]["io_bytes"], row["trn2"]["useful_flops"] / 640)
-        if heavy <= host_limit:
+        if kind == "size" and heavy <= host_limit:
             row["host"] = host_times(name, kernel, specs, params, repeats)
         rows.append(row)
         if progress:
@@ -167,6 +192,11 @@ def run(names, quick: bool, host_limit: int, progress: bool = True) -> list:
 
 def _ratio(a, b) -> str:
     return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _elements(row: dict) -> int:
+    """Elements of the row's first input."""
+    return math.prod(row["inputs"][0][0])
 
 
 def reference_markdown(references: dict) -> list:
@@ -219,14 +249,16 @@ def markdown(rows: list, command: str, references: dict | None = None) -> str:
              "![estimated time against work](benchmarks/scaling.png)",
              "![host simulation time](benchmarks/host.png)", ""]
     for name in dict.fromkeys(r["kernel"] for r in rows):
-        mine = [r for r in rows if r["kernel"] == name]
-        goal = mine[0]["goal"]
+        mine = [r for r in rows if r["kernel"] == name and r.get("sweep", "size") == "size"]
+        wide = [r for r in rows if r["kernel"] == name and r.get("sweep") == "width"]
+        first = (mine or wide)[0]
         lines += [f"## {name}", "",
-                  f"Bound: {'TensorE' if mine[0]['bound'] == 'tensor_engine' else 'HBM'}"
-                  + (f"; goal {100 * goal:.0f}% on trn2 at the benchmark shape" if goal else ""), "",
-                  "| size | trn2 µs | util | roofline µs | trn1 µs | util | nikki ms | torch ms | numpy-eager ms "
-                  "| numpy-eager / nikki | torch / nikki |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  f"Bound: {'TensorE' if first['bound'] == 'tensor_engine' else 'HBM'}"
+                  + (f"; goal {100 * first['goal']:.0f}% on trn2 at the benchmark shape" if first["goal"] else ""), ""]
+        if mine:
+            lines += ["| size | trn2 µs | util | roofline µs | trn1 µs | util | nikki ms | torch ms | numpy-eager ms "
+                      "| numpy-eager / nikki | torch / nikki |",
+                      "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in mine:
             t2, t1, h = r["trn2"], r["trn1"], r.get("host", {})
             ms = {k: h[k] * 1e3 for k in ("nikki_s", "torch_s", "numpy_eager_s") if k in h}
@@ -236,6 +268,16 @@ def markdown(rows: list, command: str, references: dict | None = None) -> str:
                          + f" | {_ratio(ms.get('numpy_eager_s'), ms.get('nikki_s'))} "
                          f"| {_ratio(ms.get('torch_s'), ms.get('nikki_s'))} |")
         lines.append("")
+        if wide:
+            lines += [f"Row width, {WIDTH_ROWS} rows (where a row stops fitting in SBUF, the time per element "
+                      "steps up):", "",
+                      "| shape | trn2 µs | trn2 ns per element | util | trn1 µs | util |",
+                      "|---|---:|---:|---:|---:|---:|"]
+            for r in wide:
+                t2, t1 = r["trn2"], r["trn1"]
+                lines.append(f"| {r['size']} | {t2['us']:.1f} | {1e3 * t2['us'] / _elements(r):.3f} | "
+                             f"{100 * t2['utilization']:.1f}% | {t1['us']:.1f} | {100 * t1['utilization']:.1f}% |")
+            lines.append("")
     return "\n".join(lines + reference_markdown(references or {}))
 
 
@@ -247,6 +289,8 @@ def plots(rows: list, folder: str) -> list:
     import matplotlib.pyplot as plt
 
     os.makedirs(folder, exist_ok=True)
+    wide = [r for r in rows if r.get("sweep") == "width"]
+    rows = [r for r in rows if r.get("sweep", "size") == "size"]
     names = list(dict.fromkeys(r["kernel"] for r in rows))
     largest = {n: [r for r in rows if r["kernel"] == n][-1] for n in names}
     paths = []
@@ -277,7 +321,7 @@ def plots(rows: list, folder: str) -> list:
                  "% of the bound (estimate)", "Estimated utilization at the largest swept size (black: goal)",
                  goals=[100 * largest[n]["goal"] for n in names])
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, axes = plt.subplots(1, 3 if wide else 2, figsize=(18 if wide else 12, 4.5))
     for ax, bound, unit in ((axes[0], "hbm", "compulsory HBM bytes"), (axes[1], "tensor_engine", "useful FLOPs")):
         for n in names:
             mine = [r for r in rows if r["kernel"] == n and r["bound"] == bound]
@@ -290,6 +334,17 @@ def plots(rows: list, folder: str) -> list:
         ax.grid(True, which="both", alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
+    if wide:
+        ax = axes[2]
+        for n in dict.fromkeys(r["kernel"] for r in wide):
+            mine = [r for r in wide if r["kernel"] == n]
+            ax.semilogx([r["inputs"][0][0][1] for r in mine], [1e3 * r["trn2"]["us"] / _elements(r) for r in mine],
+                        marker="o", label=n)
+        ax.set_xlabel(f"row width (elements; {WIDTH_ROWS} rows)")
+        ax.set_ylabel("estimated ns per element on trn2")
+        ax.set_title("Row kernels: where rows stop fitting in SBUF")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "scaling.png"), dpi=100)
     plt.close(fig)
@@ -311,7 +366,7 @@ def text_table(rows: list) -> str:
     for r in rows:
         h = r.get("host", {})
         cell = lambda k: f"{1e3 * h[k]:.2f}" if k in h else "-"  # noqa: E731
-        out.append(f"{r['kernel']:<22} {r['size']:<26} {r['trn2']['us']:>10.1f} {100 * r['trn2']['utilization']:>6.1f}% "
+        out.append(f"{r['kernel']:<22} {r['size'] + (' (width)' if r.get('sweep') == 'width' else ''):<26} {r['trn2']['us']:>10.1f} {100 * r['trn2']['utilization']:>6.1f}% "
                    f"{r['trn1']['us']:>10.1f} {100 * r['trn1']['utilization']:>6.1f}% {cell('nikki_s'):>9} "
                    f"{cell('torch_s'):>9} {cell('numpy_eager_s'):>11}")
     return "\n".join(out)
@@ -338,6 +393,9 @@ def main(argv=None, prog=None) -> int:
                         help="skip the matmul tutorial's reference kernels (skipped by --quick anyway)")
     parser.add_argument("--from-json", metavar="FILE",
                         help="re-render the markdown and plots of a run saved with --json, measuring nothing")
+    parser.add_argument("--sweep", choices=("size", "width", "both"), default="both",
+                        help="scale the benchmark shape's largest dim (size), the row width of 2-D kernels at "
+                             f"{WIDTH_ROWS} rows (width; not with --quick), or both")
     parser.add_argument("--host-limit", type=int, default=DEFAULT_HOST_LIMIT,
                         help="skip host runs above this many compulsory bytes (default %(default)s)")
     args = parser.parse_args(argv)
@@ -354,7 +412,8 @@ def main(argv=None, prog=None) -> int:
             saved = json.load(f)
         rows, references = saved["kernels"], saved["references"]
     else:
-        rows = run(names, args.quick, args.host_limit)
+        rows = run(names, args.quick, args.host_limit,
+                   sweeps=("size", "width") if args.sweep == "both" else (args.sweep,))
         references = {}
         if not args.quick and not args.no_tutorial and "matmul" in names:
             references["matmul_tutorial"] = reference_kernels.matmul_tutorial_rows()

@@ -21,6 +21,7 @@ import ml_dtypes
 import numpy as np
 
 import nikki
+from nikki.library import library_kernels
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -40,7 +41,7 @@ def matmul_tutorial_rows(target: str = "trn1") -> list:
         prof = nikki.estimate(kernel, lhsT, rhs, target=target)
         rows.append({"kernel": f"tutorial {name}", "published_ms": matmul_tutorial.PUBLISHED_MS[name],
                      "estimate_ms": prof.total_ms, "tensor_utilization": prof.tensor_flop_utilization()})
-    prof = nikki.estimate(nikki.kernels.matmul, nikki.spec((M, K), "bfloat16"), nikki.spec((K, N), "bfloat16"),
+    prof = nikki.estimate(library_kernels()["matmul"], nikki.spec((M, K), "bfloat16"), nikki.spec((K, N), "bfloat16"),
                           target=target)
     rows.append({"kernel": "nikki.kernels.matmul", "published_ms": None, "estimate_ms": prof.total_ms,
                  "tensor_utilization": prof.tensor_flop_utilization()})
@@ -136,7 +137,6 @@ def library_rows(checkout: str, target: str = "trn2", names=None) -> list:
     """Each pair whose two kernels exist, on each of its shapes: the nki-library kernel's and
     nikki's estimated time ('error' instead when a kernel does not run on nikki)."""
     from nikki import compat
-    from nikki.library import library_kernels
 
     sys.path.insert(0, os.path.join(checkout, "src"))
     compat.install()  # the library's `import nki` resolves to nikki

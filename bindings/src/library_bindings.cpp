@@ -178,6 +178,23 @@ void bind_library(py::module_& m) {
       },
       py::arg("name"), py::arg("inputs"), py::arg("params"));
 
+  // Input values for any shapes of a kernel, from its registration (its own input maker: valid
+  // targets, positive second moments, ...), rounded to each input's dtype.
+  m.def(
+      "library_inputs",
+      [](const std::string& name, const std::vector<std::pair<py::object, DType>>& inputs, const py::dict& params,
+         uint64_t seed) {
+        const kernels::KernelInfo& info = kernels::find_kernel(name);
+        kernels::ExampleCase c;
+        for (const auto& [dims, dtype] : inputs) c.inputs.push_back(TensorSpec{shape_from_python(dims), dtype, {}, false});
+        c.params = to_params(params);
+        kernels::CaseRng rng(seed);
+        py::list values;
+        for (const kernels::RefTensor& t : info.inputs_for(c, rng)) values.append(to_numpy(t));
+        return values;
+      },
+      py::arg("name"), py::arg("inputs"), py::arg("params"), py::arg("seed") = 0);
+
   // The useful FLOPs of a Tensor-engine-bound kernel on given input shapes (0 for HBM-bound
   // kernels): what its utilization is measured against at any size, not only its benchmark shape.
   m.def(
