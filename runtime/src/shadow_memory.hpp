@@ -395,6 +395,58 @@ class ShadowMemory {
         if (inst.operands[4].is_tensor()) store_accumulator(m, inst, 4, vector_acc_invalid_, origin);
         break;
       }
+      case Opcode::range_select:
+        each([&](int64_t p, int64_t f) {
+          return v[1].at(p, f) && per_partition(v[2], p) && per_partition(v[3], p);
+        });
+        accumulate(vector_acc_invalid_, at.reduce_cmd, out, P, F,
+                   at.reduce_cmd == ReduceCmd::reduce || at.reduce_cmd == ReduceCmd::reset_reduce);
+        if (inst.operands[4].is_tensor()) store_accumulator(m, inst, 4, vector_acc_invalid_, origin);
+        break;
+      case Opcode::nc_n_gather:  // any element of the partition may be the one gathered
+        each([&](int64_t p, int64_t f) { return v[2].at(p, f) && v[1].row(p); });
+        break;
+      case Opcode::dma_compute:
+        for (int64_t i = 0; i < dst.e.size(); ++i)
+          for (int slot = 1; slot < kMaxSlots && v[slot].present(); ++slot) out[i] = out[i] && v[slot].valid[i];
+        break;
+      case Opcode::nc_match_replace8: {  // which element is replaced depends on the whole row and on vals
+        each([&](int64_t p, int64_t) { return v[1].row(p) && v[2].row(p); });
+        if (inst.operands[4].is_tensor()) {  // a write-only slot: resolved here, not among the read views
+          const Elements idx = m.resolve(inst, inst.operands[4].ap);
+          std::vector<uint8_t> indices(idx.size());
+          for (int64_t p = 0; p < idx.partitions; ++p)
+            for (int64_t f = 0; f < idx.free; ++f) indices[p * idx.free + f] = v[1].row(p) && v[2].row(p);
+          store(m, inst, 4, indices, origin);
+        }
+        break;
+      }
+      case Opcode::nc_stream_shuffle: {  // a quadrant's lane takes another lane's row; 255 keeps it
+        const int64_t quadrant = k_.config().partition_quadrant;
+        std::vector<uint8_t> written(dst.e.size(), 0);
+        for (int64_t p = 0; p < P; ++p) {
+          const int32_t lane = at.lanes[p % quadrant];
+          if (lane == kShuffleKeepLane) continue;
+          const int64_t from = (p / quadrant) * quadrant + lane;
+          for (int64_t f = 0; f < F; ++f) {
+            written[p * F + f] = 1;
+            out[p * F + f] = from < v[1].e.partitions && v[1].at(from, f);
+          }
+        }
+        store(m, inst, 0, out, origin, &written);
+        return;
+      }
+      case Opcode::nonzero_with_count: {  // the first partition of each GpSimd core's group
+        const int64_t group = k_.config().gpsimd_core_partitions;
+        std::vector<uint8_t> written(dst.e.size(), 0);
+        for (int64_t p = 0; p < P; p += group)
+          for (int64_t f = 0; f < F; ++f) {
+            written[p * F + f] = 1;
+            out[p * F + f] = p < v[1].e.partitions && v[1].row(p);
+          }
+        store(m, inst, 0, out, origin, &written);
+        return;
+      }
       default: internal_check(false, "the sanitizer has no propagation rule for this opcode");
     }
     store(m, inst, 0, out, origin);

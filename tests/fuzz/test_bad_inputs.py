@@ -433,9 +433,11 @@ class TorchFunction(Entry):
     accepts_numpy = False
     torch_facing = True
 
-    def __init__(self, name, make_args, call, reference):
+    def __init__(self, name, make_args, call, reference, valid_labels=()):
         self.name = f"nikki.torch.{name}"
         self._make_args, self._call, self._reference = make_args, call, reference
+        # (slot, replacement) pairs PyTorch's own function takes (so the nikki one must, and match it)
+        self.valid_labels = frozenset(valid_labels)
 
     def arguments(self, rng):
         return self._make_args(rng)
@@ -492,7 +494,7 @@ TORCH_FUNCTIONS = [
                                            "weight": ("tensor?", _t(r, F)), "bias": ("tensor?", _t(r, F)),
                                            "eps": ("finite", 1e-5)}, ntorch.layer_norm, _layer_norm_ref),
     TorchFunction("matmul", lambda r: {"a": ("tensor", _t(r, P, F)), "b": ("tensor", _t(r, F, P))},
-                  ntorch.matmul, lambda a, b: a @ b),
+                  ntorch.matmul, lambda a, b: a @ b, valid_labels={("a", "empty")}),  # [0, K] @ [K, N] is [0, N]
     TorchFunction("flash_attention", lambda r: {"q": ("tensor", _t(r, 1, 2, 16, F)), "k": ("tensor", _t(r, 1, 1, 16, F)),
                                                 "v": ("tensor", _t(r, 1, 1, 16, F)), "causal": ("bool", False),
                                                 "scale": ("optional", 0.5)},
@@ -728,7 +730,7 @@ def run_case(case: Case) -> tuple:
     except Exception as err:  # a value this base cannot take (e.g. an object array of a bf16 one)
         return "skipped", f"{type(err).__name__}: {err}"
     value = args[slot]
-    valid = bad.valid
+    valid = True if (slot, bad.label) in getattr(entry, "valid_labels", ()) else bad.valid
     if isinstance(entry, Library) and valid is True and kind in ("finite", "int"):
         # The kind of the number is what is fuzzed, and a library parameter may bound its range
         # (adamw's beta1 < 1, step >= 1): the drawn type carries the example's value where it can

@@ -547,3 +547,37 @@ def test_library_kernels_pass_clean_with_unchanged_results(rng, monkeypatch):
         assert _outcome(kernel, args, call) == plain, name
         if plain[0] != "error":
             assert {p.executor for p in kernel.specialize(*args, **call).programs} == {"sanitizer"}, name
+
+
+def test_movement_and_selection_instructions_run_sanitized_unchanged():
+    """Every instruction has a propagation rule: the movement and selection instructions' own
+    tests (nc_n_gather, nc_match_replace8, range_select, nc_stream_shuffle, nonzero_with_count,
+    dma_compute, ...) pass with NIKKI_SANITIZE=1, their results unchanged."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, NIKKI_SANITIZE="1",
+               PYTHONPATH=os.path.join(here, "..", "..", "bindings", "python"))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           os.path.join(here, "test_api_isa_movement_and_selection.py")],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert " passed" in done.stdout
+
+
+def test_gather_from_a_partly_written_tile_is_caught(rng, line_of, at):
+    @nki.jit(sanitize=True)
+    def k(x, idx):
+        out = nl.ndarray(idx.shape, x.dtype, buffer=nl.shared_hbm)
+        data = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)  # E:gather_alloc
+        i = nl.ndarray(idx.shape, idx.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=data[:, 0:8], src=x[:, 0:8])
+        nisa.dma_copy(dst=i, src=idx)
+        g = nl.ndarray(idx.shape, x.dtype, buffer=nl.sbuf)
+        nisa.nc_n_gather(dst=g, data=data, indices=i)  # E:gather_read
+        nisa.dma_copy(dst=out, src=g)
+        return out
+
+    # only written columns are gathered, but the instruction reads the whole data tile
+    idx = rng.integers(0, 8, (128, 4)).astype(np.uint32)
+    err = caught(k, f32(rng, 128, 16), idx)
+    assert err.line == line_of("gather_read")
+    assert "nc_n_gather reads uninitialized memory" in str(err) and at("gather_alloc") in str(err)
