@@ -80,8 +80,8 @@ def width_sweep(info: dict, scales) -> list:
     bench = info["benchmark"]
     specs = [(tuple(shape), dtype) for shape, dtype in bench["inputs"]]
     first = specs[0][0]
-    if len(first) != 2 or first[0] == first[1]:
-        return []
+    if len(first) != 2 or first[0] == first[1] or math.prod(first) < max(math.prod(shape) for shape, _ in specs):
+        return []  # not a [rows, cols] kernel whose first input is its data (rope_bwd's is the cos table)
     rows, cols = first
     points = []
     for scale in scales:
@@ -340,6 +340,7 @@ def plots(rows: list, folder: str) -> list:
             mine = [r for r in wide if r["kernel"] == n]
             ax.semilogx([r["inputs"][0][0][1] for r in mine], [1e3 * r["trn2"]["us"] / _elements(r) for r in mine],
                         marker="o", label=n)
+        ax.set_yscale("log")
         ax.set_xlabel(f"row width (elements; {WIDTH_ROWS} rows)")
         ax.set_ylabel("estimated ns per element on trn2")
         ax.set_title("Row kernels: where rows stop fitting in SBUF")
@@ -428,7 +429,8 @@ def main(argv=None, prog=None) -> int:
             with open(args.json, "w") as f:
                 json.dump({"kernels": rows, "references": references}, f, indent=1)
     if args.markdown:
-        command = "make bench" if not args.quick else "python bench/python/kernel_bench.py --quick"
+        command = "python bench/python/kernel_bench.py --quick" if args.quick else \
+            "make bench NKI_LIBRARY=<an aws-neuron/nki-library checkout>" if references.get("nki_library") else "make bench"
         with open(args.markdown, "w") as f:
             f.write(markdown(rows, command, references) + "\n")
     if args.plots:

@@ -128,7 +128,7 @@ PAIRS = [
     Pair("core.embeddings.rope_hf:rope_hf", "rope", [_rope_shape(1, 2, 1, 128, 64), _rope_shape(1, 32, 8, 2048, 128)],
          note="nikki rotates q and k in two calls"),
     Pair("core.output_projection.output_projection_cte.output_projection_cte:output_projection_cte",
-         "output_projection", [_projection_shape(1, 2, 64, 128, 512), _projection_shape(1, 32, 128, 2048, 4096)],
+         "output_projection", [_projection_shape(1, 2, 64, 128, 512), _projection_shape(1, 16, 128, 2048, 4096)],
          note="nikki also adds a residual (zeros here): one more [B, S, N] read"),
 ]
 
