@@ -30,6 +30,33 @@ inline void extent(const OpDesc* d, int slot, int64_t& lo, int64_t& hi) {
   hi += element_bytes(d, slot);
 }
 
+/** @brief Whether a regular slot and dst share no byte at all, seen row by row of dim 0: with one
+ * dim-0 stride S for both (the partition stride of on-chip tiles), row i of dst covers
+ * [base_d + i*S + dlo, base_d + i*S + dhi) of its free dims and row j of the slot the same with its
+ * own free extent, so the two meet only if some row shift k = j - i (|k| < count[0]) puts k*S
+ * strictly between base_d - base_s + dlo - shi and base_d - base_s + dhi - slo. Two tiles at
+ * different byte offsets of the same partitions are disjoint although their linear extents
+ * overlap. */
+inline bool disjoint_by_rows(const OpDesc* d, int dst, int s, const intptr_t (&base)[kSlots]) {
+  const int64_t stride = d->view[dst].stride[0];
+  if (stride <= 0 || d->view[s].stride[0] != stride) return false;
+  int64_t dlo = 0, dhi = 0, slo = 0, shi = 0;
+  for (int k = 1; k < kIterDims; ++k) {
+    const int64_t ds = (d->count[k] - 1) * d->view[dst].stride[k], ss = (d->count[k] - 1) * d->view[s].stride[k];
+    (ds < 0 ? dlo : dhi) += ds;
+    (ss < 0 ? slo : shi) += ss;
+  }
+  dhi += element_bytes(d, dst);
+  shi += element_bytes(d, s);
+  const int64_t delta = static_cast<int64_t>(base[dst] - base[s]);
+  const int64_t lo = delta + dlo - shi, hi = delta + dhi - slo;  // k*stride must avoid (lo, hi)
+  const int64_t rows = d->count[0];
+  // the smallest shift above lo (floor(lo / stride) + 1), but not below -(rows - 1)
+  int64_t k = (lo >= 0 ? lo / stride : -((-lo + stride - 1) / stride)) + 1;
+  if (k < 1 - rows) k = 1 - rows;
+  return !(k < rows && k * stride < hi);
+}
+
 /** @brief Whether distinct iteration points address distinct elements of a regular slot: taken
  * from the smallest stride up, each dim steps over everything the dims inside it cover. */
 inline bool injective(const OpDesc* d, int slot) {
@@ -70,6 +97,7 @@ inline uint32_t overlap_hazards(const OpDesc* d, int dst, const intptr_t (&base)
     int64_t lo, hi;
     extent(d, s, lo, hi);
     if (base[s] + hi <= base[dst] + dlo || base[dst] + dhi <= base[s] + lo) continue;
+    if (disjoint_by_rows(d, dst, s, base)) continue;
     bool same = base[s] == base[dst] && element_bytes(d, s) == element_bytes(d, dst);
     for (int k = 0; k < kIterDims; ++k)
       same = same && (d->count[k] == 1 || d->view[s].stride[k] == d->view[dst].stride[k]);
