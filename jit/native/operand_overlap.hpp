@@ -30,18 +30,23 @@ inline void extent(const OpDesc* d, int slot, int64_t& lo, int64_t& hi) {
   hi += element_bytes(d, slot);
 }
 
-/** @brief Whether a regular slot and dst share no byte at all, seen row by row of dim 0: with one
- * dim-0 stride S for both (the partition stride of on-chip tiles), row i of dst covers
- * [base_d + i*S + dlo, base_d + i*S + dhi) of its free dims and row j of the slot the same with its
- * own free extent, so the two meet only if some row shift k = j - i (|k| < count[0]) puts k*S
- * strictly between base_d - base_s + dlo - shi and base_d - base_s + dhi - slo. Two tiles at
- * different byte offsets of the same partitions are disjoint although their linear extents
- * overlap. */
+/** @brief Whether a regular slot and dst share no byte at all, seen row by row of their outermost
+ * dim (the one of largest stride, which both must step by the same S: the partition dim of on-chip
+ * tiles, whichever iteration dim carries it). Row i of dst covers [base_d + i*S + dlo,
+ * base_d + i*S + dhi) over its other dims and row j of the slot the same with its own extent, so
+ * the two meet only if some row shift k = j - i (|k| < rows) puts k*S strictly between
+ * base_d - base_s + dlo - shi and base_d - base_s + dhi - slo. Two tiles at different byte offsets
+ * of the same partitions are disjoint although their linear extents overlap. */
 inline bool disjoint_by_rows(const OpDesc* d, int dst, int s, const intptr_t (&base)[kSlots]) {
-  const int64_t stride = d->view[dst].stride[0];
-  if (stride <= 0 || d->view[s].stride[0] != stride) return false;
+  int row = -1;
+  for (int k = 0; k < kIterDims; ++k)
+    if (d->count[k] > 1 && (row < 0 || d->view[dst].stride[k] > d->view[dst].stride[row])) row = k;
+  if (row < 0) return false;
+  const int64_t stride = d->view[dst].stride[row];
+  if (stride <= 0 || d->view[s].stride[row] != stride) return false;
   int64_t dlo = 0, dhi = 0, slo = 0, shi = 0;
-  for (int k = 1; k < kIterDims; ++k) {
+  for (int k = 0; k < kIterDims; ++k) {
+    if (k == row) continue;
     const int64_t ds = (d->count[k] - 1) * d->view[dst].stride[k], ss = (d->count[k] - 1) * d->view[s].stride[k];
     (ds < 0 ? dlo : dhi) += ds;
     (ss < 0 ? slo : shi) += ss;
@@ -50,7 +55,7 @@ inline bool disjoint_by_rows(const OpDesc* d, int dst, int s, const intptr_t (&b
   shi += element_bytes(d, s);
   const int64_t delta = static_cast<int64_t>(base[dst] - base[s]);
   const int64_t lo = delta + dlo - shi, hi = delta + dhi - slo;  // k*stride must avoid (lo, hi)
-  const int64_t rows = d->count[0];
+  const int64_t rows = d->count[row];
   // the smallest shift above lo (floor(lo / stride) + 1), but not below -(rows - 1)
   int64_t k = (lo >= 0 ? lo / stride : -((-lo + stride - 1) / stride)) + 1;
   if (k < 1 - rows) k = 1 - rows;

@@ -54,3 +54,16 @@ TEST_CASE("native overlap: tiles sharing bytes of some partition are ordered") {
   CHECK(hazards(d, 2048, 0) == 0);                        // the next 2 KiB of each partition
   CHECK(hazards(d, 2047, 0) == 0b10);                     // one byte short of it
 }
+
+TEST_CASE("native overlap: the partition axis may be any iteration dim (copies iterate without a partition dim)") {
+  // A converting copy: count[0] = 1, partitions along dim 3, elements along dim 4.
+  OpDesc d = tiles(DType::bfloat16, DType::float32, 512);
+  for (int s : {0, 1}) {
+    d.view[s].stride[3] = d.view[s].stride[0];
+    d.view[s].stride[0] = 0;
+  }
+  d.count[3] = d.count[0];
+  d.count[0] = 1;
+  CHECK(hazards(d, 2048, 0) == 0);     // bf16 at [2048, 3072) of each partition, fp32 at [0, 2048)
+  CHECK(hazards(d, 1024, 0) == 0b10);  // bf16 at [1024, 2048): inside the fp32 rows
+}
