@@ -1259,13 +1259,44 @@ NK_ENTRY void nk_matmul(const OpDesc* d, const OpArgs* args) {
     }
 }
 
-/** nc_transpose: dst[f, p] = data[p, f], bit for bit. */
+/** nc_transpose: dst[f, p] = data[p, f], bit for bit. Each partition of dst is a row apart in
+ * memory, so element by element every write lands on another row; blocks of kTransposeBlock x
+ * kTransposeBlock elements write whole runs of each dst row instead. Tiles that share bytes
+ * (an in-place transpose) keep the reference's order. */
+inline constexpr int64_t kTransposeBlock = 16;
+
 NK_ENTRY void nk_transpose(const OpDesc* d, const OpArgs* args) {
   NK_LOCAL_ARGS;
   const int64_t size = dtype_size(dtype_of(d, 1));
-  for (int64_t p = 0; p < d->count[0]; ++p)
-    for (int64_t f = 0; f < d->count[1]; ++f)
-      std::memcpy(address(d, a, 0, f, p, 0, 0, 0), address(d, a, 1, p, f, 0, 0, 0), size);
+  const int64_t P = d->count[0], F = d->count[1];
+  auto copy = [&](int64_t p, int64_t f) {
+    std::memcpy(address(d, a, 0, f, p, 0, 0, 0), address(d, a, 1, p, f, 0, 0, 0), size);
+  };
+  // byte ranges of the two views: a 2-D view's extremes are among its four corners
+  auto range = [&](int slot, int64_t rows, int64_t cols, const uint8_t*& lo, const uint8_t*& hi) {
+    const uint8_t* corners[4] = {address(d, a, slot, 0, 0, 0, 0, 0), address(d, a, slot, rows - 1, 0, 0, 0, 0),
+                                 address(d, a, slot, 0, cols - 1, 0, 0, 0),
+                                 address(d, a, slot, rows - 1, cols - 1, 0, 0, 0)};
+    lo = hi = corners[0];
+    for (const uint8_t* c : corners) lo = c < lo ? c : lo, hi = c > hi ? c : hi;
+    hi += size;
+  };
+  const uint8_t *dst_lo, *dst_hi, *src_lo, *src_hi;
+  range(0, F, P, dst_lo, dst_hi);
+  range(1, P, F, src_lo, src_hi);
+  const bool disjoint = dst_hi <= src_lo || src_hi <= dst_lo;
+  if (!disjoint) {
+    for (int64_t p = 0; p < P; ++p)
+      for (int64_t f = 0; f < F; ++f) copy(p, f);
+    return;
+  }
+  for (int64_t p0 = 0; p0 < P; p0 += kTransposeBlock)
+    for (int64_t f0 = 0; f0 < F; f0 += kTransposeBlock) {
+      const int64_t p1 = p0 + kTransposeBlock < P ? p0 + kTransposeBlock : P;
+      const int64_t f1 = f0 + kTransposeBlock < F ? f0 + kTransposeBlock : F;
+      for (int64_t f = f0; f < f1; ++f)
+        for (int64_t p = p0; p < p1; ++p) copy(p, f);
+    }
 }
 
 }  // namespace nikki::native
