@@ -2,7 +2,9 @@
 nl.loop_reduce, slices past a tensor's end trimmed by a mask, rows gathered through a [P, 1] index
 tile, nl.mgrid's named axes, numpy broadcasting of nl binary ops / nl.where / legacy
 tensor_tensor, nl.par_dim on HBM, masks on reductions, nl.shared_constant, matmul and
-affine_select operands in PSUM, fresh tiles written straight into their destination; and the
+affine_select operands in PSUM, fresh tiles written straight into their destination (masked
+ones too when the mask keeps the whole tile), partition broadcasts copied once where they are
+made; and the
 nl functions nikki composes from several instructions (floor, ceil, trunc, fmod, mod, cos, tan,
 abs_max, abs_min).
 
@@ -185,6 +187,47 @@ def test_fresh_results_are_produced_in_place():
     np.testing.assert_allclose(kernel(a), 2 * np.exp(a), rtol=2e-7)
     opcodes = [i["opcode"] for i in kernel.specialize(a).programs[0].kernel.instructions()]
     assert opcodes.count("tensor_copy") == 1 and opcodes.count("dma_copy") == 2
+
+
+def test_masked_fresh_results_are_produced_in_place_when_the_mask_keeps_the_whole_tile():
+    @nki.jit
+    def kernel(a, width):
+        out = nl.ndarray((128, 1024), nl.float32, buffer=nl.shared_hbm)
+        i_p, i_f = nl.arange(128)[:, None], nl.arange(512)[None, :]
+        x = nl.load(a)
+        doubled = nl.zeros((128, 1024), dtype=nl.float32)
+        for j in nl.affine_range(2):
+            # the mask keeps every element when width is 1024, and half of the second chunk at 768
+            doubled[i_p, j * 512 + i_f] = nisa.tensor_scalar(x[i_p, j * 512 + i_f], op0=np.multiply, operand0=2.0,
+                                                             mask=(j * 512 + i_f < width))
+        nl.store(out, doubled)
+        return out
+
+    a = np.random.default_rng(3).standard_normal((128, 1024)).astype(np.float32)
+    for width, copies in ((1024, 0), (768, 1)):
+        want = np.where(np.arange(1024) < width, 2 * a, 0)  # doubling is exact in fp32
+        np.testing.assert_array_equal(kernel(a, width), want)
+        opcodes = [i["opcode"] for i in kernel.specialize(a, width).programs[0].kernel.instructions()]
+        assert opcodes.count("tensor_copy") == copies, (width, opcodes)
+
+
+def test_partition_broadcast_made_before_a_loop_is_copied_once():
+    @nki.jit
+    def kernel(x, w):
+        out = nl.ndarray(x.shape, x.dtype, buffer=nl.shared_hbm)
+        w_row = nl.load(w)                             # [1, F]
+        w_all = w_row.broadcast_to((128, x.shape[1]))  # a new tile, copied here
+        for i in nl.affine_range(x.shape[0] // 128):
+            rows = nl.load(x[i * 128:(i + 1) * 128, :])
+            nl.store(out[i * 128:(i + 1) * 128, :], nisa.tensor_tensor(rows, w_all, op=nl.multiply))
+        return out
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((512, 64)).astype(np.float32)
+    w = rng.standard_normal((1, 64)).astype(np.float32)
+    np.testing.assert_array_equal(kernel(x, w), x * w)  # one fp32 product per element: exact
+    opcodes = [i["opcode"] for i in kernel.specialize(x, w).programs[0].kernel.instructions()]
+    assert opcodes.count("dma_copy") == 4 + 4 + 1 + 1  # loads, stores, w, one broadcast copy
 
 
 def test_bf16_per_partition_operands_become_fp32(rng):

@@ -25,6 +25,7 @@ class Hooks:
     # --- nki.isa: legacy assignment and in-place updates of tiles ---
     tensor_tensor: Callable[..., Any] = _unset
     produce_in_place: Callable[..., bool] = _unset
+    partition_broadcast: Callable[..., Any] = _unset
     masked_write_of: Callable[..., Any] = _unset
     assign: Callable[..., None] = _unset
     assign_scalar: Callable[..., None] = _unset

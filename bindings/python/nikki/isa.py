@@ -197,9 +197,10 @@ def _emit(opcode, operands, eng=engine.unknown, name=None, **attrs) -> int:
 
 def _partition_broadcast(x):
     """An SBUF/PSUM view repeated across partitions (stride 0 on the partition dim, as
-    ``t[0:1, :].broadcast_to((128, F))`` gives) cannot be read by an engine, which streams
-    consecutive partitions; it is first copied into a full tile by a DMA (legacy kernels rely on
-    this broadcast)."""
+    ``t[0:1, :].broadcast(0, 128)`` gives) cannot be read by an engine, which streams
+    consecutive partitions; it is first copied into a full tile by a DMA. Legacy
+    ``t.broadcast_to(shape)`` makes that copy where it is called (NkiTensor.broadcast_to), so a
+    broadcast made before a loop is copied once, not at every use in the loop."""
     if not isinstance(x, NkiTensor) or not x._view.is_partition_broadcast or not x.buffer.is_on_chip:
         return x
     staged = _new_tile(x.shape, x.dtype, sbuf, name="partition_broadcast")
@@ -1915,6 +1916,7 @@ sys.modules.setdefault("nikki.isa.constants", constants)
 # Legacy tile assignment and in-place updates of NkiTensor (t[...] = x, t += x) are these functions.
 hooks.tensor_tensor = _tensor_tensor
 hooks.produce_in_place = _produce_in_place
+hooks.partition_broadcast = _partition_broadcast
 hooks.masked_write_of = _masked_write_of
 hooks.assign = _assign
 hooks.assign_scalar = _assign_scalar

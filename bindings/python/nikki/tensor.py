@@ -273,8 +273,12 @@ class NkiTensor:
             mask = hooks.masked_write_of(value)
             if mask is not None:  # `t[i] = op(..., mask=m)`: the mask applies to the assignment too
                 ops = hooks.apply_mask(mask, dst, value)
-                if ops is not None:
-                    hooks.assign(*ops)
+                if ops is None:
+                    return
+                # a mask that keeps the whole tile: the masked instruction may write dst itself
+                if temporary and ops[1].shape == value.shape and hooks.produce_in_place(dst, value):
+                    return
+                hooks.assign(*ops)
                 return
             if temporary and hooks.produce_in_place(dst, value):
                 return
@@ -314,7 +318,10 @@ class NkiTensor:
                             check_int(size, "broadcast(): size", minimum=1))
 
     def broadcast_to(self, shape) -> "NkiTensor":
-        """Broadcasts size-1 dims to `shape` (same rank)."""
+        """Broadcasts size-1 dims to `shape` (same rank). An SBUF/PSUM tile broadcast across
+        partitions is copied into a full tile here, as Beta 1's broadcast_to returns a new tile:
+        engines cannot read a view that repeats a partition, and a broadcast made once before a
+        loop is then copied once."""
         shape = check_shape(shape, "broadcast_to(): shape", _core.max_rank)
         if len(shape) != self.ndim:
             raise kernel_error_at(user_frame(2), f"broadcast_to{shape} needs rank {self.ndim}")
@@ -322,6 +329,8 @@ class NkiTensor:
         for d, (have, want) in enumerate(zip(self.shape, shape)):
             if have != want:
                 t = t._derive("broadcast", d, want)
+        if t is not self and t._view.is_partition_broadcast and t.buffer.is_on_chip:
+            return hooks.partition_broadcast(t)
         return t
 
     def expand_dim(self, dim: int) -> "NkiTensor":
