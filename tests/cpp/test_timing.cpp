@@ -1,5 +1,5 @@
 // The timing model against hand-computed timelines (docs/performance-model.md has the formulas).
-// trn1 clocks: TensorE 2.8 GHz, VectorE 1.12 GHz, ScalarE 1.4 GHz; DMA: 16 engines x 17 B/ns,
+// trn1 clocks: TensorE 2.8 GHz, VectorE 1.4 GHz, ScalarE 1.4 GHz; DMA: 16 engines x 17 B/ns,
 // 1300 ns per transfer, 512 B-equivalent per contiguous buffer.
 #include "harness.hpp"
 #include "nikki/runtime/explain.hpp"
@@ -28,7 +28,7 @@ Timeline estimate(Fn fn, const Specs&... specs) {
   return t;
 }
 
-constexpr double kVectorGHz = 1.12, kScalarGHz = 1.4, kTensorGHz = 2.8;
+constexpr double kVectorGHz = 1.4, kScalarGHz = 1.4, kTensorGHz = 2.8;
 constexpr double kDmaLatency = 1300, kDmaBandwidth = 16 * 17.0, kBufferBytes = 512;
 
 double dma_ns(double bytes, double buffers) { return kDmaLatency + (bytes + buffers * kBufferBytes) / kDmaBandwidth; }

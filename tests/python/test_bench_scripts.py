@@ -3,7 +3,8 @@
 These are not timing tests (figures are never asserted): the scripts are deliverables that
 would otherwise only run by hand and rot unnoticed. Their own checks do run: native and interp
 bit-identical and numpy-eager within its bound (simulation_throughput), each tutorial matmul
-against numpy (matmul_tutorial --check)."""
+against numpy (matmul_tutorial --check), and each tutorial Mamba and LayerNorm against float64
+references (model_validation --check)."""
 
 import os
 import subprocess
@@ -31,10 +32,24 @@ def _run(script, *args):
     ("simulation_throughput.py", ["--quick"], "layernorm_bn_narrow"),
     ("bench_frontend.py", ["--quick"], "numpy a + b"),
     ("matmul_tutorial.py", ["--check"], "ranking (slowest first)"),
+    ("model_validation.py", ["--check", "--quick", "--markdown"], "published rankings kept"),
 ])
 def test_bench_script_runs(script, args, expect):
     """Each script exits cleanly and prints its table."""
     assert expect in _run(script, *args)
+
+
+def test_model_validation_rankings_name_rows_of_the_table():
+    """A published ranking naming no row of the table would be skipped silently."""
+    sys.path.insert(0, BENCH)
+    try:
+        import model_validation
+    finally:
+        sys.path.remove(BENCH)
+    names = [row.name for row in model_validation.rows()]
+    for slower, faster in model_validation.RANKINGS:
+        assert slower in names and faster in names, (slower, faster)
+    assert {row.split for row in model_validation.rows()} == {"calibrate", "check"}
 
 
 def _write(path, text):

@@ -24,12 +24,12 @@ def copy_kernel(a):
 
 def test_estimate_needs_no_data_and_matches_the_cost_model():
     # trn1: DMA in and out of a [128, 512] fp32 tile (128 buffers of 2 KiB each costing 512 B more, 1300 ns latency, 16 x 17 B/ns)
-    # around one VectorE copy of max(64, 512) cycles at 1.12 GHz.
+    # around one VectorE copy of max(64, 512) cycles at 1.4 GHz.
     prof = nki.estimate(copy_kernel, nki.spec((128, 512), nl.float32), target="trn1")
     dma = 1300 + (128 * 512 * 4 + 128 * 512) / (16 * 17.0)
-    assert prof.total_ns == pytest.approx(2 * dma + 512 / 1.12)
+    assert prof.total_ns == pytest.approx(2 * dma + 512 / 1.4)
     assert prof.target == "trn1 (NeuronCore-v2)"
-    assert prof.utilization("vector") == pytest.approx((512 / 1.12) / prof.total_ns)
+    assert prof.utilization("vector") == pytest.approx((512 / 1.4) / prof.total_ns)
     assert prof.dma_bytes == 2 * 128 * 512 * 4
 
 
