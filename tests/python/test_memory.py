@@ -175,9 +175,11 @@ def test_set_cache_limit_accepts_byte_counts_and_suffixes(cache_limit):
     assert cache_limit(1 << 30) == 2 << 20
     cache_limit("512k")
     assert nikki.cache_info()["limit"] == 512 << 10
+    cache_limit(np.int64(3 << 20))  # numpy integers, as shapes and sizes accept them
+    assert nikki.cache_info()["limit"] == 3 << 20 and type(nikki.cache_info()["limit"]) is int
 
 
-@pytest.mark.parametrize("bad", [-1, 1.5, True, "lots", "12T"])
+@pytest.mark.parametrize("bad", [-1, 1.5, True, np.bool_(True), np.float64(2.0), "lots", "12T"])
 def test_set_cache_limit_rejects_what_is_not_a_byte_count(cache_limit, bad):
     with pytest.raises(nikki.KernelError) as err:
         cache_limit(bad)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import numbers
 import os
 import threading
 import weakref
@@ -178,8 +179,8 @@ def set_cache_limit(limit_bytes: int | str) -> int:
     only the specialization in use. Accepts what ``NIKKI_MEMORY_CACHE_BYTES`` accepts ("1G")."""
     if isinstance(limit_bytes, str):
         limit = _parse_bytes(limit_bytes, "set_cache_limit")
-    elif isinstance(limit_bytes, int) and not isinstance(limit_bytes, bool) and limit_bytes >= 0:
-        limit = limit_bytes
+    elif isinstance(limit_bytes, numbers.Integral) and not isinstance(limit_bytes, bool) and limit_bytes >= 0:
+        limit = int(limit_bytes)  # numpy integers too, as every other integer argument of nikki
     else:
         raise KernelError(f"set_cache_limit({limit_bytes!r}): the limit must be a non-negative number of bytes",
                           hint="pass e.g. nikki.set_cache_limit(1 << 30) or nikki.set_cache_limit('1G')")
