@@ -9,6 +9,7 @@
 #include "nikki/kernels/attention/rope.hpp"
 #include "nikki/kernels/conv/causal_conv1d.hpp"
 #include "nikki/kernels/conv/causal_conv1d_bwd.hpp"
+#include "nikki/kernels/conv/conv1d.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
@@ -49,6 +50,7 @@ const std::vector<KernelInfo>& registry() {
       output_projection_bwd_info(),
       causal_conv1d_info(),
       causal_conv1d_bwd_info(),
+      conv1d_info(),
   };
   return kernels;
 }

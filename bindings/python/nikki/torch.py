@@ -30,7 +30,7 @@ __all__ = ["nki_op", "matmul", "softmax", "topk", "gated_mlp", "router_topk", "l
 
 
 __all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "apply_rotary_pos_emb",
-           "output_projection", "causal_conv1d", "adamw_",
+           "output_projection", "causal_conv1d", "conv1d", "adamw_",
            "library_op"]
 
 
@@ -694,6 +694,29 @@ def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         initial_state = x.new_zeros(x.shape[0], x.shape[1], 1)
     return library_op("causal_conv1d")(x.contiguous(), weight.contiguous(), bias.contiguous(),
                                        initial_state.contiguous(), silu=activation is not None)
+
+
+def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: int = 1,
+           padding: int = 0, dilation: int = 1, groups: int = 1, activation: str | None = None) -> torch.Tensor:
+    """``F.conv1d(x, weight, bias, stride, padding, dilation, groups)`` with nikki's conv1d kernel,
+    then `activation` (None, "silu" or "gelu", the erf form): x [B, C_in, L], weight
+    [C_out, C_in / groups, K]. Forward only (no autograd)."""
+    what = "nikki.torch.conv1d"
+    _tensor(x, f"{what}: x")
+    _tensor(weight, f"{what}: weight")
+    acts = {None: 0, "silu": 1, "gelu": 2}
+    if activation not in acts:
+        raise argument_error(f"{what}: activation", 'None, "silu" or "gelu"', activation)
+    if weight.dim() != 3:
+        raise argument_error(f"{what}: weight", "a [C_out, C_in / groups, K] tensor", weight,
+                             got=f"shape {tuple(weight.shape)}")
+    bias = _optional_tensor(bias, f"{what}: bias", (weight.shape[0],), "weight's output channels")
+    geometry = {n: check_int(v, f"{what}: {n}") for n, v in
+                (("stride", stride), ("padding", padding), ("dilation", dilation), ("groups", groups))}
+    _one_device(what, (("x", x), ("weight", weight), ("bias", bias)))
+    bias = x.new_zeros(weight.shape[0]) if bias is None else bias
+    return library_op("conv1d")(x.contiguous(), weight.contiguous(), bias.contiguous(), **geometry,
+                                activation=acts[activation])
 
 
 @torch.no_grad()

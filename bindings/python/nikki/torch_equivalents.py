@@ -196,6 +196,13 @@ def _causal_conv1d_bwd(x, weight, bias, initial_state, grad_out, params):
     return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
 
 
+def _conv1d(x, weight, bias, params):
+    out = F.conv1d(x, weight, bias, stride=int(params.get("stride", 1)), padding=int(params.get("padding", 0)),
+                   dilation=int(params.get("dilation", 1)), groups=int(params.get("groups", 1)))
+    activation = int(params.get("activation", 0))
+    return F.silu(out) if activation == 1 else F.gelu(out) if activation == 2 else out
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -222,6 +229,7 @@ TORCH = {
     "output_projection_bwd": _output_projection_bwd,
     "causal_conv1d": lambda x, weight, bias, initial_state, p: [_causal_conv1d(x, weight, bias, initial_state, p)],
     "causal_conv1d_bwd": _causal_conv1d_bwd,
+    "conv1d": lambda x, weight, bias, p: [_conv1d(x, weight, bias, p)],
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -144,3 +144,57 @@ def test_argument_errors_name_the_argument_and_the_limit():
         nt.causal_conv1d(x, torch.zeros(8, 2, 4))
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.causal_conv1d: activation must be None, \"silu\""):
         nt.causal_conv1d(x, torch.zeros(8, 4), activation="gelu")
+
+
+def _conv1d_reference(x, w, b, stride=1, padding=0, dilation=1, groups=1, activation=0):
+    out = F.conv1d(x.double(), w.double(), b.double(), stride, padding, dilation, groups)
+    return F.silu(out) if activation == 1 else F.gelu(out) if activation == 2 else out
+
+
+@pytest.mark.parametrize("x_shape, w_shape, params", [
+    ((2, 130, 300), (70, 130, 3), {"padding": 1, "activation": 1}),
+    ((1, 64, 100), (32, 64, 1), {}),
+    ((1, 40, 257), (20, 20, 5), {"stride": 2, "dilation": 2, "groups": 2, "padding": 3, "activation": 2}),
+    ((2, 16, 50), (16, 1, 4), {"groups": 16, "padding": 2}),
+    ((1, 8, 200), (8, 8, 64), {"activation": 1}),
+    ((1, 300, 130), (210, 100, 7), {"groups": 3, "stride": 3, "padding": 6, "dilation": 3}),
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv1d_matches_torch(x_shape, w_shape, params, dtype):
+    g = torch.Generator().manual_seed(5)
+    x, w, b = (torch.randn(s, generator=g).to(dtype) for s in (x_shape, w_shape, w_shape[:1]))
+    ref = _conv1d_reference(x, w, b, **params)
+    _close(K.conv1d(x, w, b, **params), ref, dtype, terms=w_shape[1] * w_shape[2] * 4)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_torch_conv1d_wrapper(bias):
+    g = torch.Generator().manual_seed(6)
+    x, w = torch.randn(2, 48, 90, generator=g), torch.randn(24, 16, 3, generator=g)
+    b = torch.randn(24, generator=g) if bias else None
+    got = nt.conv1d(x, w, b, stride=2, padding=1, groups=3, activation="gelu")
+    torch.testing.assert_close(got, F.gelu(F.conv1d(x, w, b, stride=2, padding=1, groups=3)), rtol=1e-5, atol=1e-5)
+
+
+def test_conv1d_argument_errors():
+    x, b = torch.zeros(1, 8, 32), torch.zeros(4)
+    with pytest.raises(nikki.KernelError, match=r"conv1d: weight must be \[C_out, C_in / groups, K\] = \[4, 8, K\] "
+                                                r"for x's 8 channels and groups = 1, got \[4, 6, 3\]") as err:
+        K.conv1d(x, torch.zeros(4, 6, 3), b)
+    assert err.value.file == __file__ and "K.conv1d(" in linecache.getline(__file__, err.value.line)
+    with pytest.raises(nikki.KernelError, match=r"conv1d: weight has 65 taps, more than the limit") as err:
+        K.conv1d(torch.zeros(1, 8, 100), torch.zeros(4, 8, 65), b)
+    assert "at most 64 taps" in str(err.value)
+    with pytest.raises(nikki.KernelError, match=r"conv1d: groups = 3 does not divide x's 8 input channels and "
+                                                r"weight's 4 output channels") as err:
+        K.conv1d(x, torch.zeros(4, 2, 3), b, groups=3)
+    assert "each group convolves C_in / groups inputs" in str(err.value)
+    with pytest.raises(nikki.KernelError, match=r"conv1d: the dilated filter spans 9 columns, more than the padded "
+                                                r"input's 6"):
+        K.conv1d(torch.zeros(1, 8, 6), torch.zeros(4, 8, 5), b, dilation=2)
+    with pytest.raises(nikki.KernelError, match=r"conv1d: stride and dilation must be at least 1"):
+        K.conv1d(x, torch.zeros(4, 8, 3), b, stride=0)
+    with pytest.raises(nikki.KernelError, match=r"conv1d: activation must be 0 \(none\), 1 \(SiLU\) or 2 \(GELU\)"):
+        K.conv1d(x, torch.zeros(4, 8, 3), b, activation=3)
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.conv1d: activation must be None, \"silu\" or \"gelu\""):
+        nt.conv1d(x, torch.zeros(4, 8, 3), activation="relu")

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "nikki/kernels/conv/causal_conv1d.hpp"
+#include "nikki/kernels/mlp/transposed_rows.hpp"
 
 namespace nikki::kernels {
 
@@ -64,11 +65,6 @@ struct CausalConvGrad {
   static void row_sum(const Tensor& col, const Tensor& data, const Tensor& scratch, Engine engine) {
     if (engine == Engine::scalar) isa::activation_reduce(scratch, nl::copy, data, nl::add, col);
     else isa::tensor_reduce(col, nl::add, data, {1});
-  }
-  /** dst = src out of PSUM, rounded to dst's dtype, on VectorE or ScalarE. */
-  static void copy_out(const Tensor& dst, const Tensor& src, Engine engine) {
-    if (engine == Engine::scalar) isa::activation(dst, nl::copy, src);
-    else isa::tensor_copy(dst, src, engine);
   }
 };
 
@@ -170,8 +166,7 @@ inline std::vector<Tensor> causal_conv1d_bwd(const Tensor& x, const Tensor& weig
           const int64_t n = std::min(piece, E + w - j0);
           const Tensor ps = psum_ring.next()(first(p), nl::ds(0, n)), dst = gx(nl::all, nl::ds(j0, n));
           sch.add([&] { conv::DepthwiseTaps::taps(ps, ops.diags, gw, j0, [H](int64_t k) { return H - k; }); });
-          sch.add_any({[&] { CausalConvGrad::copy_out(dst, ps, vector); },
-                       [&] { CausalConvGrad::copy_out(dst, ps, scalar); }});
+          sch.add_any({[&] { mlp::copy_from_psum(dst, ps, vector); }, [&] { mlp::copy_from_psum(dst, ps, scalar); }});
         }
         sch.add([&] { isa::dma_copy(grad_x(b, channels, nl::ds(c0, w)), gx(nl::all, nl::ds(E, w))); });
         if (E > 0)
