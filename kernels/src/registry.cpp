@@ -7,6 +7,9 @@
 #include "nikki/kernels/loss/cross_entropy.hpp"
 #include "nikki/kernels/attention/output_projection.hpp"
 #include "nikki/kernels/attention/rope.hpp"
+#include "nikki/kernels/conv/causal_conv1d.hpp"
+#include "nikki/kernels/conv/causal_conv1d_bwd.hpp"
+#include "nikki/kernels/conv/conv1d.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
@@ -45,6 +48,9 @@ const std::vector<KernelInfo>& registry() {
       rope_bwd_info(),
       output_projection_info(),
       output_projection_bwd_info(),
+      causal_conv1d_info(),
+      causal_conv1d_bwd_info(),
+      conv1d_info(),
   };
   return kernels;
 }

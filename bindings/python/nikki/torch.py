@@ -30,7 +30,7 @@ __all__ = ["nki_op", "matmul", "softmax", "topk", "gated_mlp", "router_topk", "l
 
 
 __all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "apply_rotary_pos_emb",
-           "output_projection", "adamw_",
+           "output_projection", "causal_conv1d", "conv1d", "adamw_",
            "library_op"]
 
 
@@ -659,6 +659,64 @@ def output_projection(attn: torch.Tensor, w_o: torch.Tensor, bias: torch.Tensor 
     residual = attn.new_zeros(*attn.shape[:2], n) if residual is None else residual
     return library_op("output_projection")(attn.contiguous(), w_o.contiguous(), bias.contiguous(),
                                            residual.contiguous())
+
+
+def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                  initial_state: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
+    """The depthwise causal conv1d of Mamba and Hyena blocks with nikki's causal_conv1d kernel:
+    x [B, C, L], weight [C, K] or torch's depthwise conv1d weight [C, 1, K], bias [C] or None,
+    initial_state [B, C, S] (the tokens before x, for chunked prefill; the last K - 1 are used)
+    or None for zero padding; `activation` None or "silu" ("swish"). Equals
+    ``F.conv1d(F.pad(x, (K - 1, 0)), weight, bias, groups=C)`` (then SiLU) when no state is
+    given. Differentiable in x, weight, bias and initial_state."""
+    what = "nikki.torch.causal_conv1d"
+    _tensor(x, f"{what}: x")
+    _tensor(weight, f"{what}: weight")
+    if x.dim() != 3:
+        raise argument_error(f"{what}: x", "a [B, C, L] tensor", x, got=f"shape {tuple(x.shape)}")
+    if weight.dim() == 3 and weight.shape[1] == 1:
+        weight = weight[:, 0]
+    if weight.dim() != 2 or weight.shape[0] != x.shape[1]:
+        raise argument_error(f"{what}: weight", f"a [C, K] or [C, 1, K] tensor with C = {x.shape[1]}", weight,
+                             got=f"shape {tuple(weight.shape)}")
+    if activation not in (None, "silu", "swish"):
+        raise argument_error(f"{what}: activation", 'None, "silu" or "swish"', activation)
+    bias = _optional_tensor(bias, f"{what}: bias", (x.shape[1],), "x's channels")
+    if initial_state is not None:
+        _tensor(initial_state, f"{what}: initial_state")
+        if initial_state.dim() != 3 or tuple(initial_state.shape[:2]) != tuple(x.shape[:2]):
+            raise argument_error(f"{what}: initial_state", f"None or a [B, C, S] tensor with B, C = "
+                                 f"{tuple(x.shape[:2])}", initial_state, got=f"shape {tuple(initial_state.shape)}")
+    _one_device(what, (("x", x), ("weight", weight), ("bias", bias), ("initial_state", initial_state)))
+    bias = x.new_zeros(x.shape[1]) if bias is None else bias
+    # No state is a state of zeros: one token of it stands for the zero padding.
+    if initial_state is None or initial_state.shape[2] == 0:
+        initial_state = x.new_zeros(x.shape[0], x.shape[1], 1)
+    return library_op("causal_conv1d")(x.contiguous(), weight.contiguous(), bias.contiguous(),
+                                       initial_state.contiguous(), silu=activation is not None)
+
+
+def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, stride: int = 1,
+           padding: int = 0, dilation: int = 1, groups: int = 1, activation: str | None = None) -> torch.Tensor:
+    """``F.conv1d(x, weight, bias, stride, padding, dilation, groups)`` with nikki's conv1d kernel,
+    then `activation` (None, "silu" or "gelu", the erf form): x [B, C_in, L], weight
+    [C_out, C_in / groups, K]. Forward only (no autograd)."""
+    what = "nikki.torch.conv1d"
+    _tensor(x, f"{what}: x")
+    _tensor(weight, f"{what}: weight")
+    acts = {None: 0, "silu": 1, "gelu": 2}
+    if activation not in acts:
+        raise argument_error(f"{what}: activation", 'None, "silu" or "gelu"', activation)
+    if weight.dim() != 3:
+        raise argument_error(f"{what}: weight", "a [C_out, C_in / groups, K] tensor", weight,
+                             got=f"shape {tuple(weight.shape)}")
+    bias = _optional_tensor(bias, f"{what}: bias", (weight.shape[0],), "weight's output channels")
+    geometry = {n: check_int(v, f"{what}: {n}") for n, v in
+                (("stride", stride), ("padding", padding), ("dilation", dilation), ("groups", groups))}
+    _one_device(what, (("x", x), ("weight", weight), ("bias", bias)))
+    bias = x.new_zeros(weight.shape[0]) if bias is None else bias
+    return library_op("conv1d")(x.contiguous(), weight.contiguous(), bias.contiguous(), **geometry,
+                                activation=acts[activation])
 
 
 @torch.no_grad()

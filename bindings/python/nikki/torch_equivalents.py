@@ -180,6 +180,29 @@ def _output_projection_bwd(attn, w_o, grad_out, params):
     return list(torch.autograd.grad(attn @ w_o + bias + residual, (attn, w_o, bias, residual), grad_out))
 
 
+def _causal_conv1d(x, weight, bias, initial_state, params):
+    """F.conv1d with groups=C on x left-padded with the state's last K - 1 tokens (zeros before a
+    shorter state), then SiLU."""
+    history = weight.shape[1] - 1
+    padded = F.pad(initial_state, (max(0, history - initial_state.shape[2]), 0))
+    z = F.conv1d(torch.cat((padded[..., padded.shape[2] - history:], x), -1), weight[:, None, :], bias,
+                 groups=x.shape[1])
+    return F.silu(z) if params.get("silu", 0) else z
+
+
+def _causal_conv1d_bwd(x, weight, bias, initial_state, grad_out, params):
+    leaves = [t.clone().requires_grad_() for t in (x, weight, bias, initial_state)]
+    grads = torch.autograd.grad(_causal_conv1d(*leaves, params), leaves, grad_out, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
+
+
+def _conv1d(x, weight, bias, params):
+    out = F.conv1d(x, weight, bias, stride=int(params.get("stride", 1)), padding=int(params.get("padding", 0)),
+                   dilation=int(params.get("dilation", 1)), groups=int(params.get("groups", 1)))
+    activation = int(params.get("activation", 0))
+    return F.silu(out) if activation == 1 else F.gelu(out) if activation == 2 else out
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -204,6 +227,9 @@ TORCH = {
     "rope_bwd": _rope_bwd,
     "output_projection": lambda attn, w_o, bias, residual, p: [attn @ w_o + bias + residual],
     "output_projection_bwd": _output_projection_bwd,
+    "causal_conv1d": lambda x, weight, bias, initial_state, p: [_causal_conv1d(x, weight, bias, initial_state, p)],
+    "causal_conv1d_bwd": _causal_conv1d_bwd,
+    "conv1d": lambda x, weight, bias, p: [_conv1d(x, weight, bias, p)],
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
