@@ -7,6 +7,7 @@
 #include "nikki/kernels/loss/cross_entropy.hpp"
 #include "nikki/kernels/attention/output_projection.hpp"
 #include "nikki/kernels/attention/rope.hpp"
+#include "nikki/kernels/gather/embedding.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
@@ -45,6 +46,8 @@ const std::vector<KernelInfo>& registry() {
       rope_bwd_info(),
       output_projection_info(),
       output_projection_bwd_info(),
+      embedding_info(),
+      embedding_bwd_info(),
   };
   return kernels;
 }

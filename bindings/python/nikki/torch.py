@@ -30,7 +30,7 @@ __all__ = ["nki_op", "matmul", "softmax", "topk", "gated_mlp", "router_topk", "l
 
 
 __all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "apply_rotary_pos_emb",
-           "output_projection", "adamw_",
+           "output_projection", "adamw_", "embedding",
            "library_op"]
 
 
@@ -659,6 +659,28 @@ def output_projection(attn: torch.Tensor, w_o: torch.Tensor, bias: torch.Tensor 
     residual = attn.new_zeros(*attn.shape[:2], n) if residual is None else residual
     return library_op("output_projection")(attn.contiguous(), w_o.contiguous(), bias.contiguous(),
                                            residual.contiguous())
+
+
+def embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    """``F.embedding(input, weight, padding_idx)`` with nikki's embedding kernels: integer ids of
+    any shape, weight [V, H]. Returns [*input.shape, H] in weight's dtype; differentiable in
+    weight (occurrences of padding_idx contribute no gradient). An id outside [0, V) stops the
+    kernel with a KernelError ("runtime offset out of bounds") where torch raises IndexError."""
+    _tensor(weight, "nikki.torch.embedding: weight", min_dim=2)
+    if weight.dim() != 2:
+        raise argument_error("nikki.torch.embedding: weight", "a 2-D tensor [num_embeddings, embedding_dim]", weight,
+                             got=f"a {weight.dim()}-d tensor")
+    if not isinstance(input, torch.Tensor) or input.dtype.is_floating_point or input.dtype.is_complex \
+            or input.dtype == torch.bool:
+        raise argument_error("nikki.torch.embedding: input", "an integer torch.Tensor of ids", input)
+    if padding_idx is not None:
+        padding_idx = check_int(padding_idx, "nikki.torch.embedding: padding_idx", -weight.shape[0], weight.shape[0] - 1)
+    _one_device("nikki.torch.embedding", (("input", input), ("weight", weight)))
+    if input.numel() == 0:
+        return weight.new_zeros((*input.shape, weight.shape[1]))
+    out = library_op("embedding")(weight.contiguous(), input.reshape(-1).to(torch.int32).contiguous(),
+                                  padding_idx=None if padding_idx is None else float(padding_idx))
+    return out.reshape(*input.shape, weight.shape[1])
 
 
 @torch.no_grad()

@@ -180,6 +180,16 @@ def _output_projection_bwd(attn, w_o, grad_out, params):
     return list(torch.autograd.grad(attn @ w_o + bias + residual, (attn, w_o, bias, residual), grad_out))
 
 
+def _padding(params):
+    pad = params.get("padding_idx")
+    return None if pad is None or math.isnan(pad) else int(pad)
+
+
+def _embedding_bwd(weight, ids, grad_out, params):
+    weight = weight.clone().requires_grad_()
+    return list(torch.autograd.grad(F.embedding(ids.long(), weight, padding_idx=_padding(params)), weight, grad_out))
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -204,6 +214,8 @@ TORCH = {
     "rope_bwd": _rope_bwd,
     "output_projection": lambda attn, w_o, bias, residual, p: [attn @ w_o + bias + residual],
     "output_projection_bwd": _output_projection_bwd,
+    "embedding": lambda weight, ids, p: [F.embedding(ids.long(), weight, padding_idx=_padding(p))],
+    "embedding_bwd": _embedding_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
