@@ -8,6 +8,7 @@
 #include "nikki/kernels/attention/output_projection.hpp"
 #include "nikki/kernels/attention/rope.hpp"
 #include "nikki/kernels/gather/embedding.hpp"
+#include "nikki/kernels/gather/rows.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
@@ -48,6 +49,10 @@ const std::vector<KernelInfo>& registry() {
       output_projection_bwd_info(),
       embedding_info(),
       embedding_bwd_info(),
+      gather_rows_info(),
+      gather_rows_bwd_info(),
+      scatter_add_rows_info(),
+      scatter_add_rows_bwd_info(),
   };
   return kernels;
 }

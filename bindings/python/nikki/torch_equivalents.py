@@ -190,6 +190,29 @@ def _embedding_bwd(weight, ids, grad_out, params):
     return list(torch.autograd.grad(F.embedding(ids.long(), weight, padding_idx=_padding(params)), weight, grad_out))
 
 
+def _gather_rows(x, idx, params):
+    """x[idx] with zero rows where idx is outside [0, rows)."""
+    valid = (idx >= 0) & (idx < x.shape[0])
+    return torch.where(valid[:, None], x[idx.long().clamp(0, x.shape[0] - 1)], torch.zeros((), dtype=x.dtype))
+
+
+def _gather_rows_bwd(x, idx, grad_out, params):
+    x = x.clone().requires_grad_()
+    return list(torch.autograd.grad(_gather_rows(x, idx, params), x, grad_out))
+
+
+def _scatter_add_rows(rows, idx, scale, params):
+    """index_add_ of the scaled rows whose index lies in [0, num_rows)."""
+    valid = (idx >= 0) & (idx < params["num_rows"])
+    out = torch.zeros(int(params["num_rows"]), rows.shape[1], dtype=torch.promote_types(rows.dtype, scale.dtype))
+    return out.index_add(0, idx[valid].long(), (scale[:, None] * rows)[valid]).to(rows.dtype)
+
+
+def _scatter_add_rows_bwd(rows, idx, scale, grad_out, params):
+    rows, scale = rows.clone().requires_grad_(), scale.clone().requires_grad_()
+    return list(torch.autograd.grad(_scatter_add_rows(rows, idx, scale, params), (rows, scale), grad_out))
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -216,6 +239,10 @@ TORCH = {
     "output_projection_bwd": _output_projection_bwd,
     "embedding": lambda weight, ids, p: [F.embedding(ids.long(), weight, padding_idx=_padding(p))],
     "embedding_bwd": _embedding_bwd,
+    "gather_rows": lambda x, idx, p: [_gather_rows(x, idx, p)],
+    "gather_rows_bwd": _gather_rows_bwd,
+    "scatter_add_rows": lambda rows, idx, scale, p: [_scatter_add_rows(rows, idx, scale, p)],
+    "scatter_add_rows_bwd": _scatter_add_rows_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -1,7 +1,9 @@
 """The row gather/scatter family against PyTorch: nikki.kernels.embedding / embedding_bwd and
 nikki.torch.embedding against F.embedding and its autograd (tails of rows and columns, repeated
 ids within and across tiles of 128 tokens, padding_idx present, absent and negative, ids 0 and
-V-1), and what nikki does with out-of-range ids.
+V-1), and what nikki does with out-of-range ids; gather_rows / scatter_add_rows (the MoE routing
+helpers) against indexing and index_add with padding indices, their composition as a MoE combine
+and their autograd through torch.ops.nikki.
 
 Tolerances: the forward copies rows, so it is bit-exact. The gradient sums grad rows in fp32
 (PSUM within a tile, the DMA engines' adds across tiles): float32 tables agree to a few fp32
@@ -153,3 +155,90 @@ def test_argument_errors_name_the_argument_at_the_call():
         nt.embedding(torch.zeros(3), torch.zeros(10, 4))
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.embedding: padding_idx"):
         nt.embedding(torch.zeros(3, dtype=torch.long), torch.zeros(10, 4), padding_idx=-11)
+
+
+# --- gather_rows / scatter_add_rows: the MoE routing helpers --------------------------------------
+
+def _routing(n, rows, seed=5):
+    """Indices as a router makes them: repeats, rows 0 and rows - 1, and padding (-1 and rows)."""
+    idx = _ids(n, rows, seed, repeat_every=3)
+    idx[4::9] = -1
+    idx[6::11] = rows
+    return idx
+
+
+def _valid(idx, rows):
+    return (idx >= 0) & (idx < rows)
+
+
+@pytest.mark.parametrize("t,h,n", [(1, 1, 1), (300, 70, 130), (64, 5000, 300), (4096, 33, 257)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gather_rows_copies_rows_and_zeroes_padding(t, h, n, dtype):
+    x, idx = _weight(t, h, dtype), _routing(n, t)
+    got = K.gather_rows(x, idx.to(torch.int32))
+    valid = _valid(idx, t)
+    assert torch.equal(got[valid], x[idx[valid]])
+    assert (got[~valid] == 0).all()
+
+
+@pytest.mark.parametrize("n,h,rows", [(1, 1, 1), (300, 70, 20), (260, 1100, 130), (1000, 40, 3)])
+def test_scatter_add_rows_matches_index_add_fp32(n, h, rows):
+    src = torch.randn(n, h, generator=torch.Generator().manual_seed(6))
+    idx = _routing(n, rows)
+    scale = torch.rand(n, generator=torch.Generator().manual_seed(7))
+    got = K.scatter_add_rows(src, idx.to(torch.int32), scale, num_rows=rows)
+    valid = _valid(idx, rows)
+    want = torch.zeros(rows, h, dtype=torch.float64).index_add(0, idx[valid], (scale[:, None] * src).double()[valid])
+    counts = torch.bincount(idx[valid], minlength=rows).max().item() if valid.any() else 1
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6 * counts)
+
+
+def test_scatter_add_rows_of_the_gathered_rows_is_the_moe_combine():
+    """Top-2 routing of 200 tokens: gather each (token, choice) row, scatter it back weighted by
+    its routing weight: every token gets its row times the sum of its two weights."""
+    t, h, k = 200, 48, 2
+    x = torch.randn(t, h, generator=torch.Generator().manual_seed(8))
+    token = torch.arange(t).repeat_interleave(k)
+    order = torch.randperm(t * k, generator=torch.Generator().manual_seed(9))  # rows grouped by expert
+    idx = token[order].to(torch.int32)
+    weights = torch.rand(t * k, generator=torch.Generator().manual_seed(10))
+    rows = K.gather_rows(x, idx)
+    out = K.scatter_add_rows(rows, idx, weights, num_rows=t)
+    per_token = torch.zeros(t).index_add(0, idx.long(), weights)
+    torch.testing.assert_close(out, x * per_token[:, None], rtol=1e-6, atol=1e-6)
+
+
+def test_routing_ops_differentiate_like_torch():
+    t, h, n = 40, 16, 90
+    x = torch.randn(t, h, generator=torch.Generator().manual_seed(11), requires_grad=True)
+    scale = torch.rand(n, generator=torch.Generator().manual_seed(12), requires_grad=True)
+    idx = _routing(n, t)
+    out = torch.ops.nikki.scatter_add_rows(torch.ops.nikki.gather_rows(x, idx.to(torch.int32)), idx.to(torch.int32),
+                                           scale, num_rows=t)
+    g = torch.randn(t, h, generator=torch.Generator().manual_seed(13))
+    out.backward(g)
+    xr, sr = x.detach().clone().requires_grad_(), scale.detach().clone().requires_grad_()
+    valid = _valid(idx, t)
+    gathered = torch.where(valid[:, None], xr[idx.clamp(0, t - 1)], 0.0)
+    want = torch.zeros(t, h).index_add(0, idx[valid], (sr[:, None] * gathered)[valid])
+    want.backward(g)
+    torch.testing.assert_close(out, want, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(x.grad, xr.grad, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(scale.grad, sr.grad, rtol=1e-5, atol=1e-5)
+
+
+def test_routing_argument_errors_name_the_argument_at_the_call():
+    rows, idx = np.zeros((4, 8), np.float32), np.zeros(4, np.int32)
+    with pytest.raises(nikki.KernelError, match=r"scatter_add_rows: num_rows is 0") as err:
+        K.scatter_add_rows(rows, idx, np.ones(4, np.float32), num_rows=0)
+    assert err.value.file == __file__ and "K.scatter_add_rows(" in linecache.getline(__file__, err.value.line)
+    with pytest.raises(nikki.KernelError, match=r"scatter_add_rows: 'scale' must be float32 \[4\]"):
+        K.scatter_add_rows(rows, idx, np.ones(3, np.float32), num_rows=2)
+    with pytest.raises(nikki.KernelError, match=r"scatter_add_rows: 'idx' must be a 1-D int32 tensor of one index per row"):
+        K.scatter_add_rows(rows, np.zeros(5, np.int32), np.ones(4, np.float32), num_rows=2)
+    with pytest.raises(nikki.KernelError, match=r"gather_rows: 'x' must be a 2-D float32"):
+        K.gather_rows(np.zeros(8, np.float32), idx)
+    with pytest.raises(nikki.KernelError, match=r"gather_rows_bwd: 'grad_out' must be float32\[4, 8\]"):
+        K.gather_rows_bwd(rows, idx, np.zeros((4, 9), np.float32))
+    with pytest.raises(nikki.KernelError, match=r"scatter_add_rows_bwd: 'grad_out' must be float32\[2, 8\]"):
+        K.scatter_add_rows_bwd(rows, idx, np.ones(4, np.float32), np.zeros((3, 8), np.float32), num_rows=2)

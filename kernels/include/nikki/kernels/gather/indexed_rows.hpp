@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "nikki/kernels/toolkit/argument_check.hpp"
 #include "nikki/kernels/toolkit/buffers.hpp"
@@ -117,6 +118,9 @@ struct TileDuplicates {
     isa::nc_matmul(combined, same, tile, {.accumulate = false});
   }
 };
+
+/** @brief The dtypes of the family's registrations: float tables, int32 indices. */
+inline std::vector<DType> family_dtypes() { return {DType::float32, DType::bfloat16, DType::float16, DType::int32}; }
 
 /** @brief Checks a 1-D int32 index tensor of `n` entries (n = 0: any length). */
 inline void check_index(const ArgumentCheck& check, const Tensor& index, const std::string& what, int64_t n = 0) {
