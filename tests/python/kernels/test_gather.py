@@ -242,3 +242,21 @@ def test_routing_argument_errors_name_the_argument_at_the_call():
         K.gather_rows_bwd(rows, idx, np.zeros((4, 9), np.float32))
     with pytest.raises(nikki.KernelError, match=r"scatter_add_rows_bwd: 'grad_out' must be float32\[2, 8\]"):
         K.scatter_add_rows_bwd(rows, idx, np.ones(4, np.float32), np.zeros((3, 8), np.float32), num_rows=2)
+
+
+def test_torch_wrappers_take_torch_indices_and_an_optional_scale():
+    x = torch.randn(30, 8, generator=torch.Generator().manual_seed(14), requires_grad=True)
+    idx = torch.tensor([[3, -1], [29, 3]])  # int64, 2-D, with padding
+    rows = nt.gather_rows(x, idx)
+    assert rows.shape == (2, 2, 8) and torch.equal(rows[0, 0], x[3]) and (rows[0, 1] == 0).all()
+    out = nt.scatter_add_rows(rows.reshape(4, 8), idx.reshape(4), num_rows=30)
+    want = torch.zeros(30, 8)
+    want[3] = 2 * x[3].detach()
+    want[29] = x[29].detach()
+    torch.testing.assert_close(out, want)
+    out.sum().backward()
+    assert torch.equal(x.grad[3], torch.full((8,), 2.0)) and x.grad[0].abs().sum() == 0
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.scatter_add_rows: scale"):
+        nt.scatter_add_rows(torch.zeros(4, 8), idx.reshape(4), num_rows=30, scale=torch.ones(3))
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.gather_rows: idx"):
+        nt.gather_rows(x, torch.zeros(3))
