@@ -49,8 +49,8 @@ Estimate estimate(const std::string& kernel, std::vector<TensorSpec> inputs, Tar
 }
 
 /** Utilization of a kernel at its registered benchmark shape: useful FLOPs over the Tensor
- *  engine's peak, or compulsory HBM bytes (every input read once, every output written once)
- *  over the DMA peak, both against the estimated time. */
+ *  engine's peak, or compulsory HBM bytes (every input read once, every output written once, or
+ *  the registration's compulsory_bytes) over the DMA peak, both against the estimated time. */
 struct Registered {
   std::string kernel, shape, metric;
   double us = 0, utilization = 0, goal = 0;
@@ -72,6 +72,7 @@ Registered estimate_registered(const kernels::KernelInfo& k, TargetId target) {
     double bytes = 0;
     for (const TensorSpec& s : b.shape.inputs) bytes += double(s.shape.num_elements()) * dtype_size(s.dtype);
     for (StorageId id : p.kernel().outputs) bytes += double(p.kernel().storage(id).total_bytes());
+    if (b.compulsory_bytes) bytes = b.compulsory_bytes(b.shape);
     r.metric = "HBM roofline / estimated time";
     r.utilization = bytes / prof.dma_peak_bytes_per_ns / prof.total_ns;
   }

@@ -106,13 +106,15 @@ def estimate(name: str, kernel, specs, params: dict, target: str) -> dict:
     bound = kernel.info["benchmark"]["bound"]
     args = [nikki.spec(shape, to_dtype(dtype)) for shape, dtype in specs]
     prof = nikki.estimate(kernel, *args, target=target, **_call_params(kernel, params))
-    flops = _core.library_useful_flops(name, [(list(s), d) for s, d in specs], params) if bound == "tensor_engine" \
-        else None
-    roofline_ns = prof.roofline_ns(flops if flops else 0.0)
+    shapes = [(list(s), d) for s, d in specs]
+    flops = _core.library_useful_flops(name, shapes, params) if bound == "tensor_engine" else None
+    # A gather reads only the rows it names: its registration gives the compulsory bytes.
+    io_bytes = _core.library_compulsory_bytes(name, shapes, params) or prof.io_bytes()
+    roofline_ns = prof.roofline_ns(flops if flops else 0.0, io_bytes=io_bytes)
     utilization = (prof.tensor_flop_utilization(flops) if bound == "tensor_engine"
-                   else prof.roofline_ns(0.0) / prof.total_ns)  # the HBM roofline alone
+                   else prof.roofline_ns(0.0, io_bytes=io_bytes) / prof.total_ns)  # the HBM roofline alone
     return {"us": prof.total_us, "utilization": utilization, "roofline_us": roofline_ns / 1e3,
-            "io_bytes": prof.io_bytes(), "useful_flops": flops or 0.0}
+            "io_bytes": io_bytes, "useful_flops": flops or 0.0}
 
 
 # --- host simulation time -------------------------------------------------------------------

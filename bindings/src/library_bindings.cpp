@@ -197,16 +197,29 @@ void bind_library(py::module_& m) {
 
   // The useful FLOPs of a Tensor-engine-bound kernel on given input shapes (0 for HBM-bound
   // kernels): what its utilization is measured against at any size, not only its benchmark shape.
+  using BenchmarkMeasure = std::function<double(const kernels::ExampleCase&)> kernels::Benchmark::*;
+  // A benchmark measure of kernel `name` on given input shapes and parameters; 0 when it has none.
+  auto measure = [](BenchmarkMeasure which, const std::string& name,
+                    const std::vector<std::pair<py::object, DType>>& inputs, const py::dict& params) {
+    const kernels::KernelInfo& info = kernels::find_kernel(name);
+    if (!info.benchmark || !(*info.benchmark.*which)) return 0.0;
+    kernels::ExampleCase c;
+    for (const auto& [dims, dtype] : inputs) c.inputs.push_back(TensorSpec{shape_from_python(dims), dtype, {}, false});
+    c.params = to_params(params);
+    return (*info.benchmark.*which)(c);
+  };
   m.def(
       "library_useful_flops",
-      [](const std::string& name, const std::vector<std::pair<py::object, DType>>& inputs, const py::dict& params) {
-        const kernels::KernelInfo& info = kernels::find_kernel(name);
-        if (!info.benchmark || !info.benchmark->useful_flops) return 0.0;
-        kernels::ExampleCase c;
-        for (const auto& [dims, dtype] : inputs) c.inputs.push_back(TensorSpec{shape_from_python(dims), dtype, {}, false});
-        c.params = to_params(params);
-        return info.benchmark->useful_flops(c);
-      },
+      [measure](const std::string& name, const std::vector<std::pair<py::object, DType>>& inputs,
+                const py::dict& params) { return measure(&kernels::Benchmark::useful_flops, name, inputs, params); },
+      py::arg("name"), py::arg("inputs"), py::arg("params"));
+
+  // The compulsory HBM bytes of an HBM-bound kernel on given input shapes when its registration
+  // names them (a gather reads only the rows it names); 0 when every input is read once.
+  m.def(
+      "library_compulsory_bytes",
+      [measure](const std::string& name, const std::vector<std::pair<py::object, DType>>& inputs,
+                const py::dict& params) { return measure(&kernels::Benchmark::compulsory_bytes, name, inputs, params); },
       py::arg("name"), py::arg("inputs"), py::arg("params"));
 
   m.def(

@@ -10,6 +10,8 @@
 #include "nikki/kernels/conv/causal_conv1d.hpp"
 #include "nikki/kernels/conv/causal_conv1d_bwd.hpp"
 #include "nikki/kernels/conv/conv1d.hpp"
+#include "nikki/kernels/gather/embedding.hpp"
+#include "nikki/kernels/gather/rows.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
@@ -51,6 +53,12 @@ const std::vector<KernelInfo>& registry() {
       causal_conv1d_info(),
       causal_conv1d_bwd_info(),
       conv1d_info(),
+      embedding_info(),
+      embedding_bwd_info(),
+      gather_rows_info(),
+      gather_rows_bwd_info(),
+      scatter_add_rows_info(),
+      scatter_add_rows_bwd_info(),
   };
   return kernels;
 }

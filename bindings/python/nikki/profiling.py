@@ -105,12 +105,14 @@ class Profile:
                 total += math.prod(s["shape"]) * to_dtype(s["dtype"]).itemsize
         return total
 
-    def roofline_ns(self, flops: float | None = None) -> float:
+    def roofline_ns(self, flops: float | None = None, io_bytes: float | None = None) -> float:
         """The shortest time the target's peaks allow: the larger of the FLOPs at the 16-bit TensorE
-        peak (the matmul FLOPs executed, or ``flops=``) and ``io_bytes()`` at the DMA peak."""
+        peak (the matmul FLOPs executed, or ``flops=``) and ``io_bytes()`` (or ``io_bytes=``, for a
+        kernel that reads only part of an input) at the DMA peak."""
         work = self.matmul_flops if flops is None else flops
+        traffic = self.io_bytes() if io_bytes is None else io_bytes
         compute = work / self._peak_flops_per_ns if self._peak_flops_per_ns else 0.0
-        memory = self.io_bytes() / self._peak_dma_per_ns if self._peak_dma_per_ns else 0.0
+        memory = traffic / self._peak_dma_per_ns if self._peak_dma_per_ns else 0.0
         return max(compute, memory)
 
     def explain(self, flops: float | None = None, rows: int = 5) -> "Explanation":

@@ -26,12 +26,10 @@ from .errors import kernel_error_at, user_frame
 from .kernel import Kernel
 from .spec import TensorSpec
 
-__all__ = ["nki_op", "matmul", "softmax", "topk", "gated_mlp", "router_topk", "layer_norm", "rms_norm", "flash_attention", "adamw_", "library_op"]
-
-
-__all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "apply_rotary_pos_emb",
-           "output_projection", "causal_conv1d", "conv1d", "adamw_",
-           "library_op"]
+__all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk", "gated_mlp", "router_topk",
+           "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "flash_attention",
+           "apply_rotary_pos_emb", "output_projection", "causal_conv1d", "conv1d", "embedding", "gather_rows",
+           "scatter_add_rows", "adamw_"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -717,6 +715,64 @@ def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     bias = x.new_zeros(weight.shape[0]) if bias is None else bias
     return library_op("conv1d")(x.contiguous(), weight.contiguous(), bias.contiguous(), **geometry,
                                 activation=acts[activation])
+def embedding(input: torch.Tensor, weight: torch.Tensor, padding_idx: int | None = None) -> torch.Tensor:
+    """``F.embedding(input, weight, padding_idx)`` with nikki's embedding kernels: integer ids of
+    any shape, weight [V, H]. Returns [*input.shape, H] in weight's dtype; differentiable in
+    weight (occurrences of padding_idx contribute no gradient). An id outside [0, V) stops the
+    kernel with a KernelError ("runtime offset out of bounds") where torch raises IndexError."""
+    _tensor(weight, "nikki.torch.embedding: weight", min_dim=2)
+    if weight.dim() != 2:
+        raise argument_error("nikki.torch.embedding: weight", "a 2-D tensor [num_embeddings, embedding_dim]", weight,
+                             got=f"a {weight.dim()}-d tensor")
+    if not isinstance(input, torch.Tensor) or input.dtype.is_floating_point or input.dtype.is_complex \
+            or input.dtype == torch.bool:
+        raise argument_error("nikki.torch.embedding: input", "an integer torch.Tensor of ids", input)
+    if padding_idx is not None:
+        padding_idx = check_int(padding_idx, "nikki.torch.embedding: padding_idx", -weight.shape[0], weight.shape[0] - 1)
+    _one_device("nikki.torch.embedding", (("input", input), ("weight", weight)))
+    if input.numel() == 0:
+        return weight.new_zeros((*input.shape, weight.shape[1]))
+    out = library_op("embedding")(weight.contiguous(), input.reshape(-1).to(torch.int32).contiguous(),
+                                  padding_idx=None if padding_idx is None else float(padding_idx))
+    return out.reshape(*input.shape, weight.shape[1])
+
+
+def _indices(idx, what: str) -> torch.Tensor:
+    """`idx` if it is an integer torch tensor; else a KernelError naming the argument."""
+    if not isinstance(idx, torch.Tensor) or idx.dtype.is_floating_point or idx.dtype.is_complex \
+            or idx.dtype == torch.bool:
+        raise argument_error(what, "an integer torch.Tensor of row indices", idx)
+    return idx
+
+
+def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``x[idx]`` with nikki's gather_rows kernel, where an index outside [0, x.shape[0]) (a
+    routing buffer's padding, e.g. -1) gives a zero row: x [T, H], integer idx of any shape.
+    Returns [*idx.shape, H]; differentiable in x."""
+    _tensor(x, "nikki.torch.gather_rows: x", min_dim=2)
+    _indices(idx, "nikki.torch.gather_rows: idx")
+    _one_device("nikki.torch.gather_rows", (("x", x), ("idx", idx)))
+    if idx.numel() == 0:
+        return x.new_zeros((*idx.shape, x.shape[-1]))
+    out = library_op("gather_rows")(x.contiguous(), idx.reshape(-1).to(torch.int32).contiguous())
+    return out.reshape(*idx.shape, x.shape[-1])
+
+
+def scatter_add_rows(rows: torch.Tensor, idx: torch.Tensor, num_rows: int,
+                     scale: torch.Tensor | None = None) -> torch.Tensor:
+    """``zeros(num_rows, H).index_add_(0, idx, scale[:, None] * rows)`` with nikki's
+    scatter_add_rows kernel, where indices outside [0, num_rows) (padding) are dropped: rows
+    [N, H], integer idx [N], scale [N] (None: ones). Returns [num_rows, H] in rows' dtype;
+    differentiable in rows and scale."""
+    _tensor(rows, "nikki.torch.scatter_add_rows: rows", min_dim=2)
+    _indices(idx, "nikki.torch.scatter_add_rows: idx")
+    num_rows = check_int(num_rows, "nikki.torch.scatter_add_rows: num_rows", 1)
+    scale = _optional_tensor(scale, "nikki.torch.scatter_add_rows: scale", (rows.shape[0],), "one per row")
+    if scale is None:
+        scale = torch.ones(rows.shape[0], dtype=torch.float32, device=rows.device)
+    _one_device("nikki.torch.scatter_add_rows", (("rows", rows), ("idx", idx), ("scale", scale)))
+    return library_op("scatter_add_rows")(rows.contiguous(), idx.reshape(-1).to(torch.int32).contiguous(),
+                                          scale.to(torch.float32).contiguous(), num_rows=num_rows)
 
 
 @torch.no_grad()

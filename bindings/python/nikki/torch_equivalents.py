@@ -201,6 +201,37 @@ def _conv1d(x, weight, bias, params):
                    dilation=int(params.get("dilation", 1)), groups=int(params.get("groups", 1)))
     activation = int(params.get("activation", 0))
     return F.silu(out) if activation == 1 else F.gelu(out) if activation == 2 else out
+def _padding(params):
+    pad = params.get("padding_idx")
+    return None if pad is None or math.isnan(pad) else int(pad)
+
+
+def _embedding_bwd(weight, ids, grad_out, params):
+    weight = weight.clone().requires_grad_()
+    return list(torch.autograd.grad(F.embedding(ids.long(), weight, padding_idx=_padding(params)), weight, grad_out))
+
+
+def _gather_rows(x, idx, params):
+    """x[idx] with zero rows where idx is outside [0, rows)."""
+    valid = (idx >= 0) & (idx < x.shape[0])
+    return torch.where(valid[:, None], x[idx.long().clamp(0, x.shape[0] - 1)], torch.zeros((), dtype=x.dtype))
+
+
+def _gather_rows_bwd(x, idx, grad_out, params):
+    x = x.clone().requires_grad_()
+    return list(torch.autograd.grad(_gather_rows(x, idx, params), x, grad_out))
+
+
+def _scatter_add_rows(rows, idx, scale, params):
+    """index_add_ of the scaled rows whose index lies in [0, num_rows)."""
+    valid = (idx >= 0) & (idx < params["num_rows"])
+    out = torch.zeros(int(params["num_rows"]), rows.shape[1], dtype=torch.promote_types(rows.dtype, scale.dtype))
+    return out.index_add(0, idx[valid].long(), (scale[:, None] * rows)[valid]).to(rows.dtype)
+
+
+def _scatter_add_rows_bwd(rows, idx, scale, grad_out, params):
+    rows, scale = rows.clone().requires_grad_(), scale.clone().requires_grad_()
+    return list(torch.autograd.grad(_scatter_add_rows(rows, idx, scale, params), (rows, scale), grad_out))
 
 
 TORCH = {
@@ -230,6 +261,12 @@ TORCH = {
     "causal_conv1d": lambda x, weight, bias, initial_state, p: [_causal_conv1d(x, weight, bias, initial_state, p)],
     "causal_conv1d_bwd": _causal_conv1d_bwd,
     "conv1d": lambda x, weight, bias, p: [_conv1d(x, weight, bias, p)],
+    "embedding": lambda weight, ids, p: [F.embedding(ids.long(), weight, padding_idx=_padding(p))],
+    "embedding_bwd": _embedding_bwd,
+    "gather_rows": lambda x, idx, p: [_gather_rows(x, idx, p)],
+    "gather_rows_bwd": _gather_rows_bwd,
+    "scatter_add_rows": lambda rows, idx, scale, p: [_scatter_add_rows(rows, idx, scale, p)],
+    "scatter_add_rows_bwd": _scatter_add_rows_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -118,22 +118,37 @@ class Emitter {
 
 // --- data movement ------------------------------------------------------------------------
 
+/** @brief Options of the DMA instructions. */
+struct DmaOptions {
+  /** Elements whose runtime address (a scalar_offset or vector_offset view) falls outside their
+   *  tensor are not transferred (NKI oob_mode=skip); when false such an address is a runtime error. */
+  bool oob_skip = false;
+};
+
 /** @brief Copies src to dst through a DMA queue; dtypes convert through fp32. */
-inline void dma_copy(const Tensor& dst, const Tensor& src, Loc loc = Loc::current()) {
-  detail::Emitter(Opcode::dma_copy, dst, loc).tensor(0, dst).tensor(1, src).emit();
+inline void dma_copy(const Tensor& dst, const Tensor& src, const DmaOptions& o, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::dma_copy, dst, loc);
+  e.attrs().oob_skip = o.oob_skip;
+  e.tensor(0, dst).tensor(1, src).emit();
 }
+inline void dma_copy(const Tensor& dst, const Tensor& src, Loc loc = Loc::current()) { dma_copy(dst, src, {}, loc); }
 
 /** @brief dst = srcs[0] + srcs[1] + ... (1 to 4 sources, in fp32) inside the DMA engines; a source
  * may be dst itself (read-modify-write). */
-inline void dma_compute(const Tensor& dst, const std::vector<Tensor>& srcs, Loc loc = Loc::current()) {
+inline void dma_compute(const Tensor& dst, const std::vector<Tensor>& srcs, const DmaOptions& o,
+                        Loc loc = Loc::current()) {
   detail::Emitter e(Opcode::dma_compute, dst, loc);
   if (srcs.empty() || srcs.size() > size_t(kMaxSlots - 1))
     throw KernelError(fmt::format("dma_compute: {} sources; it combines 1 to {}", srcs.size(), kMaxSlots - 1),
                       SourceLocation::from(loc));
   e.attrs().op0 = AluOp::add;
+  e.attrs().oob_skip = o.oob_skip;
   e.tensor(0, dst);
   for (size_t i = 0; i < srcs.size(); ++i) e.tensor(int(i) + 1, srcs[i]);
   e.emit();
+}
+inline void dma_compute(const Tensor& dst, const std::vector<Tensor>& srcs, Loc loc = Loc::current()) {
+  dma_compute(dst, srcs, {}, loc);
 }
 
 /** @brief Element-wise copy on an engine (bit-exact when dtypes match). */

@@ -189,13 +189,17 @@ enum class Bound { tensor_engine, hbm };
 /**
  * @brief The case the estimates benchmark and docs/kernels.md report for a kernel, with the
  * useful work it does (FLOPs for Tensor-engine-bound kernels; HBM-bound ones count every input
- * read once and every output written once) and the utilization it should reach.
+ * read once and every output written once, unless compulsory_bytes says otherwise) and the
+ * utilization it should reach.
  */
 struct Benchmark {
   ExampleCase shape;
   Bound bound = Bound::hbm;
   std::function<double(const ExampleCase&)> useful_flops;  // Bound::tensor_engine only
   double goal = 0;                                         // fraction, 0 when none is set
+  /** Bound::hbm: the compulsory HBM bytes when they are not every input read once and every
+   *  output written once (a gather reads only the rows it names); the default when null. */
+  std::function<double(const ExampleCase&)> compulsory_bytes;
 };
 
 /** @brief Everything the registry knows about one library kernel. */
