@@ -16,6 +16,7 @@
 
 #include "nikki/activation.hpp"
 #include "nikki/alu.hpp"
+#include "nikki/element_stores.hpp"
 #include "nikki/numerics.hpp"
 #include "nikki/reduction_order.hpp"
 
@@ -65,25 +66,7 @@ std::vector<int64_t> affine_values(const Attributes& at, int64_t c, int64_t free
 
 namespace {
 
-// --- operands and element writes ------------------------------------------------------------
-
-/** Writes an integer value with the cast rule of the engines (saturating to integer dtypes). */
-void store_integer_value(DType t, uint8_t* p, int64_t v) {
-  if (is_float(t)) {
-    numerics::store_float(t, p, static_cast<float>(v));
-    return;
-  }
-  const int bits = 8 * int(dtype_size(t));
-  int64_t lo = info(t).is_signed ? -(int64_t(1) << (bits - 1)) : 0;
-  int64_t hi = t == DType::bool_ ? 1 : info(t).is_signed ? (int64_t(1) << (bits - 1)) - 1 : (int64_t(1) << bits) - 1;
-  numerics::store_int(t, p, std::clamp(v, lo, hi));
-}
-
-/** Copies one element: bit-exact when dtypes match, through fp32 otherwise. */
-void copy_element(DType dst_t, uint8_t* dst, DType src_t, const uint8_t* src) {
-  if (dst_t == src_t) std::memcpy(dst, src, dtype_size(dst_t));
-  else numerics::store_float(dst_t, dst, numerics::load_float(src_t, src));
-}
+// --- operands and folds ------------------------------------------------------------------
 
 /** The value of a register-or-immediate operand. */
 int64_t scalar_value(const Machine& m, const Operand& o) {
@@ -113,7 +96,7 @@ int64_t fold_bits(AluOp op, const std::vector<int64_t>& values, int bits) {
 void exec_copy(Machine& m, const Instruction& inst) {
   Elements dst = m.operand(inst, 0), src = m.operand(inst, 1);
   for (int64_t i = 0; i < dst.size(); ++i)
-    if (dst.ptr[i] && src.ptr[i]) copy_element(dst.dtype, dst.ptr[i], src.dtype, src.ptr[i]);  // null: skipped
+    if (dst.ptr[i] && src.ptr[i]) numerics::copy_element(dst.dtype, dst.ptr[i], src.dtype, src.ptr[i]);  // null: skipped
 }
 
 /** dst = fold of the sources with reduce_op, element by element in order, in fp32: a source
@@ -146,7 +129,7 @@ void exec_copy_predicated(Machine& m, const Instruction& inst) {
     const bool take = (numerics::load_int(pred.dtype, pred.ptr[i]) != 0) != inst.attrs.reverse_pred;
     if (!take) continue;
     if (scalar_src) numerics::store_float(dst.dtype, dst.ptr[i], static_cast<float>(inst.operands[1].imm));
-    else copy_element(dst.dtype, dst.ptr[i], src.dtype, src.ptr[i]);
+    else numerics::copy_element(dst.dtype, dst.ptr[i], src.dtype, src.ptr[i]);
   }
 }
 
@@ -188,7 +171,7 @@ void exec_n_gather(Machine& m, const Instruction& inst) {
         m.runtime_fault(inst, fmt::format("index {} (partition {}, position {}) is outside the {} elements of data", i,
                                         p, j, data.free),
                       "gather indices address the flattened free elements of each data partition");
-      copy_element(dst.dtype, dst.at(p, j), data.dtype, data.at(p, i));
+      numerics::copy_element(dst.dtype, dst.at(p, j), data.dtype, data.at(p, i));
     }
 }
 
@@ -480,7 +463,7 @@ void exec_find_index8(Machine& m, const Instruction& inst) {
           used[f] = true;
           break;
         }
-      store_integer_value(dst.dtype, dst.at(p, i), found);
+      numerics::store_saturated(dst.dtype, dst.at(p, i), found);
     }
   }
 }
@@ -509,7 +492,7 @@ void exec_match_replace8(Machine& m, const Instruction& inst) {
     }
     for (int64_t f = 0; f < data.free; ++f) dst.set(p, f, matched[f] ? imm : row[f]);
     if (inst.operands[4].is_tensor())
-      for (int i = 0; i < 8; ++i) store_integer_value(idx.dtype, idx.at(p, i), where[i]);
+      for (int i = 0; i < 8; ++i) numerics::store_saturated(idx.dtype, idx.at(p, i), where[i]);
   }
 }
 
@@ -522,11 +505,11 @@ void exec_nonzero_with_count(Machine& m, const Instruction& inst) {
     int64_t n = 0;
     for (int64_t f = 0; f < src.free; ++f) {
       const bool nonzero = is_float(src.dtype) ? src.get(p, f) != 0.0f : src.get_int(p, f) != 0;
-      if (nonzero) store_integer_value(dst.dtype, dst.at(p, n++), f + inst.attrs.offset);
+      if (nonzero) numerics::store_saturated(dst.dtype, dst.at(p, n++), f + inst.attrs.offset);
     }
     for (int64_t f = n; f < src.free; ++f)
-      store_integer_value(dst.dtype, dst.at(p, f), static_cast<int64_t>(inst.attrs.fill_value));
-    store_integer_value(dst.dtype, dst.at(p, src.free), n);
+      numerics::store_saturated(dst.dtype, dst.at(p, f), static_cast<int64_t>(inst.attrs.fill_value));
+    numerics::store_saturated(dst.dtype, dst.at(p, src.free), n);
   }
 }
 
@@ -537,7 +520,7 @@ void exec_memset(Machine& m, const Instruction& inst) {
   const double v = inst.operands[1].imm;
   for (uint8_t* p : dst.ptr) {
     if (is_float(dst.dtype)) numerics::store_float(dst.dtype, p, static_cast<float>(v));
-    else store_integer_value(dst.dtype, p, static_cast<int64_t>(v));
+    else numerics::store_saturated(dst.dtype, p, static_cast<int64_t>(v));
   }
 }
 
@@ -549,9 +532,9 @@ void exec_affine(Machine& m, const Instruction& inst) {
     const std::vector<int64_t> values = affine_values(at, c, dst.free);
     for (int64_t f = 0; f < dst.free; ++f) {
       if (inst.opcode == Opcode::iota) {
-        store_integer_value(dst.dtype, dst.at(c, f), values[f]);
+        numerics::store_saturated(dst.dtype, dst.at(c, f), values[f]);
       } else if (alu_apply_int(at.cmp_op, values[f], 0)) {
-        copy_element(dst.dtype, dst.at(c, f), on_true.dtype, on_true.at(c, f));
+        numerics::copy_element(dst.dtype, dst.at(c, f), on_true.dtype, on_true.at(c, f));
       } else {
         dst.set(c, f, static_cast<float>(inst.operands[2].imm));
       }
@@ -580,7 +563,7 @@ void exec_matmul(Machine& machine, const Instruction& inst) {
     for (int64_t n = 0; n < N; ++n) {
       float partial = 0.0f;
       if (inst.attrs.is_transpose && unit[n] >= 0) {
-        copy_element(dst.dtype, dst.at(m, n), st.dtype, st.at(unit[n], m));
+        numerics::copy_element(dst.dtype, dst.at(m, n), st.dtype, st.at(unit[n], m));
         continue;
       }
       if (inst.attrs.is_transpose) {
@@ -664,7 +647,7 @@ void execute(Machine& m, const Instruction& inst, size_t& pc) {
     }
     case Opcode::register_store: {
       Elements dst = m.operand(inst, 0);
-      store_integer_value(dst.dtype, dst.ptr[0], m.reg(inst.operands[1].reg));
+      numerics::store_saturated(dst.dtype, dst.ptr[0], m.reg(inst.operands[1].reg));
       return;
     }
     case Opcode::loop_begin: {
