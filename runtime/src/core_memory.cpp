@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "op_desc.hpp"
+#include "nikki/jit/native_args.hpp"
 
 namespace nikki::runtime {
 

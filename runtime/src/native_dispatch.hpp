@@ -8,7 +8,6 @@
 
 #include "machine.hpp"
 #include "nikki/jit/native.hpp"
-#include "op_desc.hpp"
 
 namespace nikki::runtime {
 
