@@ -6,7 +6,7 @@ order, each instruction one vectorized numpy computation over its whole tile. Ea
 tensor, SBUF or PSUM tile) is one flat numpy array, and every tensor operand is a strided view
 of it (``np.lib.stride_tricks.as_strided`` with the operand's access pattern), built when the
 instruction runs. Engines compute in fp32 and every write rounds to the destination dtype, as in
-nikki's reference semantics (runtime/src/machine.hpp); activation functions are evaluated in
+nikki's reference semantics (runtime/src/reference_semantics.cpp); activation functions are evaluated in
 fp64 and rounded once, as nikki's are. Accumulation orders differ from nikki's (numpy's matmul,
 pairwise sums), so results agree within the dtype's rounding, not bit for bit.
 
@@ -384,7 +384,7 @@ class NumpyEagerExecutor:
         out = self._mem[sid].reshape(self.storages[sid]["shape"])
         return out.view(np.bool_) if self.storages[sid]["dtype"] == "bool_" else out
 
-    # --- instructions (the numpy counterparts of machine.hpp's exec_*) --------------------------
+    # --- instructions (the numpy counterparts of reference_semantics.cpp's exec_*) --------------
     def _op_dma_copy(self, ops, at):
         dst, src = ops[0], ops[1]
         if dst.dtype == src.dtype:

@@ -4,12 +4,12 @@
 // trip counts and strides, which LLVM vectorizes for the host CPU.
 //
 // Numerics must match the reference interpreter bit for bit: both use nikki/numerics.hpp,
-// nikki/alu.hpp and nikki/activation.hpp for element conversions and operators, and
-// nikki/reduction_order.hpp for tensor_reduce's fold; the loops here keep the interpreter's order
-// of every rounding step (sequential folds per partition, fused multiply-adds in increasing k for
-// matmul). Accumulating routines read and update the engines' per-partition accumulators
-// (OpArgs::scalar_acc / vector_acc) exactly as the reference does, so reduce_cmd sequences carry
-// across instructions whichever executor ran each one.
+// nikki/element_stores.hpp, nikki/alu.hpp and nikki/activation.hpp for element conversions,
+// stores and operators, and nikki/reduction_order.hpp for tensor_reduce's fold; the loops here
+// keep the interpreter's order of every rounding step (sequential folds per partition, fused
+// multiply-adds in increasing k for matmul). Accumulating routines read and update the engines'
+// per-partition accumulators (OpArgs::scalar_acc / vector_acc) exactly as the reference does, so
+// reduce_cmd sequences carry across instructions whichever executor ran each one.
 //
 // Loop shapes: element-wise routines walk partitions, then the free dims (innermost vectorizes;
 // when the operands cannot overlap harmfully, independent() lets the routine declare that loop's
@@ -30,6 +30,7 @@
 
 #include "nikki/activation.hpp"
 #include "nikki/alu.hpp"
+#include "nikki/element_stores.hpp"
 #include "nikki/numerics.hpp"
 #include "nikki/reduction_order.hpp"
 #include "op_desc.hpp"
@@ -106,23 +107,10 @@ NK_INLINE int64_t apply_bits(AluOp op, bool reverse, int64_t x, int64_t s, int b
   return (reverse && !is_unary_op(op)) ? alu_apply_bits(op, s, x, bits) : alu_apply_bits(op, x, s, bits);
 }
 
-/** Writes an integer value with the engines' cast rule: saturating to integer dtypes, rounded to
- * float ones (the reference interpreter's store_integer_value). */
-NK_INLINE void store_saturated(DType t, uint8_t* p, int64_t v) {
-  if (is_float(t)) {
-    numerics::store_float(t, p, static_cast<float>(v));
-    return;
-  }
-  const int bits = 8 * static_cast<int>(dtype_size(t));
-  const int64_t lo = info(t).is_signed ? -(int64_t(1) << (bits - 1)) : 0;
-  const int64_t hi = t == DType::bool_ ? 1 : info(t).is_signed ? (int64_t(1) << (bits - 1)) - 1 : (int64_t(1) << bits) - 1;
-  numerics::store_int(t, p, v < lo ? lo : v > hi ? hi : v);
-}
-
-/** Copies one element: bit-exact when the dtypes match, through fp32 otherwise. */
-NK_INLINE void copy_element(const OpDesc* d, int dst_slot, uint8_t* dst, int src_slot, const uint8_t* src) {
-  if (d->view[dst_slot].dtype == d->view[src_slot].dtype) std::memcpy(dst, src, dtype_size(dtype_of(d, dst_slot)));
-  else store(d, dst_slot, dst, load(d, src_slot, src));
+/** Copies the element of slot 1 at `src` to slot 0's element at `dst` (bit-exact when the dtypes
+ * match, through fp32 otherwise: numerics::copy_element). */
+NK_INLINE void copy_element(const OpDesc* d, uint8_t* dst, const uint8_t* src) {
+  numerics::copy_element(dtype_of(d, 0), dst, dtype_of(d, 1), src);
 }
 
 /** Calls f(i1..i4) over the free dims of the iteration space (`count`), innermost dim last. */
@@ -437,16 +425,13 @@ NK_INLINE void for_chunk(int64_t len, F&& f) {
 
 NK_ENTRY void nk_copy(const OpDesc* d, const OpArgs* args) {
   NK_LOCAL_ARGS;
-  const bool same = d->view[0].dtype == d->view[1].dtype;
-  const int64_t size = dtype_size(dtype_of(d, 0));
   // Unordered when src and dst share no byte out of step: a converting copy then vectorizes too.
   dispatch_parallel(independent(d, a, 0, 0b10), [&](auto par) {
     for (int64_t i0 = 0; i0 < d->count[0]; ++i0)
       for_row<decltype(par)::value>(d, i0, [&](int64_t p, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
         uint8_t* dst = address(d, a, 0, p, i1, i2, i3, i4);
         const uint8_t* src = address(d, a, 1, p, i1, i2, i3, i4);
-        if (same) std::memcpy(dst, src, size);
-        else store(d, 0, dst, load(d, 1, src));
+        copy_element(d, dst, src);
       });
   });
 }
@@ -535,7 +520,7 @@ NK_ENTRY void nk_memset(const OpDesc* d, const OpArgs* args) {
   uint8_t pattern[4];
   // integer fill values saturate to the dtype's range (the verifier rejects out-of-range ones)
   if (is_float(t)) numerics::store_float(t, pattern, static_cast<float>(a->imm[1]));
-  else store_saturated(t, pattern, static_cast<int64_t>(a->imm[1]));
+  else numerics::store_saturated(t, pattern, static_cast<int64_t>(a->imm[1]));
   iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
     std::memcpy(address(d, a, 0, i0, i1, i2, i3, i4), pattern, size);
   });
@@ -857,7 +842,7 @@ NK_ENTRY void nk_copy_predicated(const OpDesc* d, const OpArgs* args) {
     if (!take) return;
     uint8_t* dst = address(d, a, 0, i0, i1, i2, i3, i4);
     if (scalar_src) store(d, 0, dst, static_cast<float>(a->imm[1]));
-    else copy_element(d, 0, dst, 1, address(d, a, 1, i0, i1, i2, i3, i4));
+    else copy_element(d, dst, address(d, a, 1, i0, i1, i2, i3, i4));
   });
 }
 
@@ -922,8 +907,8 @@ NK_INLINE void affine(const OpDesc* d, const OpArgs* a, bool iota) {
   iterate(d, [&](int64_t i0, int64_t i1, int64_t i2, int64_t i3, int64_t i4) {
     const int64_t v = static_cast<int32_t>(static_cast<uint32_t>(d->offset + offset_of(d, kSlots - 1, i0, i1, i2, i3, i4)));
     uint8_t* dst = address(d, a, 0, i0, i1, i2, i3, i4);
-    if (iota) store_saturated(dtype_of(d, 0), dst, v);
-    else if (alu_apply_int(cmp, v, 0)) copy_element(d, 0, dst, 1, address(d, a, 1, i0, i1, i2, i3, i4));
+    if (iota) numerics::store_saturated(dtype_of(d, 0), dst, v);
+    else if (alu_apply_int(cmp, v, 0)) copy_element(d, dst, address(d, a, 1, i0, i1, i2, i3, i4));
     else store(d, 0, dst, static_cast<float>(a->imm[2]));
   });
 }
@@ -1112,7 +1097,7 @@ NK_ENTRY void nk_find_index8(const OpDesc* d, const OpArgs* args) {
       return true;
     });
     iterate_out(d, [&](int64_t k, int64_t o1, int64_t o2, int64_t o3, int64_t o4) {
-      if (k < 8) store_saturated(dtype_of(d, 0), address(d, a, 0, p, o1, o2, o3, o4), int64_t(found[k]));
+      if (k < 8) numerics::store_saturated(dtype_of(d, 0), address(d, a, 0, p, o1, o2, o3, o4), int64_t(found[k]));
     });
   }
 }
@@ -1197,7 +1182,7 @@ NK_INLINE void matmul_transpose_mode(const OpDesc* d, const OpArgs* a) {
     for (int64_t m = 0; m < M; ++m) {
       uint8_t* out = address(d, a, 0, m, n, 0, 0, 0);
       if (unit >= 0) {
-        copy_element(d, 0, out, 1, address(d, a, 1, unit, m, 0, 0, 0));
+        copy_element(d, out, address(d, a, 1, unit, m, 0, 0, 0));
         continue;
       }
       float partial = 0.0f;

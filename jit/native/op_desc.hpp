@@ -5,7 +5,8 @@
 // (opcode, operators, dtypes, iteration space, byte strides) and a wrapper that calls the
 // library entry with it; LLVM inlines the entry, folds the constant descriptor into it and
 // vectorizes the loops that remain, so each template becomes its own specialized routine.
-// Addresses, immediates and accumulator state arrive at run time in OpArgs.
+// Addresses, immediates and accumulator state arrive at run time in OpArgs (the public
+// nikki/jit/native_args.hpp: all the runtime needs to call a routine).
 //
 // Plain structs only: this header is compiled by both g++ (the compiler side) and clang (the
 // bitcode side), so its layout must be identical in both.
@@ -13,9 +14,10 @@
 
 #include <cstdint>
 
+#include "nikki/jit/native_args.hpp"
+
 namespace nikki::native {
 
-inline constexpr int kSlots = 5;     // operand slots of an instruction (ir.hpp kMaxSlots)
 inline constexpr int kIterDims = 5;  // partition dim + up to 4 free dims
 
 /** @brief An operand as the kernel iterates it: dtype and byte stride along each iteration dim. */
@@ -85,22 +87,5 @@ static_assert(sizeof(OpDesc) == 432 + kSlots * sizeof(IrregularView));
 /** @brief Largest partition count a routine keeps per-partition state for on its stack; the
  * template builder leaves instructions over more partitions to the reference semantics. */
 inline constexpr int64_t kMaxPartitions = 128;
-
-/** @brief Run-time arguments of one instruction. */
-struct OpArgs {
-  uint8_t* base[kSlots];  // address of each tensor operand's first element
-  double imm[kSlots];     // immediate operands
-  float* scalar_acc;      // Scalar engine accumulators, one per partition
-  float* vector_acc;      // Vector engine accumulators, one per partition
-  uint8_t* psum_written;  // nc_matmul: "written by a matmul" flag of dst's first PSUM word
-  int64_t psum_flag_pitch;  // flags per partition row
-  float* scratch;           // at least kScratchFloats floats of working memory
-};
-
-/** @brief Working memory a routine may need (nc_matmul packs its operands: 128x128 + 2 x 128x512). */
-inline constexpr int64_t kScratchFloats = 128 * 128 + 2 * 128 * 512;
-
-/** @brief Signature of every generated routine. */
-using Routine = void (*)(const OpArgs*);
 
 }  // namespace nikki::native

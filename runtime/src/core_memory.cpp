@@ -3,9 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <utility>
 #include <vector>
 
-#include "op_desc.hpp"
+#include <sys/mman.h>
+
+#include <fmt/format.h>
+
+#include "nikki/jit/native_args.hpp"
 
 namespace nikki::runtime {
 
@@ -69,5 +74,29 @@ CoreMemoryLease::~CoreMemoryLease() {
 }
 
 size_t live_core_memories() { return g_live.load(); }
+
+ZeroedMemory::ZeroedMemory(size_t bytes) : size_(bytes) {
+  if (bytes == 0) return;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED)
+    throw KernelError(fmt::format("the host cannot reserve {} of address space for the simulated memory",
+                                  bytes_text(int64_t(bytes))),
+                      {}, {}, "nikki reserves each simulated memory (SBUF, PSUM, HBM scratch) in host memory",
+                      "use smaller scratch tensors");
+  data_ = static_cast<uint8_t*>(p);
+}
+
+ZeroedMemory::ZeroedMemory(ZeroedMemory&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)) {}
+
+ZeroedMemory& ZeroedMemory::operator=(ZeroedMemory&& o) noexcept {
+  std::swap(data_, o.data_);
+  std::swap(size_, o.size_);
+  return *this;
+}
+
+ZeroedMemory::~ZeroedMemory() {
+  if (data_) munmap(data_, size_);
+}
 
 }  // namespace nikki::runtime

@@ -49,5 +49,30 @@ class CoreMemoryLease {
  * kernels at once without reallocating, few enough to stay a small part of a process. */
 inline constexpr size_t kIdleCoreMemories = 2;
 
+/**
+ * @brief Zero-filled memory whose pages the OS commits only when they are first written: a
+ * simulated memory then costs the host what a kernel touches of it, not its capacity (an SPMD
+ * launch holds one simulated core per program instance, and HBM scratch tensors can be gigabytes).
+ */
+class ZeroedMemory {
+ public:
+  ZeroedMemory() = default;
+  /** Reserves `bytes` of address space; throws KernelError when the host cannot. */
+  explicit ZeroedMemory(size_t bytes);
+  ZeroedMemory(ZeroedMemory&& o) noexcept;
+  ZeroedMemory& operator=(ZeroedMemory&& o) noexcept;
+  ZeroedMemory(const ZeroedMemory&) = delete;
+  ZeroedMemory& operator=(const ZeroedMemory&) = delete;
+  ~ZeroedMemory();
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  uint8_t& operator[](size_t i) const { return data_[i]; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
 
 }  // namespace nikki::runtime

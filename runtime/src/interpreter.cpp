@@ -1,6 +1,7 @@
 #include "nikki/runtime/interpreter.hpp"
 
 #include "machine.hpp"
+#include "reference_semantics.hpp"
 #include "shadow_memory.hpp"
 
 namespace nikki::runtime {
@@ -25,7 +26,7 @@ void Interpreter::run(std::span<void* const> inputs, std::span<void* const> outp
   if (!state_->sanitize) {
     for (size_t pc = 0; pc < insts.size(); ++pc) {
       m.begin_instruction(pc);
-      m.exec(insts[pc], pc);
+      reference::execute(m, insts[pc], pc);
     }
     return;
   }

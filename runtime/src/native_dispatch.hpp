@@ -4,9 +4,10 @@
 #include <memory>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "machine.hpp"
 #include "nikki/jit/native.hpp"
-#include "op_desc.hpp"
 
 namespace nikki::runtime {
 
@@ -28,13 +29,13 @@ class NativeDispatch {
       if (o.indirection) base += shift(m, ir_index, o) * o.scalar_bytes;
       args.base[s] = base;
     }
-    args.scalar_acc = m.scalar_acc.data();
-    args.vector_acc = m.vector_acc.data();
-    if (m.k.instructions[ir_index].opcode == Opcode::nc_matmul) {
-      args.psum_written = m.psum_written + (args.base[0] - m.psum) / 4;
-      args.psum_flag_pitch = m.psum_row / 4;
+    args.scalar_acc = m.scalar_acc().data();
+    args.vector_acc = m.vector_acc().data();
+    if (m.kernel().instructions[ir_index].opcode == Opcode::nc_matmul) {
+      args.psum_written = &m.psum_written(args.base[0]);
+      args.psum_flag_pitch = m.row_pitch(Buffer::psum) / 4;
     }
-    args.scratch = m.native_scratch;
+    args.scratch = m.native_scratch();
     n->routine(&args);
     return true;
   }
@@ -43,14 +44,14 @@ class NativeDispatch {
   /** The run-time value of a scalar offset, bounds-checked like the interpreter does. */
   static int64_t shift(Machine& m, uint32_t ir_index, const jit::NativeOperand& o) {
     const Indirection& ind = *o.indirection;
-    const Instruction& inst = m.k.instructions[ir_index];
+    const Instruction& inst = m.kernel().instructions[ir_index];
     int64_t v;
     if (ind.scalar_tensor) v = m.resolve(inst, *ind.scalar_tensor).get_int(0, 0);
-    else v = m.regs[ind.scalar_register];
+    else v = m.reg(ind.scalar_register);
     if (v < o.min_shift || v > o.max_shift)
       m.runtime_fault(inst,
                       fmt::format("runtime offset out of bounds: offset value {} into tensor '{}' (valid values: {} to {})",
-                                  v, m.k.storage(o.storage).name, o.min_shift, o.max_shift),
+                                  v, m.kernel().storage(o.storage).name, o.min_shift, o.max_shift),
                       "check the values of the offset register or index tensor");
     return v;
   }

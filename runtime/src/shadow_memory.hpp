@@ -23,7 +23,10 @@
 #include <fmt/ranges.h>
 
 #include "machine.hpp"
+#include "nikki/alu.hpp"
+#include "nikki/ir_printer.hpp"
 #include "nikki/jit/liveness.hpp"
+#include "reference_semantics.hpp"
 
 namespace nikki::runtime {
 
@@ -72,11 +75,11 @@ class ShadowMemory {
    * instances after the first: the outputs then hold earlier instances' results, which this
    * shadow did not see, so they count as valid. */
   ShadowMemory(const Machine& m, bool fill_outputs)
-      : k_(m.k), fresh_(m.k.instructions.size()), hbm_(m.k.storages.size()), origin_of_(m.k.storages.size(), -1),
-        surfaced_at_(m.k.storages.size(), -1), scalar_acc_invalid_(m.t.num_partitions, 0.0f),
-        vector_acc_invalid_(m.t.num_partitions, 0.0f) {
-    sbuf_.resize(size_t(m.t.num_partitions) * m.sbuf_row);
-    psum_.resize(size_t(m.t.num_partitions) * m.psum_row);
+      : k_(m.kernel()), fresh_(k_.instructions.size()), hbm_(k_.storages.size()), origin_of_(k_.storages.size(), -1),
+        surfaced_at_(k_.storages.size(), -1), scalar_acc_invalid_(m.config().num_partitions, 0.0f),
+        vector_acc_invalid_(m.config().num_partitions, 0.0f) {
+    sbuf_.resize(size_t(m.config().num_partitions) * m.row_pitch(Buffer::sbuf));
+    psum_.resize(size_t(m.config().num_partitions) * m.row_pitch(Buffer::psum));
     const std::vector<jit::LiveRange> ranges = jit::live_ranges(k_);
     for (StorageId id = 0; id < k_.storages.size(); ++id) {
       const Storage& s = k_.storages[id];
@@ -99,7 +102,7 @@ class ShadowMemory {
   }
 
   /**
-   * Runs `inst` on the machine (advancing `pc` as Machine::exec does) and updates the shadow: each
+   * Runs `inst` on the machine (advancing `pc` as reference::execute does) and updates the shadow: each
    * element it writes is valid when the elements it was computed from are. Throws a KernelError
    * when a register or an index is read from invalid memory.
    */
@@ -130,7 +133,7 @@ class ShadowMemory {
         reads_invalid = reads_invalid || (accumulates[i] && !v[0].valid[i]);
       if (!reads_invalid) v[0].origin = -1;
     }
-    m.exec(inst, pc);
+    reference::execute(m, inst, pc);
     switch (inst.opcode) {
       case Opcode::loop_begin:
       case Opcode::loop_end:
@@ -151,7 +154,7 @@ class ShadowMemory {
         if (hbm_[id].written.test(b) && !hbm_[id].valid.test(b)) {
           const Instruction& writer = k_.instructions[surfaced_at_[id]];
           report(origin_of_[id], fmt::format("values computed from it reach output '{}' ({}{}) through {} at {}",
-                                             s.name, s.name, coordinates(m, id, m.hbm[id] + b),
+                                             s.name, s.name, coordinates(m, id, m.hbm(id) + b),
                                              opcode_name(writer.opcode), k_.location(writer.loc).str()));
         }
     }
@@ -188,10 +191,10 @@ class ShadowMemory {
    * kernel cannot write, which always holds values. */
   ShadowBits* bits(const Machine& m, StorageId id, const uint8_t* p, size_t& index) {
     const Storage& s = k_.storages[id];
-    if (s.buffer == Buffer::sbuf) return index = size_t(p - m.sbuf), &sbuf_;
-    if (s.buffer == Buffer::psum) return index = size_t(p - m.psum), &psum_;
+    if (s.buffer == Buffer::sbuf) return index = size_t(p - m.memory(Buffer::sbuf)), &sbuf_;
+    if (s.buffer == Buffer::psum) return index = size_t(p - m.memory(Buffer::psum)), &psum_;
     if (hbm_[id].empty()) return nullptr;
-    index = size_t(p - m.hbm[id]);
+    index = size_t(p - m.hbm(id));
     return &hbm_[id];
   }
 
@@ -200,12 +203,12 @@ class ShadowMemory {
     const Storage& s = k_.storages[id];
     if (!s.on_chip()) {
       // Scratch: the bytes accesses can reach, as the sentinel fill does.
-      const ByteRange used = m.scratch_hbm_used[id];
+      const ByteRange used = m.scratch_hbm_used(id);
       hbm_[id].assign(used.begin, used.end - used.begin, false);
       return;
     }
     ShadowBits& b = s.buffer == Buffer::sbuf ? sbuf_ : psum_;
-    const int64_t pitch = s.buffer == Buffer::sbuf ? m.sbuf_row : m.psum_row;
+    const int64_t pitch = m.row_pitch(s.buffer);
     for (int64_t p = 0; p < s.partitions(); ++p)
       b.assign((s.address->partition + p) * pitch + s.address->byte_offset, s.partition_bytes(), false);
   }
@@ -259,7 +262,7 @@ class ShadowMemory {
     if (inst.attrs.is_transpose) return out;
     for (int64_t i = 0; i < dst.e.size(); ++i)
       out[i] = inst.attrs.accumulate == Accumulate::accumulate ||
-               (inst.attrs.accumulate == Accumulate::automatic && m.psum_written[(dst.e.ptr[i] - m.psum) / 4]);
+               (inst.attrs.accumulate == Accumulate::automatic && m.psum_written(dst.e.ptr[i]));
     return out;
   }
 
@@ -336,7 +339,7 @@ class ShadowMemory {
         break;
       }
       case Opcode::tensor_reduce: {
-        const int64_t run = Machine::reduce_run(inst);
+        const int64_t run = reference::reduce_run(inst);
         each([&](int64_t p, int64_t o) {
           for (int64_t i = 0; i < run; ++i)
             if (!v[1].at(p, o * run + i)) return false;
@@ -355,7 +358,7 @@ class ShadowMemory {
       case Opcode::register_store: break;
       case Opcode::affine_select:
         for (int64_t c = 0; c < P; ++c) {
-          const std::vector<int64_t> values = Machine::affine_values(at, c, F);
+          const std::vector<int64_t> values = reference::affine_values(at, c, F);
           for (int64_t f = 0; f < F; ++f) out[c * F + f] = !alu_apply_int(at.cmp_op, values[f], 0) || v[1].at(c, f);
         }
         break;
@@ -482,7 +485,7 @@ class ShadowMemory {
     for (int64_t p = 0; p < P; ++p) {
       const bool row = std::all_of(rows_valid.begin() + p * F, rows_valid.begin() + (p + 1) * F,
                                    [](uint8_t x) { return x; });
-      Machine::apply_reduce_cmd(cmd, AluOp::maximum, 0.0f, acc_invalid, p, row ? 0.0f : 1.0f, has_partial);
+      reference::apply_reduce_cmd(cmd, AluOp::maximum, 0.0f, acc_invalid, p, row ? 0.0f : 1.0f, has_partial);
     }
   }
 
@@ -504,13 +507,13 @@ class ShadowMemory {
     const int64_t size = dtype_size(s.dtype);
     int64_t element = 0;
     if (s.on_chip()) {
-      const uint8_t* base = s.buffer == Buffer::sbuf ? m.sbuf : m.psum;
-      const int64_t pitch = s.buffer == Buffer::sbuf ? m.sbuf_row : m.psum_row;
+      const uint8_t* base = m.memory(s.buffer);
+      const int64_t pitch = m.row_pitch(s.buffer);
       const int64_t offset = p - base;
       element = (offset / pitch - s.address->partition) * s.shape.inner_elements() +
                 (offset % pitch - s.address->byte_offset) / size;
     } else {
-      element = (p - m.hbm[id]) / size;
+      element = (p - m.hbm(id)) / size;
     }
     std::vector<int64_t> index(s.shape.rank(), 0);
     for (int d = s.shape.rank() - 1; d >= 0; --d) {

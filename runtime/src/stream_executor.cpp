@@ -4,6 +4,7 @@
 
 #include "machine.hpp"
 #include "native_dispatch.hpp"
+#include "reference_semantics.hpp"
 #include "nikki/runtime/executor.hpp"
 
 namespace nikki::runtime {
@@ -74,7 +75,7 @@ struct StreamExecutor::Impl {
       ++native_count;
     } else {
       size_t pc = ir_index;
-      machine.exec(inst, pc);
+      reference::execute(machine, inst, pc);
       ++interpreted_count;
     }
   }
@@ -133,7 +134,7 @@ struct StreamExecutor::Impl {
       const uint32_t ir = streams[0].ops[pos[0]].ir_index;
       size_t pc = ir;
       machine.begin_instruction(ir);
-      machine.exec(program->kernel.instructions[ir], pc);
+      reference::execute(machine, program->kernel.instructions[ir], pc);
       const int32_t target = barrier_ordinal[pc];
       internal_check(target >= 0, "control flow continues at an instruction without a barrier");
       for (size_t s = 0; s < n; ++s) pos[s] = barrier_positions[s][target] + 1;

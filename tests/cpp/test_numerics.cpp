@@ -1,4 +1,4 @@
-// Tests of nikki/numerics.hpp against independent reference computations.
+// Tests of nikki/numerics.hpp (and element_stores.hpp) against independent reference computations.
 //
 // The references here never call the code under test: values come from sign/exponent/mantissa
 // fields through std::ldexp, rounding from a brute-force nearest-value search over a sorted table
@@ -8,6 +8,7 @@
 // million random fp32 inputs per format are rounded both ways.
 #include <doctest/doctest.h>
 
+#include <nikki/element_stores.hpp>
 #include <nikki/numerics.hpp>
 
 #include <algorithm>
@@ -719,6 +720,44 @@ TEST_CASE("numerics: the templated and run-time dispatched forms agree") {
   CHECK(round_to<DType::uint16>(70000.0f) == round_to(DType::uint16, 70000.0f));
   store_int<DType::int16>(a.data(), -3);
   CHECK(load_int<DType::int16>(a.data()) == load_int(DType::int16, a.data()));
+}
+
+// The engines' store rules: integers clamp to the destination's range (hand-computed bounds:
+// int8 [-128, 127], uint8 [0, 255], int16 [-32768, 32767], uint32 [0, 2^32 - 1], bool_ [0, 1]),
+// floats round as any write; copies keep the bits when the dtypes match.
+TEST_CASE("numerics: saturating integer stores and element copies") {
+  auto saturated = [](DType t, int64_t value) {
+    uint8_t bytes[4] = {0xAA, 0xAA, 0xAA, 0xAA};
+    store_saturated(t, bytes, value);
+    return load_int(t, bytes);
+  };
+  CHECK(saturated(DType::int8, 300) == 127);
+  CHECK(saturated(DType::int8, -300) == -128);
+  CHECK(saturated(DType::int8, -5) == -5);
+  CHECK(saturated(DType::uint8, -5) == 0);
+  CHECK(saturated(DType::uint8, 255) == 255);
+  CHECK(saturated(DType::int16, 40000) == 32767);
+  CHECK(saturated(DType::uint32, int64_t(1) << 33) == 0xFFFFFFFFll);
+  CHECK(saturated(DType::int32, -(int64_t(1) << 40)) == -2147483648ll);
+  CHECK(saturated(DType::bool_, 7) == 1);
+  CHECK(saturated(DType::bool_, -7) == 0);
+  uint8_t f[4];
+  store_saturated(DType::bfloat16, f, 257);  // 257 lies between bf16's 256 and 258: ties to even
+  CHECK(load_float(DType::bfloat16, f) == 256.0f);
+  store_saturated(DType::float32, f, (int64_t(1) << 24) + 1);  // rounds to even as an fp32 cast
+  CHECK(load_float(DType::float32, f) == 16777216.0f);
+
+  const uint16_t payload_nan = 0x7f81;  // a signalling bf16 NaN: a conversion would canonicalize it
+  uint16_t copied = 0;
+  copy_element(DType::bfloat16, &copied, DType::bfloat16, &payload_nan);
+  CHECK(copied == payload_nan);
+  const float x = 1.0f + 0x1p-8f + 0x1p-20f;  // above the midpoint between bf16 1.0 and 1.0078125
+  copy_element(DType::bfloat16, &copied, DType::float32, &x);
+  CHECK(copied == 0x3f81);
+  const int32_t big = (1 << 24) + 1;  // int32 -> uint32 goes through fp32 and loses the low bit
+  uint32_t widened = 0;
+  copy_element(DType::uint32, &widened, DType::int32, &big);
+  CHECK(widened == uint32_t(1) << 24);
 }
 
 // The per-format conversions are usable in constant expressions.

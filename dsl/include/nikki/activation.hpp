@@ -1,7 +1,8 @@
 // The Scalar engine's activation functions (NKI's activation table), as the executors compute
-// them. This header is the one definition: the reference interpreter (runtime/src/machine.hpp)
-// calls activation_apply per element, and the native routines (jit/native/kernels.cpp) inline the
-// same code, so both executors agree bit for bit. docs/numerics.md gives the formulas.
+// them. This header is the one definition: the reference semantics
+// (runtime/src/reference_semantics.cpp) call activation_apply per element, and the native routines
+// (jit/native/kernels.cpp) inline the same code, so both executors agree bit for bit.
+// docs/numerics.md gives the formulas.
 //
 // exp, tanh and log are computed in fp32 (exp_f32, tanh_f32, log_f32; faithfully rounded: the
 // correctly rounded value or its neighbour). Every other function is evaluated in double precision

@@ -10,12 +10,8 @@
 #include <vector>
 
 #include "nikki/jit/cache.hpp"
+#include "nikki/jit/native_args.hpp"
 #include "nikki/jit/streams.hpp"
-
-namespace nikki::native {
-struct OpArgs;
-using Routine = void (*)(const OpArgs*);
-}  // namespace nikki::native
 
 namespace nikki::jit {
 
@@ -32,6 +28,8 @@ struct NativeOperand {
   int64_t scalar_bytes = 0;
   int64_t min_shift = 0, max_shift = 0;
 };
+
+static_assert(native::kSlots == kMaxSlots, "a routine's argument block has one entry per operand slot");
 
 /** @brief The native form of one kernel instruction. */
 struct NativeInstruction {
