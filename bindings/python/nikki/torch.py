@@ -199,7 +199,9 @@ def _returns(fn_node):
 # --- library ops ----------------------------------------------------------------------------------
 
 def _library_schema(kernel) -> str:
-    args = [f"Tensor {n}" for n in kernel.inputs]
+    updated = list(kernel.updated_inputs)
+    args = [f"Tensor({chr(ord('a') + updated.index(n))}!) {n}" if n in updated else f"Tensor {n}"
+            for n in kernel.inputs]
     for pname, kind, default, _doc in kernel.info["params"]:
         args.append(f"{kind} {pname}={_default_text(default)}")  # the kinds are torch schema types
     n = len(kernel.outputs)
@@ -218,7 +220,7 @@ def library_op(name: str):
         kernels = _library.library_kernels()
         if name not in kernels:
             raise ValueError(f"no library kernel named {name!r}; available: {', '.join(sorted(kernels))}")
-        op = nki_op(f"nikki::{name}")(kernels[name])
+        op = nki_op(f"nikki::{name}", mutates_args=kernels[name].updated_inputs)(kernels[name])
         _ops[name] = op
         if kernels[name].backward:
             _register_library_autograd(op, kernels[name], library_op(kernels[name].backward))
