@@ -180,6 +180,27 @@ def _output_projection_bwd(attn, w_o, grad_out, params):
     return list(torch.autograd.grad(attn @ w_o + bias + residual, (attn, w_o, bias, residual), grad_out))
 
 
+def _decode_attention(q, k_cache, v_cache, k, v, lengths, params):
+    """A decode step as a model does it: the new keys and values into (copies of) the caches at
+    each sequence's length, then attention of the new tokens over positions up to their own."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    _b, h, t, _d = q.shape
+    group, window = h // k_cache.shape[1], int(params["window"])
+    out = torch.empty_like(q)
+    for b, length in enumerate(int(x) for x in lengths):
+        k_cache[b, :, length:length + t] = k[b]
+        v_cache[b, :, length:length + t] = v[b]
+        n = length + t
+        position = torch.arange(length, n)[:, None]
+        visible = torch.arange(n)[None] <= position
+        if window > 0:
+            visible &= torch.arange(n)[None] > position - window
+        keys = k_cache[b, :, :n].repeat_interleave(group, 0)
+        values = v_cache[b, :, :n].repeat_interleave(group, 0)
+        out[b] = F.scaled_dot_product_attention(q[b], keys, values, attn_mask=visible, scale=_scale(params, None))
+    return [out, k_cache, v_cache]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -204,6 +225,7 @@ TORCH = {
     "rope_bwd": _rope_bwd,
     "output_projection": lambda attn, w_o, bias, residual, p: [attn @ w_o + bias + residual],
     "output_projection_bwd": _output_projection_bwd,
+    "decode_attention": _decode_attention,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
