@@ -19,9 +19,10 @@
 //   times Q^T as moving. Every engine instruction of the softmax then covers 128 partitions, and
 //   S^T is directly the stationary operand of the P V matmul (no transpose of P). Keys need the
 //   head dim on partitions: K blocks are transposed on the Tensor engine and copied out of PSUM.
-// - K and V are loaded in chunks of up to 8 key blocks, partition p holding 8 consecutive rows
-//   (2 KiB contiguous per partition at D = 128 in bf16, where DMA reaches its bandwidth); block i
-//   of a chunk is then the keys c0 + 8 p + i, and the masks use the same numbering.
+// - K and V are loaded in chunks of up to 16 key blocks, partition p holding 16 consecutive rows
+//   (4 KiB contiguous per partition at D = 128 in bf16, where a DMA's per-descriptor overhead is
+//   small); block i of a chunk is then the keys c0 + 16 p + i, and the masks use the same
+//   numbering. A chunk's K blocks are transposed a PSUM bank (8 blocks) at a time.
 // - The softmax maximum of a query row spans partitions: a free-dim max over the key blocks, a
 //   GpSimd partition reduce to [1, G T], and a ones-matmul broadcasts it back to 128 partitions.
 //   The denominator is a free-dim sum of the (rounded) probabilities over the key blocks and a
@@ -48,7 +49,8 @@ inline constexpr const char* decode_attention_doc = R"(Decode (token generation)
 Dimensions: q [B, H, T, D], k_cache [B, Hkv, S, D], v_cache [B, Hkv, S, D], k [B, Hkv, T, D],
             v [B, Hkv, T, D], lengths [B] -> out [B, H, T, D]. T <= 8 new tokens per sequence;
             D <= 128; Hkv divides H (query head h reads kv head h / (H / Hkv)); G x T <= 128
-            with G = H / Hkv; S up to what SBUF holds (about 16k positions at D = 128 in bf16).
+            with G = H / Hkv; S up to what SBUF holds (a kv head's scores stay on chip: about
+            S x G x T x 12 / 128 bytes per partition in bf16; S = 32k at G x T = 32).
 Args:       q, k_cache, v_cache, k, v: HBM tensors of one dtype: float32, bfloat16 or float16.
             k, v: the new tokens' keys and values; written into the caches at positions
               lengths[b] .. lengths[b] + T - 1 of sequence b (in place).
@@ -200,9 +202,9 @@ struct DecodeMath {
   static void broadcast(const Tensor& bc, const Tensor& ones, const Tensor& rowmax) {
     isa::nc_matmul(bc, ones, rowmax, {.accumulate = false});
   }
-  /** sf -= the row maximum (broadcast over the blocks). */
-  static void subtract_max(const Tensor& sf_blocks, const Tensor& bc_blocks) {
-    isa::tensor_tensor(sf_blocks, sf_blocks, bc_blocks, nl::subtract, isa::vector_engine);
+  /** sf -= the row maximum (broadcast over the blocks), on `engine` (GpSimd or Vector). */
+  static void subtract_max(const Tensor& sf_blocks, const Tensor& max_blocks, Engine engine) {
+    isa::tensor_tensor(sf_blocks, sf_blocks, max_blocks, nl::subtract, engine);
   }
   static void probabilities(const Tensor& p, const Tensor& sf) { isa::activation(p, nl::exp, sf); }
   /** colsum[p, r] = sum over the key blocks of the rounded probabilities. */
@@ -235,7 +237,10 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
   const int64_t bank = ts.psum_bank_fmax;                  // fp32 elements of one PSUM bank
   const int64_t tpb = ts.psum_bank_fmax_bytes / (P * es);  // transposed 128-blocks per bank
   const int64_t nmax = std::max<int64_t>(1, std::min(tpb, bank / R));
-  const std::vector<attention::KeyChunk> chunks = attention::decode_chunks(S, T, P, nmax);
+  // K and V rows are loaded two banks of transposes at a time: 16 rows per partition at D = 128
+  // in bf16 (4 KiB, where a DMA's per-descriptor overhead is small).
+  const int64_t nload = 2 * nmax;
+  const std::vector<attention::KeyChunk> chunks = attention::decode_chunks(S, T, P, nload);
   const int64_t NS = chunks.back().s0 + 1, NSc = NS - 1;  // score slots: the cache's blocks, then the new one
 
   Tensor out = nl::ndarray({B, d.H, T, D}, dt, nl::shared_hbm, "out");
@@ -249,15 +254,15 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
                       "split the cache across calls, or use a shorter cache");
   Ring sf_ring = Ring::sbuf({P, NS * R}, f32, kSf, "scores");
   Ring p_ring = Ring::sbuf({P, NS * R}, dt, kPr, "probs");
-  Ring stage_ring = budget.sbuf_ring({P, nmax, D}, dt, kStage, "k_rows");
-  Ring v_ring = budget.sbuf_ring({P, nmax, D}, dt, kV, "v_rows");
+  Ring stage_ring = budget.sbuf_ring({P, nload, D}, dt, kStage, "k_rows");
+  Ring v_ring = budget.sbuf_ring({P, nload, D}, dt, kV, "v_rows");
   Ring kT_ring = budget.sbuf_ring({P, nmax, P}, dt, kKT, "kT");
   Ring qrow_ring = budget.sbuf_ring({P, D}, dt, kSmall, "q_rows");
   Ring qT_ring = budget.sbuf_ring({P, R}, dt, kSmall, "qT");
   Ring mask_ring = budget.sbuf_ring({P, NSc, T}, f32, kSmall, "mask");
   Ring wmask_ring = budget.sbuf_ring({P, NSc, T}, f32, kSmall, "window_mask");
   Ring colmax_ring = budget.sbuf_ring({P, R}, f32, kSmall, "block_max");
-  Ring rowmax_ring = budget.sbuf_ring({P, R}, f32, kSmall, "row_max");
+  Ring rowmax_ring = budget.sbuf_ring({P, R}, f32, 2 * kSmall, "row_max");
   Ring colsum_ring = budget.sbuf_ring({P, R}, f32, kSmall, "block_sum");
   Ring recip_ring = budget.sbuf_ring({P, 1}, f32, kSmall, "recip");
   Ring otile_ring = budget.sbuf_ring({P, D}, dt, kSmall, "out_tile");
@@ -279,7 +284,7 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
 
   toolkit::TaskScheduler sch;
   const auto all = nl::all;
-  const Engine vector = Engine::vector, scalar = Engine::scalar;
+  const Engine vector = Engine::vector, scalar = Engine::scalar, gpsimd = Engine::gpsimd;
 
   // --- Once: lengths on every partition, positions, the new tokens' causal mask, ones.
   sch.add([&] { isa::dma_copy(lens_i, lengths.reshape({1, B}).broadcast(0, P)); });
@@ -327,29 +332,32 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
       // Scores S^T [keys, G T], a chunk at a time: K rows -> K^T -> matmuls -> masked copy.
       const Tensor sf = sf_ring.next();
       for (const attention::KeyChunk& c : chunks) {
-        const Tensor stage = stage_ring.next(), kt_psum = t_ring.next().reshape_dim(1, {nmax, P}), kT = kT_ring.next();
-        const Tensor s = s_ring.next();
+        const Tensor stage = stage_ring.next();
         sch.add([&] { isa::dma_copy(stage(first(c.parts), nl::ds(0, c.n), all), chunk_rows(k_cache, k, b, g, c)); });
-        sch.add([&] {
-          for (int64_t i = 0; i < c.n; ++i)
-            isa::nc_transpose(kt_psum(first(D), i, first(c.parts)), stage(first(c.parts), i, all));
-        });
-        sch.add_any({[&] { attention::copy_out(kT(first(D), nl::ds(0, c.n), first(c.parts)), kt_psum(first(D), nl::ds(0, c.n), first(c.parts)), vector); },
-                     [&] { attention::copy_out(kT(first(D), nl::ds(0, c.n), first(c.parts)), kt_psum(first(D), nl::ds(0, c.n), first(c.parts)), scalar); }});
-        sch.add([&] {
-          for (int64_t i = 0; i < c.n; ++i)
-            isa::nc_matmul(s(first(c.parts), nl::ds(i * R, R)), kT(first(D), i, first(c.parts)), qT(first(D), all),
-                           {.accumulate = false});
-        });
-        const Tensor slots = sf(all, nl::ds(c.s0 * R, c.n * R));
         // A partial block's missing keys: masked scores, so they weigh nothing in the softmax.
-        if (c.parts < P) sch.add([&] { isa::memset(slots, attention::kMaskedScore, isa::gpsimd_engine); });
-        const Tensor mask4 = c.fresh ? over_heads(fresh_mask(first(c.parts), all).reshape_dim(1, {1, T}))
-                                     : over_heads(mask(first(c.parts), nl::ds(c.s0, c.n), all));
-        sch.add([&] {
-          m.masked_scores(slots(first(c.parts), all).reshape_dim(1, {c.n, G, T}),
-                          s(first(c.parts), nl::ds(0, c.n * R)).reshape_dim(1, {c.n, G, T}), mask4);
-        });
+        if (c.parts < P) sch.add([&] { isa::memset(sf(all, nl::ds(c.s0 * R, c.n * R)), attention::kMaskedScore, isa::gpsimd_engine); });
+        // A PSUM bank of transposes at a time (nmax blocks of the chunk).
+        for (int64_t i0 = 0; i0 < c.n; i0 += nmax) {
+          const int64_t w = std::min(nmax, c.n - i0);
+          const Tensor kt_psum = t_ring.next().reshape_dim(1, {nmax, P}), kT = kT_ring.next(), s = s_ring.next();
+          sch.add([&] {
+            for (int64_t i = 0; i < w; ++i)
+              isa::nc_transpose(kt_psum(first(D), i, first(c.parts)), stage(first(c.parts), i0 + i, all));
+          });
+          const Tensor kT_w = kT(first(D), nl::ds(0, w), first(c.parts)), kt_w = kt_psum(first(D), nl::ds(0, w), first(c.parts));
+          sch.add_any({[&] { attention::copy_out(kT_w, kt_w, vector); }, [&] { attention::copy_out(kT_w, kt_w, scalar); }});
+          sch.add([&] {
+            for (int64_t i = 0; i < w; ++i)
+              isa::nc_matmul(s(first(c.parts), nl::ds(i * R, R)), kT(first(D), i, first(c.parts)), qT(first(D), all),
+                             {.accumulate = false});
+          });
+          const Tensor mask4 = c.fresh ? over_heads(fresh_mask(first(c.parts), all).reshape_dim(1, {1, T}))
+                                       : over_heads(mask(first(c.parts), nl::ds(c.s0 + i0, w), all));
+          sch.add([&] {
+            m.masked_scores(sf(first(c.parts), nl::ds((c.s0 + i0) * R, w * R)).reshape_dim(1, {w, G, T}),
+                            s(first(c.parts), nl::ds(0, w * R)).reshape_dim(1, {w, G, T}), mask4);
+          });
+        }
       }
 
       // Softmax over keys on partitions and blocks: the row maximum, exp.
@@ -358,7 +366,11 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
       sch.add([&] { m.block_max(colmax, blocks); });
       sch.add([&] { m.partition_max(rowmax, colmax); });
       sch.add([&] { m.broadcast(bc, ones, rowmax); });
-      sch.add([&] { m.subtract_max(blocks, bc.reshape_dim(1, {1, R}).broadcast(1, NS)); });
+      // The maximum to SBUF, so that GpSimd can subtract it (and no read of PSUM is too wide).
+      const Tensor rowmax_all = rowmax_ring.next();
+      sch.add_any({[&] { attention::copy_out(rowmax_all, bc, vector); }, [&] { attention::copy_out(rowmax_all, bc, scalar); }});
+      const Tensor max_blocks = rowmax_all.reshape_dim(1, {1, R}).broadcast(1, NS);
+      sch.add_any({[&] { m.subtract_max(blocks, max_blocks, gpsimd); }, [&] { m.subtract_max(blocks, max_blocks, vector); }});
       const Tensor p = p_ring.next();
       sch.add([&] { m.probabilities(p, sf); });
 
@@ -429,7 +441,7 @@ inline std::vector<RefTensor> decode_inputs(const ExampleCase& c, CaseRng& r) {
 inline ExampleCase draw_decode(CaseRng& r) {
   const int64_t B = r.uniform(1, 3), Hkv = r.uniform(1, 3), G = r.pick<int64_t>({1, 1, 2, 4});
   const int64_t T = r.pick<int64_t>({1, 1, 2, 3, 8});
-  const int64_t S = std::max(T, r.size(1, 1200));
+  const int64_t S = std::max(T, r.size(1, 2500));
   const int64_t D = r.pick<int64_t>({32, 64, 64, 100, 128, 128});
   const DType t = r.pick({DType::float32, DType::bfloat16, DType::float16});
   ExampleCase c{decode_problem(B, G * Hkv, Hkv, T, S, D, t), {}, "drawn"};
@@ -470,8 +482,8 @@ inline KernelInfo decode_attention_info() {
       .make_inputs = attention::decode_inputs,
       .examples = {{decode_problem(3, 4, 2, 1, 300, 64, f32), {}, "one token, lengths 0, random and S - 1, GQA 2, tail block"},
                    {decode_problem(2, 2, 2, 4, 256, 128, bf16), {}, "four tokens, no GQA, whole blocks"},
-                   {decode_problem(2, 8, 2, 3, 1100, 128, bf16), Params{{"window", 200.0}},
-                    "window, GQA 4, chunks of 8 blocks and a tail"},
+                   {decode_problem(2, 8, 2, 3, 1600, 128, bf16), Params{{"window", 200.0}},
+                    "window, GQA 4, a chunk of 12 blocks (two banks of transposes) and a tail"},
                    {decode_problem(1, 2, 1, 8, 40, 64, DType::float16), Params{{"scale", 0.3}, {"window", 3.0}},
                     "eight tokens, a cache shorter than a block, window shorter than T"},
                    {decode_problem(2, 3, 3, 2, 130, 32, f32), Params{{"window", 1.0}}, "window of one: each token sees itself"}},
