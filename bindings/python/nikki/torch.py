@@ -30,7 +30,7 @@ __all__ = ["nki_op", "matmul", "softmax", "topk", "gated_mlp", "router_topk", "l
 
 
 __all__ = ["nki_op", "matmul", "softmax", "layer_norm", "rms_norm", "flash_attention", "apply_rotary_pos_emb",
-           "output_projection", "adamw_",
+           "output_projection", "decode_attention", "adamw_",
            "library_op"]
 
 
@@ -661,6 +661,19 @@ def output_projection(attn: torch.Tensor, w_o: torch.Tensor, bias: torch.Tensor 
     residual = attn.new_zeros(*attn.shape[:2], n) if residual is None else residual
     return library_op("output_projection")(attn.contiguous(), w_o.contiguous(), bias.contiguous(),
                                            residual.contiguous())
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, lengths: torch.Tensor, sinks: torch.Tensor | None = None, *,
+                     scale: float | None = None, window: int = 0) -> torch.Tensor:
+    """One decode step with nikki's decode_attention kernel: the new tokens' k and v
+    ([B, Hkv, T, D]) are written into k_cache and v_cache ([B, Hkv, S, D]) in place at positions
+    lengths[b] .. lengths[b] + T - 1, and the attention of q ([B, H, T, D]) over positions up to
+    each token's own is returned. `lengths`: int32 [B]; `sinks`: optional float32 [H] attention
+    sink logits (GPT-OSS); `window`: a sliding window (0 for none)."""
+    if sinks is None:
+        sinks = torch.full((q.shape[1],), -math.inf, dtype=torch.float32, device=q.device)
+    return library_op("decode_attention")(q, k_cache, v_cache, k, v, lengths, sinks, scale, window)
 
 
 @torch.no_grad()

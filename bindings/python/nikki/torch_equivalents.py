@@ -180,12 +180,16 @@ def _output_projection_bwd(attn, w_o, grad_out, params):
     return list(torch.autograd.grad(attn @ w_o + bias + residual, (attn, w_o, bias, residual), grad_out))
 
 
-def _decode_attention(q, k_cache, v_cache, k, v, lengths, params):
+def _decode_attention(q, k_cache, v_cache, k, v, lengths, sinks, params):
     """A decode step as a model does it: the new keys and values into (copies of) the caches at
-    each sequence's length, then attention of the new tokens over positions up to their own."""
+    each sequence's length, then attention of the new tokens over positions up to their own, each
+    head's sink logit joining the softmax (GPT-OSS: softmax over [scores, sink], the sink's column
+    dropped)."""
     k_cache, v_cache = k_cache.clone(), v_cache.clone()
-    _b, h, t, _d = q.shape
+    _b, h, t, d = q.shape
     group, window = h // k_cache.shape[1], int(params["window"])
+    scale = _scale(params, None)
+    scale = 1 / math.sqrt(d) if scale is None else scale
     out = torch.empty_like(q)
     for b, length in enumerate(int(x) for x in lengths):
         k_cache[b, :, length:length + t] = k[b]
@@ -197,7 +201,10 @@ def _decode_attention(q, k_cache, v_cache, k, v, lengths, params):
             visible &= torch.arange(n)[None] > position - window
         keys = k_cache[b, :, :n].repeat_interleave(group, 0)
         values = v_cache[b, :, :n].repeat_interleave(group, 0)
-        out[b] = F.scaled_dot_product_attention(q[b], keys, values, attn_mask=visible, scale=_scale(params, None))
+        scores = (scale * q[b] @ keys.transpose(-1, -2)).masked_fill(~visible, -math.inf)
+        sink = sinks.to(scores.dtype)[:, None, None].expand(h, t, 1)
+        p = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :n]
+        out[b] = p @ values
     return [out, k_cache, v_cache]
 
 

@@ -1,5 +1,6 @@
 """Decode attention over a KV cache: the in-place cache update, runtime lengths (one compiled
-kernel for every length), a 16-step decode loop against PyTorch, and the argument errors.
+kernel for every length), attention sinks, a 16-step decode loop against PyTorch, and the
+argument errors.
 
 References are PyTorch computed in float64 (scaled_dot_product_attention with the boolean mask of
 the visible positions). In float32 the kernel accumulates in fp32 and rounds nothing else, so
@@ -16,7 +17,7 @@ F = torch.nn.functional
 
 import nikki  # noqa: E402
 import nikki.kernels as K  # noqa: E402
-import nikki.torch  # noqa: E402,F401  (registers torch.ops.nikki.*)
+import nikki.torch as nt  # noqa: E402  (registers torch.ops.nikki.*)
 from nikki.torch_equivalents import TORCH  # noqa: E402
 
 
@@ -28,8 +29,13 @@ def _problem(seed, B=2, H=4, Hkv=2, T=1, S=200, D=32, dtype=torch.float32):
     return q, k_cache, v_cache, k, v
 
 
-def _expected(q, k_cache, v_cache, k, v, lengths, window=0):
-    args = [t.double() for t in (q, k_cache, v_cache, k, v)] + [torch.tensor(lengths)]
+def _no_sinks(q):
+    return torch.full((q.shape[1],), -torch.inf)
+
+
+def _expected(q, k_cache, v_cache, k, v, lengths, window=0, sinks=None):
+    sinks = _no_sinks(q) if sinks is None else sinks
+    args = [t.double() for t in (q, k_cache, v_cache, k, v)] + [torch.tensor(lengths), sinks.double()]
     return TORCH["decode_attention"](*args, {"window": window, "scale": None})
 
 
@@ -37,7 +43,7 @@ def test_the_cache_is_updated_in_place_and_only_at_the_new_positions():
     q, k_cache, v_cache, k, v = _problem(1, T=3)
     lengths = torch.tensor([5, 150], dtype=torch.int32)
     before_k, before_v = k_cache.clone(), v_cache.clone()
-    out = K.decode_attention(q, k_cache, v_cache, k, v, lengths)
+    out = K.decode_attention(q, k_cache, v_cache, k, v, lengths, _no_sinks(q))
     for b, n in enumerate(lengths.tolist()):
         assert torch.equal(k_cache[b, :, n:n + 3], k[b]) and torch.equal(v_cache[b, :, n:n + 3], v[b])
         untouched = torch.ones(200, dtype=torch.bool)
@@ -51,17 +57,17 @@ def test_the_cache_is_updated_in_place_and_only_at_the_new_positions():
 def test_numpy_caches_are_updated_in_place_too():
     q, k_cache, v_cache, k, v = (t.numpy() for t in _problem(2))
     lengths = np.array([0, 199], dtype=np.int32)
-    K.decode_attention(q, k_cache, v_cache, k, v, lengths)
+    K.decode_attention(q, k_cache, v_cache, k, v, lengths, np.full(q.shape[1], -np.inf, np.float32))
     assert np.array_equal(k_cache[0, :, 0], k[0, :, 0]) and np.array_equal(v_cache[1, :, 199], v[1, :, 0])
 
 
 def test_one_compiled_kernel_serves_every_length():
     q, k_cache, v_cache, k, v = _problem(3, B=1, T=2, S=300)
-    K.decode_attention(q, k_cache.clone(), v_cache.clone(), k, v, torch.tensor([0], dtype=torch.int32))
+    nt.decode_attention(q, k_cache.clone(), v_cache.clone(), k, v, torch.tensor([0], dtype=torch.int32))
     compiled = len(K.decode_attention._cache)
     for n in (1, 127, 128, 129, 298):
         kc, vc = k_cache.clone(), v_cache.clone()
-        out = K.decode_attention(q, kc, vc, k, v, torch.tensor([n], dtype=torch.int32))
+        out = nt.decode_attention(q, kc, vc, k, v, torch.tensor([n], dtype=torch.int32))
         want, want_k, want_v = _expected(q, k_cache, v_cache, k, v, [n])
         torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=2e-5)
         assert torch.equal(kc.double(), want_k) and torch.equal(vc.double(), want_v)
@@ -76,7 +82,7 @@ def test_positions_past_the_length_do_not_matter():
     for b, n in enumerate(lengths):
         k_cache[b, :, n:] = 1e4
         v_cache[b, :, n:] = -1e4
-    out = K.decode_attention(q, k_cache, v_cache, k, v, torch.tensor(lengths, dtype=torch.int32))
+    out = nt.decode_attention(q, k_cache, v_cache, k, v, torch.tensor(lengths, dtype=torch.int32))
     want, _, _ = _expected(q, clean_k, clean_v, k, v, lengths)
     torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=2e-5)
 
@@ -93,12 +99,34 @@ def test_a_16_step_decode_loop_matches_pytorch_token_for_token(T, window):
     for step in range(16):
         q = torch.randn(B, H, T, D, generator=g)
         k, v = torch.randn(B, Hkv, T, D, generator=g), torch.randn(B, Hkv, T, D, generator=g)
-        out = torch.ops.nikki.decode_attention(q, k_cache, v_cache, k, v, lengths, window=window)
+        out = torch.ops.nikki.decode_attention(q, k_cache, v_cache, k, v, lengths, _no_sinks(q), window=window)
         want, ref_k, ref_v = TORCH["decode_attention"](q.double(), ref_k, ref_v, k.double(), v.double(), lengths,
-                                                       {"window": window, "scale": None})
+                                                       _no_sinks(q).double(), {"window": window, "scale": None})
         torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=2e-5, msg=f"step {step}")
         assert torch.equal(k_cache.double(), ref_k) and torch.equal(v_cache.double(), ref_v), f"step {step}"
         lengths += T
+
+
+@pytest.mark.parametrize("T,window", [(1, 0), (3, 0), (2, 16)])
+def test_attention_sinks_join_the_denominator(T, window):
+    """GPT-OSS sinks: softmax over [scores, sink] with the sink's column dropped, per head; one
+    head's sink far above its scores takes nearly all the weight, a -inf sink none."""
+    q, k_cache, v_cache, k, v = _problem(20 + T, B=2, H=4, Hkv=2, T=T, S=140)
+    sinks = torch.tensor([0.5, -torch.inf, 3.0, 40.0])
+    lengths = [7, 130]
+    want, _, _ = _expected(q, k_cache, v_cache, k, v, lengths, window, sinks)
+    out = nt.decode_attention(q, k_cache, v_cache, k, v, torch.tensor(lengths, dtype=torch.int32), sinks,
+                              window=window)
+    torch.testing.assert_close(out.double(), want, rtol=2e-5, atol=2e-5)
+    assert out[:, 3].abs().max() < 1e-6  # the sink at 40 takes the weight (exp(-40) of it is left)
+
+
+def test_no_sinks_is_a_minus_infinity_sink_bit_for_bit():
+    q, k_cache, v_cache, k, v = _problem(30, T=2)
+    lengths = torch.tensor([3, 100], dtype=torch.int32)
+    plain = nt.decode_attention(q, k_cache.clone(), v_cache.clone(), k, v, lengths)
+    explicit = K.decode_attention(q, k_cache.clone(), v_cache.clone(), k, v, lengths, _no_sinks(q))
+    assert torch.equal(plain, explicit)
 
 
 def test_the_torch_op_declares_the_caches_mutated():
@@ -108,7 +136,7 @@ def test_the_torch_op_declares_the_caches_mutated():
 
 def _error(match, *args, **kwargs):
     with pytest.raises(nikki.KernelError, match=match) as err:
-        K.decode_attention(*args, **kwargs)
+        K.decode_attention(*args, _no_sinks(args[0]), **kwargs)
     assert err.value.file == __file__ and "K.decode_attention(" in linecache.getline(__file__, err.value.line)
     return err.value
 
@@ -136,3 +164,6 @@ def test_argument_mistakes_are_kernel_errors_at_the_call():
            q, k_cache, v_cache, k, v, torch.zeros(2, dtype=torch.int32))
     _error(r"decode_attention: window must be >= 0 \(0: no sliding window\), got -1",
            q, k_cache, v_cache, k, v, lengths, window=-1)
+    with pytest.raises(nikki.KernelError, match=r"decode_attention: sinks must be float32 \[4\] \(one logit per "
+                                                r"query head\), got float32\[3\]"):
+        K.decode_attention(q, k_cache, v_cache, k, v, lengths, torch.zeros(3))

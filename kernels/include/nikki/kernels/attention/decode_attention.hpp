@@ -28,6 +28,8 @@
 //   The denominator is a free-dim sum of the (rounded) probabilities over the key blocks and a
 //   matmul with a column of ones over the partitions; V stays contiguous in SBUF (a column of
 //   ones beside it would make its DMA a descriptor per row).
+// - Attention sinks (a logit per query head in the denominator): the sink row [1, G T] joins the
+//   maximum, its exp is added to the denominator by a one-row matmul; -inf means no sink.
 #pragma once
 
 #include <algorithm>
@@ -47,7 +49,7 @@ namespace nikki::kernels {
 inline constexpr const char* decode_attention_doc = R"(Decode (token generation) attention over a contiguous KV cache, with the cache updated in place.
 
 Dimensions: q [B, H, T, D], k_cache [B, Hkv, S, D], v_cache [B, Hkv, S, D], k [B, Hkv, T, D],
-            v [B, Hkv, T, D], lengths [B] -> out [B, H, T, D]. T <= 8 new tokens per sequence;
+            v [B, Hkv, T, D], lengths [B], sinks [H] -> out [B, H, T, D]. T <= 8 new tokens per sequence;
             D <= 128; Hkv divides H (query head h reads kv head h / (H / Hkv)); G x T <= 128
             with G = H / Hkv; S up to what SBUF holds (a kv head's scores stay on chip: about
             S x G x T x 12 / 128 bytes per partition in bf16; S = 32k at G x T = 32).
@@ -57,6 +59,9 @@ Args:       q, k_cache, v_cache, k, v: HBM tensors of one dtype: float32, bfloat
             lengths: int32 [B], the number of cached positions of each sequence before this call
               (runtime values: one compiled kernel serves every length); lengths[b] + T <= S.
             scale: multiplier of q k^T (default 1 / sqrt(D)).
+            sinks: float32 [H], attention sinks (GPT-OSS): a learned logit per query head that
+              joins the softmax denominator (weighs no value); -inf for none (nikki.torch's
+              decode_attention passes -inf when sinks is None).
             window: a sliding window: new token t (position lengths[b] + t) sees positions j with
               lengths[b] + t - window < j <= lengths[b] + t. 0 (the default) for none.
 Returns:    out in q's dtype; k_cache and v_cache are updated in place.
@@ -70,7 +75,8 @@ Notes:      Names and semantics after nki-library's attention_tkg (contiguous ca
 Pseudocode: k_cache[b, :, len_b : len_b + T] = k[b]; v_cache[b, :, len_b : len_b + T] = v[b]
             s = scale * q[b, h] @ k_cache[b, g, : len_b + T].T, masked to -inf where
               j > len_b + t (and j <= len_b + t - window)
-            out[b, h] = softmax(s) @ v_cache[b, g, : len_b + T])";
+            p = softmax([s, sinks[h]]) without its last column (the sink's)
+            out[b, h] = p @ v_cache[b, g, : len_b + T])";
 
 namespace attention {
 
@@ -87,7 +93,7 @@ struct DecodeDims {
 /** @brief Checks the arguments of decode_attention and returns the problem's sizes. */
 inline DecodeDims check_decode(const ArgumentCheck& check, const Tensor& q, const Tensor& k_cache,
                                const Tensor& v_cache, const Tensor& k, const Tensor& v, const Tensor& lengths,
-                               int64_t window) {
+                               const Tensor& sinks, int64_t window) {
   const int64_t pmax = nl::tile_size().pmax;
   for (const Tensor* t : {&q, &k_cache, &v_cache, &k, &v})
     if (t->ndim() != 4)
@@ -139,6 +145,10 @@ inline DecodeDims check_decode(const ArgumentCheck& check, const Tensor& q, cons
                    std::string(dtype_name(lengths.dtype())) + lengths.shape().str(),
                "lengths are runtime values the kernel loads as int32",
                "pass lengths.to(torch.int32) with one entry per sequence");
+  if (sinks.ndim() != 1 || sinks.shape()[0] != d.H || sinks.dtype() != DType::float32)
+    check.fail("sinks must be float32 [" + std::to_string(d.H) + "] (one logit per query head), got " +
+                   std::string(dtype_name(sinks.dtype())) + sinks.shape().str(),
+               "pass -inf for heads without a sink (nikki.torch.decode_attention does when sinks is None)");
   if (window < 0) check.fail("window must be >= 0 (0: no sliding window), got " + std::to_string(window));
   return d;
 }
@@ -207,6 +217,19 @@ struct DecodeMath {
     isa::tensor_tensor(sf_blocks, sf_blocks, max_blocks, nl::subtract, engine);
   }
   static void probabilities(const Tensor& p, const Tensor& sf) { isa::activation(p, nl::exp, sf); }
+  /** The row maximum including the sink's logit (a -inf sink leaves it). */
+  static void include_sink(const Tensor& rowmax, const Tensor& sink) {
+    isa::tensor_tensor(rowmax, rowmax, sink, nl::maximum, isa::gpsimd_engine);
+  }
+  /** e = exp(sink - max), the sink's weight in the denominator (0 for a -inf sink). */
+  static void sink_difference(const Tensor& e, const Tensor& sink, const Tensor& rowmax) {
+    isa::tensor_tensor(e, sink, rowmax, nl::subtract, isa::gpsimd_engine);
+  }
+  static void sink_weight(const Tensor& e) { isa::activation(e, nl::exp, e); }
+  /** denominator[r] += e[r]: e as stationary [1, rows], times one. */
+  static void add_sink(const Tensor& den, const Tensor& e, const Tensor& one) {
+    isa::nc_matmul(den, e, one, {.accumulate = true});
+  }
   /** colsum[p, r] = sum over the key blocks of the rounded probabilities. */
   static void block_sum(const Tensor& colsum, const Tensor& p_blocks) {
     isa::tensor_reduce(colsum, nl::add, p_blocks.permute({0, 2, 1}), {2});
@@ -221,14 +244,15 @@ struct DecodeMath {
 
 /** @brief out of decode attention; k_cache and v_cache updated in place. See decode_attention_doc. */
 inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& k,
-                               const Tensor& v, const Tensor& lengths, std::optional<double> scale_opt = std::nullopt,
+                               const Tensor& v, const Tensor& lengths, const Tensor& sinks,
+                               std::optional<double> scale_opt = std::nullopt,
                                int64_t window = 0, Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using attention::first;
   using toolkit::Ring;
   const ArgumentCheck check("decode_attention", q, loc);
-  const attention::DecodeDims d = attention::check_decode(check, q, k_cache, v_cache, k, v, lengths, window);
+  const attention::DecodeDims d = attention::check_decode(check, q, k_cache, v_cache, k, v, lengths, sinks, window);
   const nl::TileSize ts = nl::tile_size();
   const int64_t P = ts.pmax, D = d.D, D1 = d.D + 1, T = d.T, S = d.S, G = d.G, R = d.rows(), B = d.B;
   const DType dt = d.dtype, f32 = nl::float32;
@@ -275,6 +299,8 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
   const Tensor window_bound = budget.sbuf({P, B}, f32, "window_bound");
   const Tensor ones = budget.sbuf({1, P}, f32, "ones");
   const Tensor ones_column = budget.sbuf({P, 1}, f32, "ones_column");
+  const Tensor sink_rows = budget.sbuf({1, d.H * T}, f32, "sinks");  // sinks[h] at h T + t
+  Ring sink_ring = budget.sbuf_ring({1, R}, f32, kSmall, "sink_weight");
 
   // --- PSUM: K^T (and Q^T) transposes, scores, the broadcast maximum, the output accumulators.
   Ring t_ring = budget.psum_ring({P, nmax * P}, dt, 3, "transpose_psum");
@@ -292,6 +318,7 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
   if (window > 0) sch.add([&] { isa::tensor_scalar(window_bound, lens_f, nl::subtract, double(window)); });
   sch.add([&] { isa::memset(ones, 1.0, isa::gpsimd_engine); });
   sch.add([&] { isa::memset(ones_column, 1.0, isa::gpsimd_engine); });
+  sch.add([&] { isa::dma_copy(sink_rows.reshape_dim(1, {d.H, T}), sinks.reshape({1, d.H, 1}).broadcast(2, T)); });
   for (const attention::KeyChunk& c : chunks) {
     if (c.fresh) continue;
     sch.add([&] { isa::iota(pos(all, nl::ds(c.s0, c.n), all), {{1, c.n}, {0, T}}, c.c0, c.n); });
@@ -365,6 +392,10 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
       const Tensor colmax = colmax_ring.next(), rowmax = rowmax_ring.next()(first(1), all), bc = bc_ring.next();
       sch.add([&] { m.block_max(colmax, blocks); });
       sch.add([&] { m.partition_max(rowmax, colmax); });
+      const Tensor sink = sink_rows(all, nl::ds(g * R, R)), sink_e = sink_ring.next();
+      sch.add([&] { m.include_sink(rowmax, sink); });
+      sch.add([&] { m.sink_difference(sink_e, sink, rowmax); });
+      sch.add([&] { m.sink_weight(sink_e); });
       sch.add([&] { m.broadcast(bc, ones, rowmax); });
       // The maximum to SBUF, so that GpSimd can subtract it (and no read of PSUM is too wide).
       const Tensor rowmax_all = rowmax_ring.next();
@@ -388,6 +419,7 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
       const Tensor colsum = colsum_ring.next();
       sch.add([&] { m.block_sum(colsum, p.reshape_dim(1, {NS, R})); });
       sch.add([&] { m.denominator(acc(all, nl::ds(D, 1)), colsum, ones_column); });
+      sch.add([&] { m.add_sink(acc(all, nl::ds(D, 1)), sink_e, ones_column(first(1), all)); });
       const Tensor recip = recip_ring.next()(first(R), all), o_tile = otile_ring.next()(first(R), all);
       const Tensor numerator = acc(all, nl::ds(0, D)), denominator = acc(all, nl::ds(D, 1));
       sch.add_any({[&] { attention::ForwardMath::reciprocal(recip, denominator, vector); },
@@ -413,26 +445,30 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
 
 namespace attention {
 
-/** @brief q, k_cache, v_cache, k, v, lengths specs of one decode problem. */
+/** @brief q, k_cache, v_cache, k, v, lengths, sinks specs of one decode problem. */
 inline std::vector<TensorSpec> decode_problem(int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t S, int64_t D,
                                               DType t) {
   return {spec({B, H, T, D}, t),   spec({B, Hkv, S, D}, t), spec({B, Hkv, S, D}, t),
-          spec({B, Hkv, T, D}, t), spec({B, Hkv, T, D}, t), spec({B}, DType::int32)};
+          spec({B, Hkv, T, D}, t), spec({B, Hkv, T, D}, t), spec({B}, DType::int32), spec({H}, DType::float32)};
 }
 
 /** @brief Standard normal q, caches and new tokens; lengths from 0 to S - T, with the first
- *  sequence at 0 and the last at S - T when B > 1 (the edges), the others random. */
+ *  sequence at 0 and the last at S - T when B > 1 (the edges), the others random; a sink of
+ *  twice a standard normal logit on about two heads in three, -inf (none) on the others. */
 inline std::vector<RefTensor> decode_inputs(const ExampleCase& c, CaseRng& r) {
   std::vector<RefTensor> in;
-  for (size_t i = 0; i + 1 < c.inputs.size(); ++i) in.push_back(random_input(c.inputs[i], r));
-  const int64_t B = c.inputs[0].shape[0], T = c.inputs[0].shape[2], S = c.inputs[1].shape[2];
-  RefTensor lengths(c.inputs.back().shape);
+  for (size_t i = 0; i < 5; ++i) in.push_back(random_input(c.inputs[i], r));
+  const int64_t B = c.inputs[0].shape[0], H = c.inputs[0].shape[1], T = c.inputs[0].shape[2], S = c.inputs[1].shape[2];
+  RefTensor lengths(c.inputs[5].shape), sinks(c.inputs[6].shape);
+  for (int64_t h = 0; h < H; ++h)
+    sinks[h] = r.uniform(0, 2) == 0 ? -INFINITY : round_to(DType::float32, 2 * r.normal());
   for (int64_t b = 0; b < B; ++b) lengths[b] = double(r.uniform(0, S - T));
   if (B > 1) {
     lengths[0] = 0;
     lengths[B - 1] = double(S - T);
   }
   in.push_back(lengths);
+  in.push_back(sinks);
   return in;
 }
 
@@ -459,7 +495,7 @@ inline KernelInfo decode_attention_info() {
       .name = "decode_attention",
       .summary = "decode attention over a KV cache with runtime lengths; writes the new keys and values in place",
       .doc = decode_attention_doc,
-      .inputs = {"q", "k_cache", "v_cache", "k", "v", "lengths"},
+      .inputs = {"q", "k_cache", "v_cache", "k", "v", "lengths", "sinks"},
       .outputs = {"out"},
       .params = {{"scale", ParamKind::optional_real, 0, "score multiplier; default 1 / sqrt(head_dim)"},
                  {"window", ParamKind::integer, 0, "sliding window: token at i sees positions i - window < j <= i (0: none)"}},
@@ -471,12 +507,12 @@ inline KernelInfo decode_attention_info() {
       .body =
           [](const KernelCall& c) {
             return std::vector<Tensor>{decode_attention(c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3],
-                                                        c.inputs[4], c.inputs[5], c.optional_real("scale"),
+                                                        c.inputs[4], c.inputs[5], c.inputs[6], c.optional_real("scale"),
                                                         c.integer("window"))};
           },
       .reference =
           [](const std::vector<RefTensor>& in, const ParamValues& p) {
-            return reference::decode_attention(in[0], in[1], in[2], in[3], in[4], in[5], p.optional_real("scale"),
+            return reference::decode_attention(in[0], in[1], in[2], in[3], in[4], in[5], in[6], p.optional_real("scale"),
                                                p.integer("window"));
           },
       .make_inputs = attention::decode_inputs,

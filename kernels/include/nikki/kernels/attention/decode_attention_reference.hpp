@@ -1,5 +1,6 @@
 // Float64 reference of decode attention over a KV cache: the cache updated with the new tokens,
-// then masked softmax attention of each new token over the first len + T positions.
+// then masked softmax attention of each new token over the first len + T positions, with an
+// attention sink (a per-head logit in the denominator).
 #pragma once
 
 #include <algorithm>
@@ -20,7 +21,8 @@ namespace nikki::kernels::reference {
  */
 inline std::vector<RefTensor> decode_attention(const RefTensor& q, const RefTensor& k_cache, const RefTensor& v_cache,
                                                const RefTensor& k, const RefTensor& v, const RefTensor& lengths,
-                                               std::optional<double> scale_opt, int64_t window) {
+                                               const RefTensor& sinks, std::optional<double> scale_opt,
+                                               int64_t window) {
   const int64_t B = q.shape[0], H = q.shape[1], T = q.shape[2], D = q.shape[3];
   const int64_t Hkv = k_cache.shape[1], S = k_cache.shape[2];
   const double scale = scale_opt.value_or(1.0 / std::sqrt(double(D)));
@@ -48,7 +50,9 @@ inline std::vector<RefTensor> decode_attention(const RefTensor& q, const RefTens
           s[size_t(j)] = scale * dot;
           m = std::max(m, s[size_t(j)]);
         }
-        double sum = 0;
+        // The sink's logit joins the denominator (and the maximum); -inf adds nothing.
+        m = std::max(m, sinks[h]);
+        double sum = std::exp(sinks[h] - m);
         for (int64_t j = first; j <= last; ++j) sum += std::exp(s[size_t(j)] - m);
         double* o = &out.data[size_t(((b * H + h) * T + t) * D)];
         for (int64_t j = first; j <= last; ++j) {
