@@ -167,3 +167,12 @@ def test_argument_mistakes_are_kernel_errors_at_the_call():
     with pytest.raises(nikki.KernelError, match=r"decode_attention: sinks must be float32 \[4\] \(one logit per "
                                                 r"query head\), got float32\[3\]"):
         K.decode_attention(q, k_cache, v_cache, k, v, lengths, torch.zeros(3))
+
+
+@pytest.mark.parametrize("length", [-1, 39, 1000])
+def test_a_length_without_room_for_the_new_tokens_is_a_runtime_kernel_error(length):
+    """lengths are runtime values: the cache write's DMA checks its runtime row (0 to S - T)."""
+    q, k_cache, v_cache, k, v = _problem(6, B=1, H=2, Hkv=1, T=2, S=40)
+    with pytest.raises(nikki.KernelError, match=rf"runtime offset out of bounds: offset value {length} into tensor "
+                                                r"'[kv]_cache' \(valid values: 0 to 38\)"):
+        nt.decode_attention(q, k_cache, v_cache, k, v, torch.tensor([length], dtype=torch.int32))

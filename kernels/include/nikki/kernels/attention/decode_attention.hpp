@@ -57,7 +57,8 @@ Args:       q, k_cache, v_cache, k, v: HBM tensors of one dtype: float32, bfloat
             k, v: the new tokens' keys and values; written into the caches at positions
               lengths[b] .. lengths[b] + T - 1 of sequence b (in place).
             lengths: int32 [B], the number of cached positions of each sequence before this call
-              (runtime values: one compiled kernel serves every length); lengths[b] + T <= S.
+              (runtime values: one compiled kernel serves every length); lengths[b] + T <= S
+              (a length outside 0 .. S - T is a KernelError of the cache write at run time).
             scale: multiplier of q k^T (default 1 / sqrt(D)).
             sinks: float32 [H], attention sinks (GPT-OSS): a learned logit per query head that
               joins the softmax denominator (weighs no value); -inf for none (nikki.torch's
