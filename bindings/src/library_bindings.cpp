@@ -64,6 +64,7 @@ py::dict describe(const kernels::KernelInfo& k) {
   d["outputs"] = k.outputs;
   d["backward"] = k.backward;
   d["saved_outputs"] = k.saved_outputs;
+  d["updated_inputs"] = k.updated_inputs;
   py::list params;
   for (const kernels::ParamSpec& p : k.params) {
     py::object def = p.kind == kernels::ParamKind::optional_real ? py::none() : param_value(p, p.default_value);

@@ -2,6 +2,7 @@
 // (see docs/adding-a-kernel.md); every front end, test, doc table and benchmark picks it up.
 #include "nikki/kernels/registry.hpp"
 
+#include "nikki/kernels/attention/decode_attention.hpp"
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/kernels/loss/cross_entropy.hpp"
@@ -59,6 +60,7 @@ const std::vector<KernelInfo>& registry() {
       gather_rows_bwd_info(),
       scatter_add_rows_info(),
       scatter_add_rows_bwd_info(),
+      decode_attention_info(),
   };
   return kernels;
 }

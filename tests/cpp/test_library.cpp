@@ -65,6 +65,18 @@ double excess_error(const HostTensor& got, const kernels::RefTensor& ref, const 
   return worst;
 }
 
+/** The results of one run: the outputs, then the inputs the kernel updates in place (each run
+ *  gets fresh copies of the inputs, so an in-place update is checked once per run). */
+std::vector<HostTensor> run_case(const KernelInfo& k, Kernel kernel, const std::vector<HostTensor>& inputs, Mode mode) {
+  std::vector<HostTensor> copies = inputs;
+  std::vector<HostTensor*> ptrs;
+  for (HostTensor& t : copies) ptrs.push_back(&t);
+  std::vector<HostTensor> results = run_kernel(std::move(kernel), ptrs, mode);
+  for (size_t i = 0; i < k.inputs.size(); ++i)
+    if (kernels::is_updated_input(k, k.inputs[i])) results.push_back(std::move(copies[i]));
+  return results;
+}
+
 /** Runs one case: native results against the reference; with `exhaustive`, also the reference
  *  semantics and the declaration order, bit for bit. */
 void check_case(const KernelInfo& k, const kernels::ExampleCase& c, uint64_t seed, bool exhaustive) {
@@ -75,28 +87,28 @@ void check_case(const KernelInfo& k, const kernels::ExampleCase& c, uint64_t see
   CAPTURE(shapes);
   kernels::CaseRng rng(seed);
   const std::vector<kernels::RefTensor> values = k.inputs_for(c, rng);
-  std::vector<HostTensor> inputs = host_inputs(c, values);
-  std::vector<HostTensor*> ptrs;
-  for (HostTensor& t : inputs) ptrs.push_back(&t);
+  const std::vector<HostTensor> inputs = host_inputs(c, values);
   Kernel kernel = kernels::trace_library_kernel(k, c.inputs, c.params);
   REQUIRE(kernel.outputs.size() == k.outputs.size());
-  const std::vector<HostTensor> native = run_kernel(kernel, ptrs, Mode::streams_native);
+  std::vector<std::string> names = k.outputs;
+  names.insert(names.end(), k.updated_inputs.begin(), k.updated_inputs.end());
+  const std::vector<HostTensor> native = run_case(k, kernel, inputs, Mode::streams_native);
   const std::vector<kernels::RefTensor> expected = k.reference(values, kernels::ParamValues{k.params, c.params});
   REQUIRE(expected.size() == native.size());
   for (size_t o = 0; o < native.size(); ++o) {
-    CAPTURE(k.outputs[o]);
+    CAPTURE(names[o]);
     CHECK(native[o].shape == expected[o].shape);
     CHECK(excess_error(native[o], expected[o], k.tolerance_for(c)) == 0);
   }
   if (!exhaustive) return;
-  const std::vector<HostTensor> interp = run_kernel(std::move(kernel), ptrs, Mode::streams_interp);
+  const std::vector<HostTensor> interp = run_case(k, std::move(kernel), inputs, Mode::streams_interp);
   std::vector<HostTensor> declared;
   {
     ScopedEnv order("NIKKI_TASK_ORDER", "declared");
-    declared = run_kernel(kernels::trace_library_kernel(k, c.inputs, c.params), ptrs, Mode::streams_native);
+    declared = run_case(k, kernels::trace_library_kernel(k, c.inputs, c.params), inputs, Mode::streams_native);
   }
   for (size_t o = 0; o < native.size(); ++o) {
-    CAPTURE(k.outputs[o]);
+    CAPTURE(names[o]);
     CHECK(interp[o].bytes == native[o].bytes);
     CHECK(declared[o].bytes == native[o].bytes);
   }

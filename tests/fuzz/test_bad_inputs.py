@@ -403,8 +403,12 @@ class Library(Entry):
         from nikki.dtypes import numpy_dtype, to_dtype
 
         args = {}
-        for name, (shape, dt) in zip(self.kernel.inputs, self.specs):
-            value = _rand(rng, shape).astype(numpy_dtype(to_dtype(dt)))
+        # Values from the registration's own input maker, so the valid call is valid (cache
+        # lengths in range, class indices below V, non-negative second moments).
+        values = nki._core.library_inputs(self.kernel.name, [(list(sh), dt) for sh, dt in self.specs],
+                                          self.example_params, int(rng.integers(1 << 31)))
+        for name, (shape, dt), value in zip(self.kernel.inputs, self.specs, values):
+            value = value.astype(numpy_dtype(to_dtype(dt)))
             args[name] = ("tensor", _torch_of(value) if self.via_torch_op else value)
         for name, kind, default, _doc in self.kernel.info["params"]:
             value = self.example_params.get(name, default)

@@ -43,6 +43,9 @@ class LibraryKernel(Kernel):
         # A Kernel of a stub function with the library kernel's name, docstring and signature: the
         # same binding, caching and launching as an @nki.jit kernel.
         super().__init__(_named_stub(self.name, self._doc(), inspect.Signature(params)), target)
+        # Inputs updated in place (a KV cache): written into the caller's arrays, not returned.
+        self.updated_inputs = tuple(info["updated_inputs"])
+        self._mutable = {self.inputs.index(name) for name in self.updated_inputs}
 
     def _doc(self) -> str:
         lines = [self.info["doc"]]
@@ -51,6 +54,8 @@ class LibraryKernel(Kernel):
             for name, kind, default, doc in self.info["params"]:
                 lines.append(f"    {name} ({kind}, default {default!r}): {doc}")
         lines += ["", f"Returns {', '.join(self.outputs)}" + (" (a tuple)." if len(self.outputs) > 1 else ".")]
+        if self.info["updated_inputs"]:
+            lines.append(f"Updates {', '.join(self.info['updated_inputs'])} in place.")
         return "\n".join(lines)
 
     def __repr__(self) -> str:

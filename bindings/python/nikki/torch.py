@@ -28,8 +28,8 @@ from .spec import TensorSpec
 
 __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk", "gated_mlp", "router_topk",
            "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "flash_attention",
-           "apply_rotary_pos_emb", "output_projection", "causal_conv1d", "conv1d", "embedding", "gather_rows",
-           "scatter_add_rows", "adamw_"]
+           "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
+           "gather_rows", "scatter_add_rows", "adamw_"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -197,7 +197,9 @@ def _returns(fn_node):
 # --- library ops ----------------------------------------------------------------------------------
 
 def _library_schema(kernel) -> str:
-    args = [f"Tensor {n}" for n in kernel.inputs]
+    updated = list(kernel.updated_inputs)
+    args = [f"Tensor({chr(ord('a') + updated.index(n))}!) {n}" if n in updated else f"Tensor {n}"
+            for n in kernel.inputs]
     for pname, kind, default, _doc in kernel.info["params"]:
         args.append(f"{kind} {pname}={_default_text(default)}")  # the kinds are torch schema types
     n = len(kernel.outputs)
@@ -216,7 +218,7 @@ def library_op(name: str):
         kernels = _library.library_kernels()
         if name not in kernels:
             raise ValueError(f"no library kernel named {name!r}; available: {', '.join(sorted(kernels))}")
-        op = nki_op(f"nikki::{name}")(kernels[name])
+        op = nki_op(f"nikki::{name}", mutates_args=kernels[name].updated_inputs)(kernels[name])
         _ops[name] = op
         if kernels[name].backward:
             _register_library_autograd(op, kernels[name], library_op(kernels[name].backward))
@@ -773,6 +775,17 @@ def scatter_add_rows(rows: torch.Tensor, idx: torch.Tensor, num_rows: int,
     _one_device("nikki.torch.scatter_add_rows", (("rows", rows), ("idx", idx), ("scale", scale)))
     return library_op("scatter_add_rows")(rows.contiguous(), idx.reshape(-1).to(torch.int32).contiguous(),
                                           scale.to(torch.float32).contiguous(), num_rows=num_rows)
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, lengths: torch.Tensor, sinks: torch.Tensor | None = None, *,
+                     scale: float | None = None, window: int = 0) -> torch.Tensor:
+    """One decode step with nikki's decode_attention kernel: the new tokens' k and v
+    ([B, Hkv, T, D]) are written into k_cache and v_cache ([B, Hkv, S, D]) in place at positions
+    lengths[b] .. lengths[b] + T - 1, and the attention of q ([B, H, T, D]) over positions up to
+    each token's own is returned. `lengths`: int32 [B]; `sinks`: optional float32 [H] attention
+    sink logits (GPT-OSS); `window`: a sliding window (0 for none)."""
+    if sinks is None:
+        sinks = torch.full((q.shape[1],), -math.inf, dtype=torch.float32, device=q.device)
+    return library_op("decode_attention")(q, k_cache, v_cache, k, v, lengths, sinks, scale, window)
 
 
 @torch.no_grad()

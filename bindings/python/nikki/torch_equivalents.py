@@ -201,6 +201,8 @@ def _conv1d(x, weight, bias, params):
                    dilation=int(params.get("dilation", 1)), groups=int(params.get("groups", 1)))
     activation = int(params.get("activation", 0))
     return F.silu(out) if activation == 1 else F.gelu(out) if activation == 2 else out
+
+
 def _padding(params):
     pad = params.get("padding_idx")
     return None if pad is None or math.isnan(pad) else int(pad)
@@ -232,6 +234,32 @@ def _scatter_add_rows(rows, idx, scale, params):
 def _scatter_add_rows_bwd(rows, idx, scale, grad_out, params):
     rows, scale = rows.clone().requires_grad_(), scale.clone().requires_grad_()
     return list(torch.autograd.grad(_scatter_add_rows(rows, idx, scale, params), (rows, scale), grad_out))
+def _decode_attention(q, k_cache, v_cache, k, v, lengths, sinks, params):
+    """A decode step as a model does it: the new keys and values into (copies of) the caches at
+    each sequence's length, then attention of the new tokens over positions up to their own, each
+    head's sink logit joining the softmax (GPT-OSS: softmax over [scores, sink], the sink's column
+    dropped)."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    _b, h, t, d = q.shape
+    group, window = h // k_cache.shape[1], int(params["window"])
+    scale = _scale(params, None)
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    out = torch.empty_like(q)
+    for b, length in enumerate(int(x) for x in lengths):
+        k_cache[b, :, length:length + t] = k[b]
+        v_cache[b, :, length:length + t] = v[b]
+        n = length + t
+        position = torch.arange(length, n)[:, None]
+        visible = torch.arange(n)[None] <= position
+        if window > 0:
+            visible &= torch.arange(n)[None] > position - window
+        keys = k_cache[b, :, :n].repeat_interleave(group, 0)
+        values = v_cache[b, :, :n].repeat_interleave(group, 0)
+        scores = (scale * q[b] @ keys.transpose(-1, -2)).masked_fill(~visible, -math.inf)
+        sink = sinks.to(scores.dtype)[:, None, None].expand(h, t, 1)
+        p = torch.softmax(torch.cat([scores, sink], -1), -1)[..., :n]
+        out[b] = p @ values
+    return [out, k_cache, v_cache]
 
 
 TORCH = {
@@ -267,6 +295,7 @@ TORCH = {
     "gather_rows_bwd": _gather_rows_bwd,
     "scatter_add_rows": lambda rows, idx, scale, p: [_scatter_add_rows(rows, idx, scale, p)],
     "scatter_add_rows_bwd": _scatter_add_rows_bwd,
+    "decode_attention": _decode_attention,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -77,11 +77,14 @@ def test_kernel_matches_its_reference_and_pytorch(name, kind, index):
     defaults = {p[0]: p[2] for p in kernel.info["params"]}
     got = kernel(*arrays, **params)
     got = got if isinstance(got, tuple) else (got,)
+    # Inputs the kernel updates in place are checked after its outputs (the reference's order).
+    got += tuple(arrays[kernel.inputs.index(n)] for n in kernel.updated_inputs)
+    names = kernel.outputs + kernel.updated_inputs
     reference = _core.library_reference(name, case["values"], case["params"])
     pytorch = (TORCH[name](*[torch.from_numpy(v) for v in case["values"]], {**defaults, **params})
                if name in TORCH else None)
-    assert len(got) == len(reference) == len(kernel.outputs)
-    for i, out_name in enumerate(kernel.outputs):
+    assert len(got) == len(reference) == len(names)
+    for i, out_name in enumerate(names):
         _assert_close(got[i].astype(np.float64), reference[i], case["tolerance"], f"{what} output '{out_name}' "
                       "against the float64 reference")
         if pytorch is not None:

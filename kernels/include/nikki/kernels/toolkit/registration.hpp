@@ -8,6 +8,7 @@
 // named `grad_<input>` for each forward input that has a gradient.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -218,8 +219,13 @@ struct KernelInfo {
   /** Outputs that exist only for the backward (logsumexp, mean, rstd): the torch convenience
    *  functions do not return them. */
   std::vector<std::string> saved_outputs;
+  /** Inputs the kernel updates in place (a model's KV cache): they are writable during the call,
+   *  the kernel does not return them, and its reference returns their new values after the
+   *  outputs, in this order. */
+  std::vector<std::string> updated_inputs;
   std::function<std::vector<Tensor>(const KernelCall&)> body;
-  /** The float64 reference: outputs from inputs (the values the kernel gets) and parameters. */
+  /** The float64 reference: outputs from inputs (the values the kernel gets) and parameters,
+   *  then the new values of the updated inputs. */
   std::function<std::vector<RefTensor>(const std::vector<RefTensor>&, const ParamValues&)> reference;
   /** Inputs for a case; standard normal values rounded to each input's dtype when not set
    *  (backward kernels derive their forward outputs from the forward's reference). */
@@ -270,6 +276,9 @@ inline std::vector<std::string> missing_registration(const KernelInfo& k, const 
   for (const ExampleCase& c : k.examples)
     if (c.inputs.size() != k.inputs.size()) missing.push_back("inputs of example '" + c.label + "'");
   if (k.benchmark && k.benchmark->shape.inputs.size() != k.inputs.size()) missing.push_back("inputs of the benchmark");
+  for (const std::string& u : k.updated_inputs)
+    if (std::find(k.inputs.begin(), k.inputs.end(), u) == k.inputs.end())
+      missing.push_back("input '" + u + "' updated in place");
   bool is_backward = false;
   for (const KernelInfo& other : all) is_backward = is_backward || other.backward == k.name;
   if (!is_backward && k.backward.empty() && k.gradient.empty()) missing.push_back("backward (or a gradient note)");
@@ -279,6 +288,11 @@ inline std::vector<std::string> missing_registration(const KernelInfo& k, const 
     if (!found) missing.push_back("backward kernel '" + k.backward + "' in the registry");
   }
   return missing;
+}
+
+/** @brief Whether the kernel updates its input `name` in place. */
+inline bool is_updated_input(const KernelInfo& info, const std::string& name) {
+  return std::find(info.updated_inputs.begin(), info.updated_inputs.end(), name) != info.updated_inputs.end();
 }
 
 /**
@@ -315,8 +329,10 @@ inline Kernel trace_library_kernel(const KernelInfo& info, std::vector<TensorSpe
   std::vector<Shape> shapes;
   for (const TensorSpec& s : specs) shapes.push_back(s.shape);
   check_library_call(info, shapes, params);
-  for (size_t i = 0; i < specs.size(); ++i)
+  for (size_t i = 0; i < specs.size(); ++i) {
     if (specs[i].name.empty()) specs[i].name = info.inputs[i];
+    specs[i].writable = specs[i].writable || is_updated_input(info, info.inputs[i]);
+  }
   return trace_specs(options, info.name, specs, [&](const std::vector<Tensor>& inputs) {
     return info.body(KernelCall{inputs, info.params, params});
   });
