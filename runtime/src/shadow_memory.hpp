@@ -222,6 +222,7 @@ class ShadowMemory {
     const uint8_t* first_unwritten = nullptr;
     bool derived = false;  // invalid but written: computed from garbage earlier
     for (int64_t i = 0; i < v.e.size(); ++i) {
+      if (!v.e.ptr[i]) continue;  // oob_mode=skip: an element the instruction does not transfer
       bool written = true, valid = true;
       for (int64_t b = 0; b < size; ++b) {
         size_t index = 0;
@@ -274,7 +275,7 @@ class ShadowMemory {
     const int64_t size = dtype_size(ap.dtype);
     bool any_invalid = false;
     for (int64_t i = 0; i < e.size(); ++i) {
-      if (written_mask && !(*written_mask)[i]) continue;
+      if ((written_mask && !(*written_mask)[i]) || !e.ptr[i]) continue;  // null: skipped (oob_mode=skip)
       any_invalid = any_invalid || !valid[i];
       for (int64_t b = 0; b < size; ++b) {
         size_t index = 0;
@@ -451,6 +452,16 @@ class ShadowMemory {
         return;
       }
       default: internal_check(false, "the sanitizer has no propagation rule for this opcode");
+    }
+    if (inst.attrs.oob_skip) {
+      // A DMA with oob_mode=skip leaves a destination element alone when its source element is out
+      // of bounds (a null element of the source's view).
+      std::vector<uint8_t> transferred(dst.e.size(), 1);
+      for (int slot = 1; slot < kMaxSlots && v[slot].present(); ++slot)
+        if (v[slot].e.size() == dst.e.size())
+          for (int64_t i = 0; i < dst.e.size(); ++i) transferred[i] = transferred[i] && v[slot].e.ptr[i];
+      store(m, inst, 0, out, origin, &transferred);
+      return;
     }
     store(m, inst, 0, out, origin);
   }
