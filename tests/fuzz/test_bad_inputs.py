@@ -691,6 +691,19 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else value
 
 
+def _same_scalar(a, b) -> bool:
+    """Whether two scalar arguments are the same number (None and NaN both stand for None)."""
+    def number(x):
+        if x is None:
+            return None
+        try:
+            v = float(x)
+        except (TypeError, ValueError):
+            return x
+        return None if math.isnan(v) else v
+    return number(a) == number(b)
+
+
 def _in_type_of(value, base):
     """`base` converted to the type of the number `value` (a bool stays as drawn), or None when that
     type cannot hold it."""
@@ -747,8 +760,10 @@ def run_case(case: Case) -> tuple:
         # torch's schema parser converts scalars before nikki sees them (True is 1.0 where a float
         # goes and 1 where an int goes, a number is a bool where a bool goes, None is the
         # parameter's default): whether such a
-        # value is taken is torch's rule, what nikki then computes must still be right
-        valid = True if bad.valid else None
+        # value is taken is torch's rule, what nikki then computes must still be right. A value
+        # other than the example's may also be out of the parameter's range (embedding's
+        # padding_idx lies in [-V, V)): then an error naming the parameter is as right as a result.
+        valid = True if bad.valid and _same_scalar(value, base) else None
     if is_tensor and isinstance(value, np.ndarray) and not entry.accepts_numpy:
         valid = False  # a numpy array where a torch function takes a tensor
     if entry.writable(slot) and bad.label in NOT_WRITABLE:
