@@ -191,8 +191,9 @@ def _causal_conv1d(x, weight, bias, initial_state, params):
 
 
 def _causal_conv1d_bwd(x, weight, bias, initial_state, grad_out, params):
-    leaves = [t.clone().requires_grad_() for t in (x, weight, bias, initial_state)]
-    grads = torch.autograd.grad(_causal_conv1d(*leaves, params), leaves, grad_out, allow_unused=True)
+    x, weight, bias, initial_state = leaves = [t.clone().requires_grad_() for t in (x, weight, bias, initial_state)]
+    grads = torch.autograd.grad(_causal_conv1d(x, weight, bias, initial_state, params), leaves, grad_out,
+                                allow_unused=True)
     return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
 
 
