@@ -38,6 +38,16 @@ enum class OutOfRange { error, skip };
 /** @brief Rows per tile outside a kernel (tolerances): the partitions of the default target. */
 inline int64_t tile_rows() { return int64_t(target_config(default_target()).num_partitions); }
 
+/** @brief Tolerance of a sum of rows that 16-bit outputs round once per tile of tile_rows()
+ *  rows (embedding_bwd, scatter_add_rows): the dtype's atol per tile, over the rows of input 1. */
+inline Tolerance per_tile_sum_tolerance(const ExampleCase& c) {
+  const Tolerance d = dtype_tolerance(c.inputs[0].dtype);
+  return {d.rtol, d.atol * double(ceil_div(c.inputs[1].shape[0], tile_rows()))};
+}
+
+/** @brief The dtype of a drawn case of the family. */
+inline DType draw_dtype(CaseRng& r) { return r.pick({DType::float32, DType::bfloat16, DType::float16}); }
+
 /** @brief Indices are compared in fp32 on the engines: exact below 2^24. */
 inline constexpr int64_t kMaxIndexedRows = int64_t(1) << 24;
 
