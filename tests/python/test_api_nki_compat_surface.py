@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -82,6 +82,21 @@ class TileConfig(nl.NKIObject):
 class Shapes(nl.NKIObject):
     rows: int
     cols: int = 4
+    sizes: list = field(default_factory=list)
+
+
+@dataclass
+class SectionState(nl.NKIObject):
+    index = None  # plain class attributes: keyword fields in NKI, ignored by @dataclass
+    offset = 0
+
+    def end(self, length):
+        return self.offset + length
+
+
+@dataclass(frozen=True)
+class Frozen(nl.NKIObject):
+    size: int = 1
 
 
 def test_nkiobject_subclasses_take_their_fields_as_arguments():
@@ -91,7 +106,18 @@ def test_nkiobject_subclasses_take_their_fields_as_arguments():
     assert (d.tile, d.dtype, d.scale) == (64, nl.bfloat16, None)  # every field optional
     with pytest.raises(TypeError, match="at most 3 positional arguments"):
         TileConfig(1, 2, 3, 4)
-    assert (Shapes(2).rows, Shapes(2).cols) == (2, 4)  # a dataclass keeps its own constructor
+    # A @dataclass subclass keeps NKI's constructor: every field optional, defaults and factories kept.
+    assert (Shapes(2).rows, Shapes(2).cols, Shapes(2).sizes) == (2, 4, [])
+    assert Shapes().rows is None and Shapes(1, 2) == Shapes(rows=1, cols=2)
+    assert Shapes().sizes is not Shapes().sizes
+    state = SectionState(index=3)
+    assert (state.index, state.offset, state.end(5)) == (3, 0, 5)
+    assert SectionState(offset=7).end(1) == 8 and SectionState().index is None
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'end' \(its fields: index, offset\)"):
+        SectionState(end=1)
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'depth' \(its fields: rows, cols, sizes\)"):
+        Shapes(depth=1)
+    assert Frozen(3).size == 3 and Frozen().size == 1
 
 
 def test_compat_resolves_every_nki_module():

@@ -8,6 +8,8 @@ file and line.
 
 from __future__ import annotations
 
+import dataclasses
+
 import enum
 import inspect
 import math
@@ -1450,28 +1452,68 @@ class NkiInstruction:
 
 
 class NKIObject:
-    """Base class of the configuration classes NKI kernels pass around. As in NKI, a subclass that
-    declares annotated fields and no constructor of its own takes them as (keyword or positional)
-    arguments, every one optional: a field not given keeps its class default, or None."""
+    """Base class of the configuration classes NKI kernels pass around. As in NKI, a subclass
+    without a constructor of its own takes its fields as arguments, every one optional: annotated
+    fields by position or keyword, plain class attributes (``offset = None``) by keyword; a field
+    not given keeps its class default, or None. This holds for ``@dataclass`` subclasses too,
+    whose generated constructor would require undefaulted fields and refuse plain attributes."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # Owning __init__ in the subclass's own namespace keeps @dataclass from replacing it.
+        if "__init__" not in vars(cls):
+            cls.__init__ = NKIObject.__init__  # type: ignore[method-assign]
 
     def __init__(self, *args, **kwargs):
-        fields = _annotated_fields(type(self))
+        cls = type(self)
+        fields = _annotated_fields(cls)
         if len(args) > len(fields):
-            raise TypeError(f"{type(self).__name__}() takes at most {len(fields)} positional arguments "
+            raise TypeError(f"{cls.__name__}() takes at most {len(fields)} positional arguments "
                             f"({', '.join(fields) or 'no fields'}), {len(args)} given")
         for name, value in zip(fields, args):
             if name in kwargs:
-                raise TypeError(f"{type(self).__name__}() got multiple values for field '{name}'")
+                raise TypeError(f"{cls.__name__}() got multiple values for field '{name}'")
             kwargs[name] = value
+        for name in kwargs:
+            if name not in fields and not _is_plain_class_attribute(cls, name):
+                raise TypeError(f"{cls.__name__}() got an unexpected keyword argument '{name}' (its fields: "
+                                f"{', '.join(fields + _plain_class_attributes(cls)) or 'none'})")
+        factories = {f.name: f.default_factory for f in getattr(cls, "__dataclass_fields__", {}).values()
+                     if f.default_factory is not dataclasses.MISSING}
         for name in fields:
-            if name not in kwargs and not hasattr(type(self), name):
-                setattr(self, name, None)
+            if name in kwargs:
+                continue
+            if name in factories:
+                object.__setattr__(self, name, factories[name]())
+            elif not hasattr(cls, name):
+                object.__setattr__(self, name, None)
         for name, value in kwargs.items():
-            setattr(self, name, value)
+            object.__setattr__(self, name, value)  # object's: a frozen dataclass is set up here too
+        post_init = getattr(self, "__post_init__", None)
+        if post_init is not None:
+            post_init()
 
     def __repr__(self) -> str:
         values = ", ".join(f"{n}={getattr(self, n, None)!r}" for n in _annotated_fields(type(self)))
         return f"{type(self).__name__}({values})"
+
+
+def _is_plain_class_attribute(cls, name: str) -> bool:
+    """Whether `name` is a data attribute set in the body of cls or a base below NKIObject."""
+    if name.startswith("_"):
+        return False
+    for klass in cls.__mro__:
+        if klass is NKIObject:
+            return False
+        if name in vars(klass):
+            value = vars(klass)[name]
+            return not (callable(value) or hasattr(value, "__get__"))
+    return False
+
+
+def _plain_class_attributes(cls) -> list:
+    return sorted({name for klass in cls.__mro__ if klass is not NKIObject and klass is not object
+                   for name in vars(klass) if _is_plain_class_attribute(cls, name)} - set(_annotated_fields(cls)))
 
 
 def _annotated_fields(cls) -> list:
