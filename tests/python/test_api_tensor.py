@@ -204,7 +204,8 @@ def test_attributes_and_documented_patterns():
     assert seen["u"] == ((128, 16), [[64, 128], [1, 16]], 8, (64, 1), False)
     assert seen["v"] == seen["u"][:1] + seen["u"][1:3]  # identical to the slice
     assert seen["w"] == ((128, 512), [[1024, 128], [2, 512]], 0)
-    assert seen["h"] == ((2, 3), (6, 2), 6, [[6, 2], [2, 3]], nl.hbm, False, False)
+    # a kernel argument lives in shared_hbm, as in NKI
+    assert seen["h"] == ((2, 3), (6, 2), 6, [[6, 2], [2, 3]], nl.shared_hbm, False, False)
     assert seen["tc"] is True and seen["name"] == "t2" and seen["length"] == 128
 
 

@@ -364,6 +364,9 @@ class Kernel:
                                                    loc, None)
                     if i in self._mutable:
                         ctx.builder.set_writable(view.storage)
+                    # Arguments are visible to every instance of the SPMD grid: NKI reports them in
+                    # shared_hbm, and kernels test `t.buffer == nl.shared_hbm` to tell HBM inputs apart.
+                    ctx.regions[view.storage] = shared_hbm
                     call_args.append(NkiTensor(ctx, view))
                 else:
                     call_args.append(spec)
