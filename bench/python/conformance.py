@@ -250,6 +250,7 @@ def run_case_here(name: str, library: str) -> dict:
     import numpy as np
 
     sys.path.insert(0, os.path.join(library, "src"))
+    sys.path.insert(0, library)  # some torch references import helpers of the library's test tree
     sys.path.insert(0, HERE)
     from nikki import compat
 
@@ -266,7 +267,7 @@ def run_case_here(name: str, library: str) -> dict:
         return getattr(importlib.import_module("nkilib_src.nkilib." + module), function)
 
     kernel = case.kernel() if callable(case.kernel) else resolve(case.kernel)
-    reference = resolve(case.reference)
+    reference = resolve(case.reference) if case.reference else None
     inputs = case.inputs()
     torch_inputs = {k: _to_torch(v) for k, v in inputs.items()}
     expected = (case.call_reference(reference, torch_inputs) if case.call_reference is not None
@@ -284,6 +285,11 @@ def run_case_here(name: str, library: str) -> dict:
         if g.size != e.size:
             return dict(status="fail", reason=f"output {index}: shape {g.shape}, reference {e.shape}")
         g = g.reshape(e.shape)
+        if index in case.own_checks:
+            problem = case.own_checks[index](g, e, inputs)
+            if problem:
+                return dict(status="fail", max_error=worst, reason=f"output {index}: {problem}")
+            continue
         finite = np.isfinite(e)
         worst = max(worst, float(np.max(np.abs(g - e)[finite], initial=0.0)))
         if not np.allclose(g, e, atol=case.atol, rtol=case.rtol, equal_nan=True):
@@ -291,6 +297,18 @@ def run_case_here(name: str, library: str) -> dict:
             return dict(status="fail", max_error=worst,
                         reason=f"output {index}: {bad} of {e.size} elements differ (max abs error {worst:.3g})")
     return dict(status="pass", reason="", max_error=worst)
+
+
+def _syntax_error(path: str) -> str:
+    """'line N: message' when the file does not parse as Python, else ''."""
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            ast.parse(f.read(), path)
+    except SyntaxError as err:
+        return f"line {err.lineno}: {err.msg}"
+    return ""
 
 
 def _kernel_name(case) -> str:
@@ -307,9 +325,15 @@ def run_library(root: str, timeout: float, names=None) -> list:
         if names and case.name not in names:
             continue
         module = (case.reference if callable(case.kernel) else case.kernel).split(":")[0].replace(".", "/") + ".py"
-        if not os.path.exists(os.path.join(root, "src", "nkilib_src", "nkilib", module)):
+        path = os.path.join(root, "src", "nkilib_src", "nkilib", module)
+        if not os.path.exists(path):
             rows.append(dict(case=case.name, kernel=_kernel_name(case), status="missing", seconds=0.0,
                              reason=f"{module} is not in this checkout"))
+            continue
+        invalid = _syntax_error(path)
+        if invalid:
+            rows.append(dict(case=case.name, kernel=_kernel_name(case), status="invalid", seconds=0.0,
+                             reason=f"{module} in this checkout is not valid Python ({invalid}): no NKI runs it"))
             continue
         cmd = [sys.executable, os.path.abspath(__file__), "--run-case", case.name, "--library", root]
         rc, out, seconds = _run(cmd, root, timeout)
@@ -372,7 +396,7 @@ def report(args, samples, unit, library) -> str:
     if library is not None:
         runs, counted = _count(library)
         parts.append(("nki-library kernels vs their torch references", args.library, runs, counted,
-                      f"{len(library) - counted} not in the checkout"))
+                      f"{len(library) - counted} not in the checkout or not valid Python there"))
     for title, path, runs, counted, other in parts:
         lines.append(f"| {title} | `{_git_head(path)}` | {runs} | {counted} | {other} |")
     if samples is not None:
@@ -403,7 +427,10 @@ def main(argv=None) -> int:
         ns = args.parse_args()
         try:
             result = run_case_here(ns.run_case, ns.library)
-        except Exception as err:  # the case failed: say how, in one line
+        except Exception as err:  # the case failed: say how, in one line (the traceback goes to stderr)
+            import traceback
+
+            traceback.print_exc()
             result = dict(status="fail", reason=_short(f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"))
         print("CONFORMANCE-RESULT " + json.dumps(result), flush=True)
         return 0

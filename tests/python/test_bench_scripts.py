@@ -124,6 +124,23 @@ def test_conformance_quick_mode_on_a_fixture_tree(tmp_path):
     assert tests == {"test/unit/test_unit_add::test_adds_one": "pass", "test/unit/test_unit_add::test_wrong": "fail"}
 
 
+def test_conformance_library_rows_for_missing_and_invalid_kernel_files(tmp_path):
+    """A library checkout without a case's kernel file gives a 'missing' row, one whose file does not
+    parse as Python an 'invalid' row naming the line; neither is counted."""
+    root = tmp_path / "library"
+    _write(root / "src" / "nkilib_src" / "nkilib" / "core" / "cumsum" / "cumsum.py", """
+        def cumsum(x):
+            return x
+              broken = True
+    """)
+    text = _run("conformance.py", "--quick", "--library", str(root), "--cases", "cumsum", "rope")
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in text.splitlines() if line.startswith("| cumsum") or line.startswith("| rope")}
+    assert rows["cumsum"][1] == "invalid" and "not valid Python (line 4: unexpected indent)" in rows["cumsum"][3]
+    assert rows["rope"][1] == "missing" and "core/embeddings/rope.py is not in this checkout" in rows["rope"][3]
+    assert "| 0 | 0 | 2 not in the checkout or not valid Python there |" in text
+
+
 def test_kernel_benchmarks_quick_mode_covers_every_kernel(tmp_path):
     """`nikki bench --quick` runs every registered kernel with a benchmark shape, writes JSON,
     markdown and the three plots; every row has estimates on both targets, and host times unless
