@@ -162,6 +162,39 @@ def test_direct_allocation_places_nothing_and_wraps_blocks(rng):
     np.testing.assert_array_equal(kernel(a), a)
 
 
+def _overlaid_psum_kernel(second_bank: int):
+    import nikki.compiler as ncc
+
+    @nki.jit
+    def kernel(a, w):
+        out = nl.ndarray((128, 8 * 512), nl.float32, buffer=nl.shared_hbm)
+        # Two 16 KiB PSUM tensors, used in turn within each block: both live all loop long.
+        first = nl.ndarray((8, nl.par_dim(128), 512), nl.float32,
+                           buffer=ncc.psum.mod_alloc(base_bank=0, num_bank_tiles=(8,)))
+        second = nl.ndarray((8, nl.par_dim(128), 512), nl.float32,
+                            buffer=ncc.psum.mod_alloc(base_bank=second_bank, num_bank_tiles=(8,)))
+        at, wt = nl.load(a), nl.load(w)
+        for b in nl.affine_range(8):
+            first[b] = nisa.nc_matmul(at, wt)
+            doubled = nl.multiply(first[b], 2.0)
+            second[b] = nisa.nc_matmul(at, doubled)
+            nl.store(out[:, b * 512:(b + 1) * 512], nl.copy(second[b]))
+        return out
+
+    return kernel
+
+
+def test_tensors_placed_at_the_same_psum_banks_share_them(rng):
+    """Two mod_allocs from the same bank are one memory on the device; a kernel that uses them in
+    turn fits PSUM only because of that overlay, and computes what the device does."""
+    a = rng.standard_normal((128, 128), dtype=np.float32)
+    w = rng.standard_normal((128, 512), dtype=np.float32)
+    want = a.T.astype(np.float64) @ (2 * (a.T.astype(np.float64) @ w))
+    np.testing.assert_allclose(_overlaid_psum_kernel(0)(a, w), np.tile(want, 8), rtol=1e-5, atol=1e-3)
+    with pytest.raises(nki.KernelError, match=r"PSUM capacity exceeded: 2 live tensors need 32 KiB"):
+        _overlaid_psum_kernel(1)(a, w)  # placed apart, the two no longer fit
+
+
 def test_no_reorder_directive_keeps_results(rng):
     import nikki.compiler as ncc
 

@@ -35,7 +35,7 @@ from .errors import KernelError, ViewError, kernel_error_at, user_frame
 from .hooks import hooks
 from .registers import VirtualRegister
 from .tensor import DynSlice, NkiTensor, region_of
-from .tracing import assigned_name
+from .tracing import assigned_name, current
 
 __all__ = ["arange", "mgrid", "IndexExpr", "IndexedTensor", "BlockTensor", "uses_index_expr", "subscript",
            "apply_mask", "legacy_iota", "legacy_affine_select", "block_tensor"]
@@ -1070,8 +1070,37 @@ def block_tensor(shape, dtype, buffer, name):
     tiles = tuple(getattr(buffer, "tiles", ()))
     stored = tuple(min(b, t) if t > 0 else b for b, t in zip(blocks, tiles + (0,) * (nb - len(tiles))))
     storage_shape = (int(shape[nb]),) + stored + tuple(int(s) for s in shape[nb + 1:])
+    shared = _same_placement(buffer, storage_shape, dtype)
+    if shared is not None:
+        return BlockTensor(shared._ctx, shared._view, nb, blocks)
     t = nl.ndarray(storage_shape, dtype, buffer=region, name=name)
+    placement = getattr(buffer, "placement", None)
+    if placement is not None and placement[0] == "mod_alloc":
+        t._ctx.placed.setdefault((region.name, placement, tiles), t)
     return BlockTensor(t._ctx, t._view, nb, blocks)
+
+
+def _same_placement(buffer, storage_shape, dtype):
+    """The tensor an earlier direct allocation placed where `buffer` places this one, viewed with
+    this one's dtype and shape, when both cover the same bytes: kernels overlay PSUM tensors they
+    use at different times this way (two mod_allocs from bank 0), and on the device they are one
+    memory. None when nothing was placed there or the sizes differ."""
+    placement = getattr(buffer, "placement", None)
+    if placement is None or placement[0] != "mod_alloc":
+        return None
+    ctx = current("nl.ndarray")
+    first = ctx.placed.get((buffer.region.name, placement, tuple(buffer.tiles)))
+    if first is None:
+        return None
+    itemsize = to_dtype(dtype).itemsize
+    row_bytes = math.prod(storage_shape[1:]) * itemsize
+    first_shape = tuple(first.shape)
+    if first_shape[0] != storage_shape[0] or math.prod(first_shape[1:]) * first.itemsize != row_bytes:
+        return None
+    flat = first.reshape(first_shape[0], math.prod(first_shape[1:]))
+    if first.dtype != to_dtype(dtype):
+        flat = flat.view(dtype)
+    return flat.reshape(storage_shape)
 
 
 class _OverhangingSlice(IndexedTensor):

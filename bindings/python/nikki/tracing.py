@@ -34,6 +34,9 @@ class TraceContext:
         self.masked_writes: dict = {}
         # numpy arrays of nl.shared_constant tensors, in the order of their (input) storages
         self.constants: list = []
+        # (region, placement, tiles) of a direct allocation -> the block tensor placed there first,
+        # which later tensors given the same placement share (their memory is the same)
+        self.placed: dict = {}
 
     def location(self, depth: int = 2) -> int:
         """Interned location of the user's line that is calling into nikki."""
