@@ -92,6 +92,10 @@ class Compiled:
         # What the kernel returns, in order: ("output", k) is output_specs[k]; ("input", i) is
         # parameter i itself (a returned nt.mutable_tensor, updated in place).
         self.results = results if results is not None else [("output", k) for k in range(len(output_specs))]
+        # bytes and numpy dtype of each output, worked out once rather than at every launch
+        self.output_bytes = [math.prod(shape) * dt.itemsize for shape, dt in output_specs]
+        self.total_output_bytes = sum(self.output_bytes)
+        self.output_numpy_dtypes = [numpy_dtype(dt) for _shape, dt in output_specs]
 
     def text(self, locations: bool = True) -> str:
         return "\n".join(p.text(locations) for p in self.programs)
@@ -486,13 +490,13 @@ class Kernel:
         for constant in compiled.constants:
             in_ptrs.append(constant.__array_interface__["data"][0] if constant.size else 0)
         outputs: list[Any] = []
-        for shape, dt in compiled.output_specs:
+        for (shape, dt), np_dtype in zip(compiled.output_specs, compiled.output_numpy_dtypes):
             if torch_out:
                 import torch
 
                 outputs.append(torch.empty(shape, dtype=torch_dtype(dt)))
             else:
-                outputs.append(np.empty(shape, dtype=numpy_dtype(dt)))
+                outputs.append(np.empty(shape, dtype=np_dtype))
         out_ptrs = [o.data_ptr() if torch_out else o.__array_interface__["data"][0] for o in outputs]
         # SPMD instances run in turn on the same shared_hbm outputs; only the first run fills
         # them with the uninitialized-memory sentinels, later ones must keep earlier writes.
@@ -612,6 +616,9 @@ def _separate_aliased_inputs(kernel, compiled, values, keep, in_ptrs) -> None:
                 else private.data_ptr()
 
 
+_HOST_MEMORY_CHECK_BYTES = 64 << 20
+
+
 def _host_available_bytes():
     """Memory the host can still give this process (MemAvailable), or None when unknown."""
     try:
@@ -636,10 +643,11 @@ def _check_host_memory(kernel, compiled: Compiled, values) -> None:
     outputs, and contiguous copies of strided or broadcast inputs) need more memory than the host
     has available. The verifier has already held every HBM tensor to the device's capacity. First
     of all, every torch tensor must be a dense CPU tensor, whose data nikki reads by its pointer."""
-    needs = []
+    needs = []  # (bytes, index of the argument copied, or None for the outputs)
     for i, v in enumerate(values):
-        if isinstance(v, np.ndarray) and not v.flags.c_contiguous:
-            needs.append((v.nbytes, f"a contiguous copy of argument '{kernel._params[i].name}'"))
+        if isinstance(v, np.ndarray):
+            if not v.flags.c_contiguous:
+                needs.append((v.nbytes, i))
         elif _is_torch(v):
             # Checked on every launch, not only when compiling: the specialization key holds shape
             # and dtype, not the device or the layout (a sparse tensor has no strides to ask about).
@@ -648,14 +656,19 @@ def _check_host_memory(kernel, compiled: Compiled, values) -> None:
                 assert problem is not None  # the test above is the function's
                 raise problem
             if not v.is_contiguous():
-                needs.append((v.numel() * v.element_size(), f"a contiguous copy of argument '{kernel._params[i].name}'"))
-    for k, (shape, dt) in enumerate(compiled.output_specs):
-        needs.append((int(np.prod(shape, dtype=np.int64)) * dt.itemsize, f"output {k} {tuple(shape)}"))
-    total = sum(n for n, _ in needs)
-    available = _host_available_bytes() if total else None
+                needs.append((v.numel() * v.element_size(), i))
+    total = compiled.total_output_bytes + sum(n for n, _ in needs)
+    # Reading the host's free memory costs more than a small launch's whole Python side; below
+    # this size an allocation cannot be what exhausts a host (numpy's MemoryError stays the net).
+    if total < _HOST_MEMORY_CHECK_BYTES:
+        return
+    available = _host_available_bytes()
     if available is None or total <= available:
         return
-    largest = ", ".join(f"{what}: {_bytes_text(n)}" for n, what in sorted(needs, key=lambda x: -x[0])[:3])
+    named = [(n, f"a contiguous copy of argument '{kernel._params[i].name}'") for n, i in needs]
+    named += [(n, f"output {k} {tuple(shape)}")
+              for k, ((shape, _dt), n) in enumerate(zip(compiled.output_specs, compiled.output_bytes))]
+    largest = ", ".join(f"{what}: {_bytes_text(n)}" for n, what in sorted(named, key=lambda x: -x[0])[:3])
     raise KernelError(f"kernel '{kernel.fn.__name__}' needs {_bytes_text(total)} of host memory for its launch "
                       f"({largest}), but only {_bytes_text(available)} is available",
                       limit="nikki runs on this host's memory: outputs, and strided or broadcast inputs, which "
