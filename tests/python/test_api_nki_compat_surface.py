@@ -195,43 +195,6 @@ def test_tensors_placed_at_the_same_psum_banks_share_them(rng):
         _overlaid_psum_kernel(1)(a, w)  # placed apart, the two no longer fit
 
 
-def test_a_psum_alloc_inside_another_tensors_banks_shares_them(rng):
-    """``ncc.psum.alloc(func)`` placing tiles on banks 1 and 5, inside a mod_alloc tensor's 8 banks:
-    the overlay is what makes the kernel fit PSUM, and the results are the device's. The function
-    is called with idx, pdim_size and fdim_size (bytes) by keyword, as NKI documents them."""
-    import functools
-
-    import nikki.compiler as ncc
-
-    calls = []
-
-    def bank_of(bank_map, idx, pdim_size, fdim_size):
-        calls.append((idx, pdim_size, fdim_size))
-        return bank_map[idx], 0, 0
-
-    @nki.jit
-    def kernel(a, w):
-        out = nl.ndarray((128, 8 * 128), nl.float32, buffer=nl.shared_hbm)
-        big = nl.ndarray((8, nl.par_dim(128), 512), nl.float32,
-                         buffer=ncc.psum.mod_alloc(base_bank=0, num_bank_tiles=(8,)))
-        small = nl.ndarray((2, nl.par_dim(128), 128), nl.float32,
-                           buffer=ncc.psum.alloc(functools.partial(bank_of, bank_map={(0,): 1, (1,): 5})))
-        at, wt = nl.load(a), nl.load(w)
-        for b in nl.affine_range(8):
-            big[b] = nisa.nc_matmul(at, wt)
-            head = nl.copy(big[b][:, 0:128])
-            small[b % 2] = nisa.nc_matmul(at, head)
-            nl.store(out[:, b * 128:(b + 1) * 128], nl.copy(small[b % 2]))
-        return out
-
-    a = rng.standard_normal((128, 128), dtype=np.float32)
-    w = rng.standard_normal((128, 512), dtype=np.float32)
-    a64 = a.T.astype(np.float64)
-    want = a64 @ (a64 @ w)[:, :128]
-    np.testing.assert_allclose(kernel(a, w), np.tile(want, 8), rtol=1e-5, atol=1e-3)
-    assert sorted(set(calls)) == [((0,), 128, 512), ((1,), 128, 512)]
-
-
 def test_no_reorder_directive_keeps_results(rng):
     import nikki.compiler as ncc
 

@@ -6,12 +6,10 @@ Beta 1 (``neuronxcc.nki.compiler``, "direct allocation"): ``ncc.sbuf.mod_alloc(.
 ``force_auto_alloc``, ``multi_buffer``. nikki allocates every tensor itself (from live ranges), so
 a placement is a request it does not need: the tensor lives in the allocator's memory, and block
 dims beyond the allocator's physical tile count wrap onto its tiles (``num_free_tiles=(2,)`` over 8
-blocks: block b is tile b % 2), as the hardware's modular allocation does. Where placements
-overlap they are one memory, as on the device, since kernels overlay tensors they use in turn: PSUM
-tensors placed at banks (``mod_alloc`` or ``.alloc(func)``, evenly spaced, a tile per bank) are
-views of one tensor spanning the banks of the kernel's first placement, and two SBUF ``mod_alloc``
-tensors with the same placement and size share one. The decorators change nothing about what a
-kernel computes and return the kernel.
+blocks: block b is tile b % 2), as the hardware's modular allocation does. Two ``mod_alloc``
+tensors with the same placement and size are one memory, as on the device (kernels overlay PSUM
+tensors they use in turn this way). The decorators change nothing about what a kernel computes and
+return the kernel.
 
 NKI 2.33 (``nki.compiler``): ``CompileConfig``, ``SpecializationConfig`` and ``AddressRotation``
 hold options for NKI's compiler; ``nki.jit(compile_config=...)`` accepts and ignores them.

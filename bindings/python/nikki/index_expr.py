@@ -1070,9 +1070,7 @@ def block_tensor(shape, dtype, buffer, name):
     tiles = tuple(getattr(buffer, "tiles", ()))
     stored = tuple(min(b, t) if t > 0 else b for b, t in zip(blocks, tiles + (0,) * (nb - len(tiles))))
     storage_shape = (int(shape[nb]),) + stored + tuple(int(s) for s in shape[nb + 1:])
-    shared = _placed_in_psum(buffer, storage_shape, len(stored), dtype)
-    if shared is None:
-        shared = _same_placement(buffer, storage_shape, dtype)
+    shared = _same_placement(buffer, storage_shape, dtype)
     if shared is not None:
         return BlockTensor(shared._ctx, shared._view, nb, blocks)
     t = nl.ndarray(storage_shape, dtype, buffer=region, name=name)
@@ -1080,77 +1078,6 @@ def block_tensor(shape, dtype, buffer, name):
     if placement is not None and placement[0] == "mod_alloc":
         t._ctx.placed.setdefault((region.name, placement, tiles), t)
     return BlockTensor(t._ctx, t._view, nb, blocks)
-
-
-def _call_placement(func, idx: tuple, pdim_size: int, fdim_size: int):
-    """`func(idx, pdim_size, fdim_size)` of an ``.alloc(func)``, by keyword as NKI documents the
-    three (kernels bind their own leading parameters with functools.partial), else by position."""
-    try:
-        return func(idx=idx, pdim_size=pdim_size, fdim_size=fdim_size)
-    except TypeError:
-        return func(idx, pdim_size, fdim_size)
-
-
-def _placed_banks(buffer, tile_shape, partitions: int, tile_free: tuple, itemsize: int):
-    """The PSUM bank of each tile (row-major over `tile_shape`) that a direct allocation asks for, or
-    None when a tile does not start at a bank's first partition and byte."""
-    kind = buffer.placement[0]
-    count = math.prod(tile_shape)
-    if kind == "mod_alloc":
-        _, base, base_partition = buffer.placement
-        return None if base_partition else [int(base) + t for t in range(count)]
-    if kind == "alloc":
-        func = buffer.placement[1]
-        banks = []
-        for index in np.ndindex(*tile_shape):
-            place = _call_placement(func, tuple(int(i) for i in index), partitions,
-                                    math.prod(tile_free) * itemsize)
-            bank, partition, byte = (tuple(place) + (0, 0))[:3]
-            if partition or byte:
-                return None
-            banks.append(int(bank))
-        return banks
-    return None
-
-
-def _placed_in_psum(buffer, storage_shape, nstored: int, dtype):
-    """A PSUM tensor a direct allocation places at given banks, as a view of one tensor spanning
-    the kernel's placed banks ('psum_placed'): tensors placed on the same banks then share them as
-    on the device, where kernels overlay PSUM tensors they use in turn (two mod_allocs from bank 0,
-    an .alloc() whose banks lie inside another tensor's). None when `buffer` is not such a
-    placement, its banks are not evenly spaced, a tile spans more than a bank, or the banks lie past
-    those the kernel's first placement took (such tensors are allocated apart, as before)."""
-    placement = getattr(buffer, "placement", None)
-    if placement is None or buffer.region.name != "psum":
-        return None
-    ctx = current("nl.ndarray")
-    sizes = _core.target_info(ctx.target)["tile_size"]
-    bank_bytes, bank_count = sizes["psum_bank_fmax_bytes"], sizes["psum_num_banks"]
-    partitions, tile_shape, tile_free = storage_shape[0], storage_shape[1:1 + nstored], storage_shape[1 + nstored:]
-    itemsize = to_dtype(dtype).itemsize
-    tile_bytes = math.prod(tile_free) * itemsize
-    if tile_bytes > bank_bytes or tile_bytes % 4:
-        return None
-    banks = _placed_banks(buffer, tile_shape, partitions, tile_free, itemsize)
-    if not banks:
-        return None
-    stride = banks[1] - banks[0] if len(banks) > 1 else 1
-    if stride < 1 or any(b != banks[0] + stride * t for t, b in enumerate(banks)) or banks[0] < 0:
-        return None
-    if ctx.psum_placed is None:
-        # Sized to the first placement's banks: PSUM left over stays with the compiler's tensors.
-        ctx.psum_placed = nl.ndarray((sizes["pmax"], (banks[-1] + 1) * (bank_bytes // 4)), nl.float32,
-                                     buffer=nl.psum, name="psum_placed")
-    arena = ctx.psum_placed
-    arena_banks = arena.shape[1] // (bank_bytes // 4)
-    if banks[-1] >= arena_banks or partitions > arena.shape[0]:
-        return None
-    view = arena.slice(0, 0, partitions).reshape_dim(1, (arena_banks, bank_bytes // 4))
-    view = view.slice(1, banks[0], banks[-1] + 1, stride).slice(2, 0, tile_bytes // 4)
-    if to_dtype(dtype) != nl.float32:
-        view = view.view(dtype)
-    view = view.reshape_dim(2, tile_free) if len(tile_free) != 1 else view
-    return view.reshape_dim(1, tile_shape) if len(tile_shape) != 1 else view
 
 
 def _same_placement(buffer, storage_shape, dtype):

@@ -37,8 +37,6 @@ class TraceContext:
         # (region, placement, tiles) of a direct allocation -> the block tensor placed there first,
         # which later tensors given the same placement share (their memory is the same)
         self.placed: dict = {}
-        # the PSUM tensor that direct allocations placing PSUM tensors at banks are views of
-        self.psum_placed = None
 
     def location(self, depth: int = 2) -> int:
         """Interned location of the user's line that is calling into nikki."""
