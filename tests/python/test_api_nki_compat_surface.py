@@ -195,6 +195,33 @@ def test_tensors_placed_at_the_same_psum_banks_share_them(rng):
         _overlaid_psum_kernel(1)(a, w)  # placed apart, the two no longer fit
 
 
+def test_accumulating_into_psum_shared_by_placement_is_refused():
+    """Where a sum starts in PSUM two tensors share is the compiler's accumulation groups on the
+    device; nikki cannot tell, so '+=' of a matmul there is a KernelError naming the fix."""
+    import nikki.compiler as ncc
+
+    @nki.jit
+    def kernel(a):
+        out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+        first = nl.ndarray((1, nl.par_dim(128), 512), nl.float32,
+                           buffer=ncc.psum.mod_alloc(base_bank=0, num_bank_tiles=(1,)))
+        second = nl.ndarray((1, nl.par_dim(128), 512), nl.float32,
+                            buffer=ncc.psum.mod_alloc(base_bank=0, num_bank_tiles=(1,)))
+        at = nl.load(a)
+        first[0] = nisa.nc_matmul(at, at)
+        nl.store(out[:, 0:128], nl.copy(first[0][:, 0:128]))
+        second[0] += nisa.nc_matmul(at, at)
+        return out
+
+    with pytest.raises(nki.KernelError, match=r"'\+= nc_matmul\(...\)' accumulates into PSUM that tensors placed "
+                                              r"at the same banks share \('first' is the first of them\)") as err:
+        kernel(np.ones((128, 128), np.float32))
+    import linecache
+
+    assert "another base_bank" in str(err.value)
+    assert "second[0] += nisa.nc_matmul" in linecache.getline(err.value.file, err.value.line)
+
+
 def test_no_reorder_directive_keeps_results(rng):
     import nikki.compiler as ncc
 

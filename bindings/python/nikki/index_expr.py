@@ -1072,6 +1072,7 @@ def block_tensor(shape, dtype, buffer, name):
     storage_shape = (int(shape[nb]),) + stored + tuple(int(s) for s in shape[nb + 1:])
     shared = _same_placement(buffer, storage_shape, dtype)
     if shared is not None:
+        shared._ctx.shared_placements.add(shared._view.storage)
         return BlockTensor(shared._ctx, shared._view, nb, blocks)
     t = nl.ndarray(storage_shape, dtype, buffer=region, name=name)
     placement = getattr(buffer, "placement", None)

@@ -1925,6 +1925,17 @@ def _accumulate_into(dst: NkiTensor, other) -> None:
         index = ctx.pending_matmul.pop(other._view.storage, None)
         if (index is not None and index == ctx.builder.num_instructions - 1
                 and ctx.builder.instruction_operand(index, 0).same_as(other._view)):
+            if dst._view.storage in ctx.shared_placements:
+                # nikki starts a sum at the first matmul into a location since its allocation;
+                # the tensors sharing this memory were allocated once, so that would add onto
+                # what another one left there.
+                raise kernel_error_at(user_frame(), "'+= nc_matmul(...)' accumulates into PSUM that tensors placed at "
+                                      f"the same banks share ('{dst.name}' is the first of them): nikki cannot tell "
+                                      "where this sum starts",
+                                      limit="'+=' of a matmul adds onto whatever a matmul last wrote there since "
+                                            "the memory was allocated",
+                                      hint="accumulate in a tensor with a placement of its own (another base_bank) "
+                                           "or one nikki allocates (buffer=nl.psum)")
             ctx.builder.retarget_accumulate(index, dst._view)
             return
     _update_in_place(dst, other, "add")

@@ -37,6 +37,8 @@ class TraceContext:
         # (region, placement, tiles) of a direct allocation -> the block tensor placed there first,
         # which later tensors given the same placement share (their memory is the same)
         self.placed: dict = {}
+        # storages that more than one such tensor shares
+        self.shared_placements: set = set()
 
     def location(self, depth: int = 2) -> int:
         """Interned location of the user's line that is calling into nikki."""
