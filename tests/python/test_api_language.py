@@ -472,6 +472,23 @@ def test_load_store_slices_and_dtype(rng):
     np.testing.assert_array_equal(k(a), a.astype(BF16).astype(np.float32))
 
 
+def test_load_and_store_of_single_elements(rng):
+    """t[b, h] is a 0-d view: it loads as a [1, 1] tile and a [1, 1] tile stores into it (the
+    sample flash attention backward loads its per-head sink this way)."""
+    @nki.jit
+    def k(s):
+        out = nl.ndarray(s.shape, nl.float32, buffer=nl.shared_hbm)
+        for b in nl.affine_range(s.shape[0]):
+            for h in nl.affine_range(s.shape[1]):
+                element = nl.load(s[b, h], dtype=nl.float32)
+                assert element.shape == (1, 1)
+                nl.store(out[b, h], nl.multiply(element, 2.0))
+        return out
+
+    s = f32(rng, 2, 3).astype(BF16)
+    np.testing.assert_array_equal(k(s), 2 * s.astype(np.float32))
+
+
 def test_store_psum_tile_and_copy_from_psum(rng):
     @nki.jit
     def k(a):

@@ -1288,8 +1288,9 @@ def load(src: NkiTensor, dtype: DTypeLike = None, mask: LegacyMask = None) -> Nk
     if not src.buffer.is_hbm:
         raise kernel_error_at(user_frame(2), f"Expected operand 'src' of 'load' to be in address space 'hbm', but got "
                               f"a tile in '{src.buffer.name}' instead.", hint="use nl.copy for on-chip tiles")
-    # A 1-D view is a partition vector ([N] loads as [N, 1]), as Beta-1 kernels use it for scale=.
-    shape = src.shape if src.ndim >= 2 else (src.shape[0], 1)
+    # A 1-D view is a partition vector ([N] loads as [N, 1]), as Beta-1 kernels use it for scale=;
+    # a single element (t[b, h]) loads as a [1, 1] tile.
+    shape = src.shape if src.ndim >= 2 else (src.shape[0], 1) if src.ndim == 1 else (1, 1)
     tile = _result_tile(shape, to_dtype(dtype) if dtype is not None else src.dtype)
     _isa.dma_copy(tile, src if src.ndim >= 2 else src.reshape(shape), mask=mask)
     return tile
