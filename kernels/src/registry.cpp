@@ -21,6 +21,7 @@
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
 #include "nikki/kernels/optim/adamw.hpp"
+#include "nikki/kernels/pool/avg_pool2d.hpp"
 #include "nikki/kernels/pool/max_pool2d.hpp"
 #include "nikki/kernels/scan/cumsum.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
@@ -64,6 +65,8 @@ const std::vector<KernelInfo>& registry() {
       decode_attention_info(),
       max_pool2d_info(),
       max_pool2d_bwd_info(),
+      avg_pool2d_info(),
+      avg_pool2d_bwd_info(),
   };
   return kernels;
 }

@@ -29,7 +29,7 @@ from .spec import TensorSpec
 __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk", "gated_mlp", "router_topk",
            "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
-           "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d"]
+           "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d", "avg_pool2d"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -874,3 +874,16 @@ def max_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, dilatio
                       "use torch.nn.functional.max_pool2d for the indices")
     return _pool_call("max_pool2d", what, input, kernel_size, stride, padding)
 
+
+def avg_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override=None) -> torch.Tensor:
+    """``F.avg_pool2d(input, kernel_size, stride, padding, count_include_pad=...)`` with nikki's
+    avg_pool2d kernels: input [N, C, H, W] or [C, H, W]; kernel_size, stride (None: the kernel
+    size) and padding an int or a pair. Differentiable. Only ceil_mode False and no
+    divisor_override (KernelError otherwise)."""
+    what = "nikki.torch.avg_pool2d"
+    _pool_unsupported(what, "ceil_mode", bool(ceil_mode), False, "pad the input on the bottom and right instead")
+    _pool_unsupported(what, "divisor_override", divisor_override, None,
+                      "scale the result: avg_pool2d(x, ...) * kernel area / divisor")
+    return _pool_call("avg_pool2d", what, input, kernel_size, stride, padding,
+                      count_include_pad=check_bool(count_include_pad, f"{what}: count_include_pad"))

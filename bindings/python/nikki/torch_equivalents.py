@@ -215,6 +215,11 @@ def _max_pool2d(x, params):
     return F.max_pool2d(x, *_pool_window(params))
 
 
+def _avg_pool2d(x, params):
+    kernel, stride, padding = _pool_window(params)
+    return F.avg_pool2d(x, kernel, stride, padding, count_include_pad=bool(params.get("count_include_pad", 1)))
+
+
 def _pool_grad(pool, x, grad_out, params):
     x = x.clone().requires_grad_()
     return list(torch.autograd.grad(pool(x, params), x, grad_out))
@@ -315,6 +320,8 @@ TORCH = {
     "decode_attention": _decode_attention,
     "max_pool2d": lambda x, p: [_max_pool2d(x, p)],
     "max_pool2d_bwd": lambda x, out, grad_out, p: _pool_grad(_max_pool2d, x, grad_out, p),
+    "avg_pool2d": lambda x, p: [_avg_pool2d(x, p)],
+    "avg_pool2d_bwd": lambda x, grad_out, p: _pool_grad(_avg_pool2d, x, grad_out, p),
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

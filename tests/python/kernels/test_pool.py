@@ -1,5 +1,5 @@
-"""nikki's 2-D pooling kernels (max_pool2d and its backward) and the wrapper nikki.torch.max_pool2d
-against torch.nn.functional and torch.autograd.
+"""nikki's 2-D pooling kernels (max_pool2d, avg_pool2d and their backwards) and the wrappers
+nikki.torch.max_pool2d / avg_pool2d against torch.nn.functional and torch.autograd.
 
 Max pooling selects values, so its forward is exact in every dtype, and its backward routes each
 gradient unchanged: where windows do not share cells the gradients are bit-exact, and where they
@@ -82,7 +82,24 @@ def test_max_pool2d_padding_never_wins():
     assert (got < 0).all()
 
 
-@pytest.mark.parametrize("op", ["max_pool2d"])
+@pytest.mark.parametrize("shape, kernel, stride, padding", GEOMETRIES)
+@pytest.mark.parametrize("count_include_pad", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_avg_pool2d_matches_torch(shape, kernel, stride, padding, count_include_pad, dtype):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+    xd = x.double().requires_grad_()
+    want = F.avg_pool2d(xd, kernel, stride, padding, count_include_pad=count_include_pad)
+    grad_out = torch.randn(want.shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    (want_grad,) = torch.autograd.grad(want, xd, grad_out.double())
+    p = _params(kernel, stride, padding)
+    got = K.avg_pool2d(x, **p, count_include_pad=count_include_pad)
+    tol = 2 * TOL[dtype]
+    torch.testing.assert_close(got.double(), want.detach(), rtol=tol, atol=tol)
+    got_grad = K.avg_pool2d_bwd(x, grad_out, **p, count_include_pad=count_include_pad)
+    torch.testing.assert_close(got_grad.double(), want_grad, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("op", ["max_pool2d", "avg_pool2d"])
 def test_torch_wrappers_take_ints_or_pairs_and_differentiate(op):
     x = torch.randn(2, 3, 10, 9, dtype=torch.float64).float().requires_grad_()
     ours, theirs = getattr(nt, op), getattr(F, op)
@@ -97,6 +114,12 @@ def test_torch_wrappers_take_ints_or_pairs_and_differentiate(op):
     torch.testing.assert_close(ours(x[0].detach(), 2), theirs(x[0].detach(), 2), rtol=1e-5, atol=1e-5)
 
 
+def test_avg_pool2d_wrapper_count_include_pad():
+    x = torch.randn(1, 4, 7, 7)
+    torch.testing.assert_close(nt.avg_pool2d(x, 3, 2, 1, count_include_pad=False),
+                               F.avg_pool2d(x, 3, 2, 1, count_include_pad=False), rtol=1e-5, atol=1e-5)
+
+
 def _located_here(err, call):
     assert err.value.file == __file__ and call in linecache.getline(__file__, err.value.line)
 
@@ -108,21 +131,23 @@ def test_argument_errors_name_the_argument_and_the_limit():
         K.max_pool2d(x, **_params(3, 1, (2, 1)))
     _located_here(err, "K.max_pool2d(")
     assert "0 <= padding <= kernel / 2" in str(err.value)
-    with pytest.raises(nikki.KernelError, match=r"max_pool2d: the 5x2 window is larger than the padded input 4x8"):
-        K.max_pool2d(torch.zeros(1, 1, 4, 8), **_params((5, 2), 1, 0))
+    with pytest.raises(nikki.KernelError, match=r"avg_pool2d: the 5x2 window is larger than the padded input 4x8"):
+        K.avg_pool2d(torch.zeros(1, 1, 4, 8), **_params((5, 2), 1, 0))
     with pytest.raises(nikki.KernelError, match=r"max_pool2d: x must be 4-D \[N, C, H, W\], got \[2, 6, 6\]") as err:
         K.max_pool2d(torch.zeros(2, 6, 6), **_params(2, 2, 0))
     _located_here(err, "K.max_pool2d(")
     with pytest.raises(nikki.KernelError, match=r"max_pool2d: kernel size must be at least 1, got \(0, 2\)"):
         K.max_pool2d(x, **_params((0, 2), 1, 0))
-    with pytest.raises(nikki.KernelError, match=r"max_pool2d: stride must be at least 1 \(0 means the kernel size\), "
+    with pytest.raises(nikki.KernelError, match=r"avg_pool2d: stride must be at least 1 \(0 means the kernel size\), "
                                                 r"got \(-1, 2\)"):
-        K.max_pool2d(x, **_params(2, (-1, 2), 0))
+        K.avg_pool2d(x, **_params(2, (-1, 2), 0))
     with pytest.raises(nikki.KernelError, match=r"kernel 'max_pool2d': input 'x' has dtype int32"):
         K.max_pool2d(torch.zeros(1, 1, 4, 4, dtype=torch.int32), **_params(2, 2, 0))
     with pytest.raises(nikki.KernelError, match=r"max_pool2d_bwd: 'grad_out' must be \[1, 2, 3, 3\] float32 "
                                                 r"\(max_pool2d's output for x and these parameters\), got \[1, 2, 3, 2\]"):
         K.max_pool2d_bwd(x, torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 3, 2), **_params(2, 2, 0))
+    with pytest.raises(nikki.KernelError, match=r"avg_pool2d_bwd: 'grad_out' must be \[1, 2, 3, 3\] float32"):
+        K.avg_pool2d_bwd(x, torch.zeros(1, 2, 3, 3, dtype=torch.bfloat16), **_params(2, 2, 0))
 
 
 def test_torch_wrapper_errors():
@@ -134,8 +159,10 @@ def test_torch_wrapper_errors():
         nt.max_pool2d(x, 2, ceil_mode=True)
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.max_pool2d: return_indices must be False"):
         nt.max_pool2d(x, 2, return_indices=True)
-    with pytest.raises(nikki.KernelError, match=r"nikki.torch.max_pool2d: kernel_size must be an int or a pair"):
-        nt.max_pool2d(x, (2, 2, 2))
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.avg_pool2d: divisor_override must be None, got 3"):
+        nt.avg_pool2d(x, 2, divisor_override=3)
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.avg_pool2d: kernel_size must be an int or a pair"):
+        nt.avg_pool2d(x, (2, 2, 2))
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.max_pool2d: input must be a 3-D \[C, H, W\] or 4-D "
                                                 r"\[N, C, H, W\] tensor, got a 5-d tensor"):
         nt.max_pool2d(torch.zeros(1, 1, 1, 4, 4), 2)

@@ -1,5 +1,5 @@
-// Float64 references of 2-D pooling and its gradients: the textbook loops over windows, with
-// padding as cells outside the input (never the maximum).
+// Float64 references of 2-D max and average pooling and their gradients: the textbook loops over
+// windows, with padding as cells outside the input (never the maximum; zeros in an average).
 #pragma once
 
 #include <cstdint>
@@ -53,6 +53,39 @@ inline RefTensor max_pool2d_bwd(const RefTensor& x, const RefTensor& out, const 
       grad_x[i] += grad_out[o];
       routed[size_t(o)] = true;
     }
+  });
+  return grad_x;
+}
+
+/** @brief The divisor of each window: kh * kw with count_include_pad, else its valid cells. */
+inline std::vector<double> avg_divisors(const pool::PoolGeometry& g, bool count_include_pad) {
+  std::vector<double> div(size_t(g.planes() * g.out_plane()), count_include_pad ? double(g.kh * g.kw) : 0.0);
+  if (!count_include_pad)
+    pool_detail::for_each_window_cell(g, [&](int64_t pl, int64_t oh, int64_t ow, int64_t, int64_t) {
+      div[size_t((pl * g.Ho + oh) * g.Wo + ow)] += 1;
+    });
+  return div;
+}
+
+/** @brief out = the window's sum over its divisor (padding counts as zeros). */
+inline RefTensor avg_pool2d(const RefTensor& x, const pool::PoolGeometry& g, bool count_include_pad) {
+  RefTensor out(pool_detail::out_shape(g));
+  pool_detail::for_each_window_cell(g, [&](int64_t pl, int64_t oh, int64_t ow, int64_t h, int64_t w) {
+    out[(pl * g.Ho + oh) * g.Wo + ow] += x[(pl * g.H + h) * g.W + w];
+  });
+  const std::vector<double> div = avg_divisors(g, count_include_pad);
+  for (int64_t o = 0; o < out.size(); ++o) out[o] /= div[size_t(o)];
+  return out;
+}
+
+/** @brief grad_x[cell] = sum over the windows holding the cell of grad_out / divisor. */
+inline RefTensor avg_pool2d_bwd(const RefTensor& x, const RefTensor& grad_out, const pool::PoolGeometry& g,
+                                bool count_include_pad) {
+  RefTensor grad_x(x.shape);
+  const std::vector<double> div = avg_divisors(g, count_include_pad);
+  pool_detail::for_each_window_cell(g, [&](int64_t pl, int64_t oh, int64_t ow, int64_t h, int64_t w) {
+    const int64_t o = (pl * g.Ho + oh) * g.Wo + ow;
+    grad_x[(pl * g.H + h) * g.W + w] += grad_out[o] / div[size_t(o)];
   });
   return grad_x;
 }
