@@ -150,6 +150,23 @@ def test_argument_errors_name_the_argument_and_the_limit():
         K.avg_pool2d_bwd(x, torch.zeros(1, 2, 3, 3, dtype=torch.bfloat16), **_params(2, 2, 0))
 
 
+def test_large_planes_keep_fewer_tiles_in_flight():
+    # A ResNet stem's 112x112 fp32 planes: four tiles of each buffer would not fit SBUF, fewer do.
+    x = torch.randn(1, 3, 112, 112)
+    assert torch.equal(K.max_pool2d(x, **_params(3, 2, 1)), F.max_pool2d(x, 3, 2, 1))
+    grad_out = torch.randn(1, 3, 56, 56)
+    want = torch.autograd.grad(F.avg_pool2d(x.requires_grad_(), 2), x, grad_out)[0]
+    torch.testing.assert_close(K.avg_pool2d_bwd(x.detach(), grad_out, **_params(2, 2, 0)), want)
+
+
+def test_planes_too_large_for_sbuf_are_an_error():
+    with pytest.raises(nikki.KernelError, match=r"max_pool2d: planes of 400x300 need 586 KiB of SBUF per partition "
+                                                r"\(one plane in each buffer\), more than the \d+ KiB free") as err:
+        K.max_pool2d(torch.zeros(1, 1, 400, 300), **_params(2, 2, 0))
+    _located_here(err, "K.max_pool2d(")
+    assert "split x along H into bands" in str(err.value)
+
+
 def test_torch_wrapper_errors():
     x = torch.zeros(1, 2, 6, 6)
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.max_pool2d: dilation must be 1, got 2") as err:

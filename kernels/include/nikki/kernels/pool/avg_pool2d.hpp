@@ -92,13 +92,13 @@ inline Tensor avg_pool2d(const Tensor& x, const pool::PoolWindow& window, bool c
   const DType dt = x.dtype();
   Tensor out = nl::ndarray({g.N, g.C, g.Ho, g.Wo}, dt, nl::shared_hbm, "out");
 
-  // Four tiles of x, of the sums and of out in flight: loads run ahead of the reductions.
+  // Up to four tiles of x, of the sums and of out in flight: loads run ahead of the reductions.
   constexpr int64_t kDepth = 4;
   toolkit::Budget budget(check);
-  const pool::PlaneTiles plan = pool::plan_planes(g, kDepth * (g.plane() + 2 * g.out_plane()) * es, budget.sbuf_free(), P);
-  pool::PlaneRing x_ring(budget, plan, g.plane(), dt, kDepth, "x_planes");
-  pool::PlaneRing sum_ring(budget, plan, g.out_plane(), dt, kDepth, "window_sums");
-  pool::PlaneRing out_ring(budget, plan, g.out_plane(), dt, kDepth, "out_planes");
+  const pool::PlaneTiles plan = pool::plan_planes(check, g, (g.plane() + 2 * g.out_plane()) * es, kDepth, budget.sbuf_free(), P);
+  pool::PlaneRing x_ring(budget, plan, g.plane(), dt, "x_planes");
+  pool::PlaneRing sum_ring(budget, plan, g.out_plane(), dt, "window_sums");
+  pool::PlaneRing out_ring(budget, plan, g.out_plane(), dt, "out_planes");
   const std::vector<pool::Region> regions = pool::regions(g);
   const Tensor x_planes = pool::planes_view(x), out_planes = pool::planes_view(out);
   const bool one_divisor = count_include_pad || regions.size() == 1;
@@ -150,10 +150,10 @@ inline Tensor avg_pool2d_bwd(const Tensor& x, const Tensor& grad_out, const pool
 
   constexpr int64_t kDepth = 4;
   toolkit::Budget budget(check);
-  const pool::PlaneTiles plan = pool::plan_planes(g, kDepth * (g.plane() + 2 * g.out_plane()) * es, budget.sbuf_free(), P);
-  pool::PlaneRing g_ring(budget, plan, g.out_plane(), dt, kDepth, "grad_out_planes");
-  pool::PlaneRing share_ring(budget, plan, g.out_plane(), dt, kDepth, "shares");
-  pool::PlaneRing gx_ring(budget, plan, g.plane(), dt, kDepth, "grad_x_planes");
+  const pool::PlaneTiles plan = pool::plan_planes(check, g, (g.plane() + 2 * g.out_plane()) * es, kDepth, budget.sbuf_free(), P);
+  pool::PlaneRing g_ring(budget, plan, g.out_plane(), dt, "grad_out_planes");
+  pool::PlaneRing share_ring(budget, plan, g.out_plane(), dt, "shares");
+  pool::PlaneRing gx_ring(budget, plan, g.plane(), dt, "grad_x_planes");
   const std::vector<pool::Region> regions = pool::regions(g);
   const Tensor grad_planes = pool::planes_view(grad_out), grad_x_planes = pool::planes_view(grad_x);
   // Windows that do not overlap write each cell at most once; cells no window covers stay zero.

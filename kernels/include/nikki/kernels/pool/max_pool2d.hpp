@@ -94,13 +94,13 @@ inline Tensor max_pool2d(const Tensor& x, const pool::PoolWindow& window, Loc lo
   const int64_t P = nl::tile_size().pmax, es = dtype_size(x.dtype());
   Tensor out = nl::ndarray({g.N, g.C, g.Ho, g.Wo}, x.dtype(), nl::shared_hbm, "out");
 
-  // Tiles of x and of out in flight: loads run several tiles ahead of the reductions.
+  // Up to four tiles of x and of out in flight: loads run several tiles ahead of the reductions.
   constexpr int64_t kDepth = 4;
   toolkit::Budget budget(check);
   const pool::PlaneTiles plan =
-      pool::plan_planes(g, kDepth * (g.plane() + g.out_plane()) * es, budget.sbuf_free(), P);
-  pool::PlaneRing x_ring(budget, plan, g.plane(), x.dtype(), kDepth, "x_planes");
-  pool::PlaneRing out_ring(budget, plan, g.out_plane(), x.dtype(), kDepth, "out_planes");
+      pool::plan_planes(check, g, (g.plane() + g.out_plane()) * es, kDepth, budget.sbuf_free(), P);
+  pool::PlaneRing x_ring(budget, plan, g.plane(), x.dtype(), "x_planes");
+  pool::PlaneRing out_ring(budget, plan, g.out_plane(), x.dtype(), "out_planes");
   const std::vector<pool::Region> regions = pool::regions(g);
   const Tensor x_planes = pool::planes_view(x), out_planes = pool::planes_view(out);
 
@@ -143,13 +143,13 @@ inline Tensor max_pool2d_bwd(const Tensor& x, const Tensor& out, const Tensor& g
   // block for each region being routed.
   constexpr int64_t kDepth = 4, kTemps = 4;
   toolkit::Budget budget(check);
-  const int64_t per_plane = (2 * kDepth * (g.plane() + g.out_plane())) * es;
   toolkit::Ring taken_ring = budget.sbuf_ring({P, g.out_plane()}, dt, kTemps, "taken");
-  const pool::PlaneTiles plan = pool::plan_planes(g, per_plane, budget.sbuf_free(), P);
-  pool::PlaneRing x_ring(budget, plan, g.plane(), dt, kDepth, "x_planes");
-  pool::PlaneRing gx_ring(budget, plan, g.plane(), dt, kDepth, "grad_x_planes");
-  pool::PlaneRing out_ring(budget, plan, g.out_plane(), dt, kDepth, "out_planes");
-  pool::PlaneRing left_ring(budget, plan, g.out_plane(), dt, kDepth, "grad_left");
+  const pool::PlaneTiles plan =
+      pool::plan_planes(check, g, 2 * (g.plane() + g.out_plane()) * es, kDepth, budget.sbuf_free(), P);
+  pool::PlaneRing x_ring(budget, plan, g.plane(), dt, "x_planes");
+  pool::PlaneRing gx_ring(budget, plan, g.plane(), dt, "grad_x_planes");
+  pool::PlaneRing out_ring(budget, plan, g.out_plane(), dt, "out_planes");
+  pool::PlaneRing left_ring(budget, plan, g.out_plane(), dt, "grad_left");
   const std::vector<pool::Region> regions = pool::regions(g);
   const Tensor x_planes = pool::planes_view(x), out_planes = pool::planes_view(out);
   const Tensor grad_planes = pool::planes_view(grad_out), grad_x_planes = pool::planes_view(grad_x);

@@ -176,21 +176,35 @@ inline Tensor scratch_block(const Tensor& plane, const Region& r) {
   return plane_pattern(plane, 0, {{r.cols.count, r.rows.count}, {1, r.cols.count}});
 }
 
-/** How the planes go on partitions: tiles of up to 128 partitions x g planes. */
+/** How the planes go on partitions: tiles of up to 128 partitions x g planes, with `depth`
+ *  tiles of each buffer in flight. */
 struct PlaneTiles {
   int64_t g = 1;
+  int64_t depth = 1;
   std::vector<toolkit::RowTile> tiles;
 };
 
 /**
- * Plans the plane tiles of a kernel whose rings take `bytes_per_plane` per plane (all slots),
- * within `free_bytes` per partition: several short planes per partition (up to ~4K elements, long
- * DMA runs) while there are enough tiles to overlap loads with compute.
+ * Plans the plane tiles of a kernel whose buffers take `slot_bytes` per plane for one tile of
+ * each, within `free_bytes` per partition: up to `max_depth` tiles in flight (fewer for planes
+ * too large for that), and several short planes per partition (up to ~4K elements, long DMA
+ * runs) while there are enough tiles to overlap loads with compute. A KernelError when not even
+ * one plane of each buffer fits.
  */
-inline PlaneTiles plan_planes(const PoolGeometry& g, int64_t bytes_per_plane, int64_t free_bytes, int64_t P) {
-  const int64_t fit = std::max<int64_t>(1, free_bytes / std::max<int64_t>(1, bytes_per_plane));
-  const int64_t spread = g.planes() / (4 * P);
+inline PlaneTiles plan_planes(const ArgumentCheck& check, const PoolGeometry& g, int64_t slot_bytes,
+                              int64_t max_depth, int64_t free_bytes, int64_t P) {
+  auto kib = [](int64_t bytes) { return std::to_string((bytes + 1023) / 1024) + " KiB"; };
+  if (slot_bytes > free_bytes)
+    check.fail("planes of " + std::to_string(g.H) + "x" + std::to_string(g.W) + " need " + kib(slot_bytes) +
+                   " of SBUF per partition (one plane in each buffer), more than the " + kib(free_bytes) + " free",
+               "the pooling kernels keep whole planes in SBUF",
+               "pool bands of rows (split x along H into bands that overlap by kernel_h - stride_h rows), or use a "
+               "16-bit dtype");
   PlaneTiles t;
+  t.depth = max_depth;
+  while (t.depth > 1 && t.depth * slot_bytes > free_bytes) --t.depth;
+  const int64_t fit = std::max<int64_t>(1, free_bytes / (t.depth * slot_bytes));
+  const int64_t spread = g.planes() / (4 * P);
   t.g = std::max<int64_t>(1, std::min({std::max<int64_t>(1, 4096 / g.plane()), fit, spread}));
   t.tiles = toolkit::row_tiles(g.planes(), P, t.g);
   return t;
@@ -199,9 +213,8 @@ inline PlaneTiles plan_planes(const PoolGeometry& g, int64_t bytes_per_plane, in
 /** A ring of plane-shaped tiles: each slot holds g planes of `plane` elements per partition. */
 class PlaneRing {
  public:
-  PlaneRing(toolkit::Budget& budget, const PlaneTiles& plan, int64_t plane, DType dtype, int64_t depth,
-            const std::string& name)
-      : ring_(budget.sbuf_ring({nl::tile_size().pmax, plan.g * plane}, dtype, depth, name)), plane_(plane) {}
+  PlaneRing(toolkit::Budget& budget, const PlaneTiles& plan, int64_t plane, DType dtype, const std::string& name)
+      : ring_(budget.sbuf_ring({nl::tile_size().pmax, plan.g * plane}, dtype, plan.depth, name)), plane_(plane) {}
   /** The next slot as the tile of `rt`'s planes: [p, g * plane]. */
   Tensor next(const toolkit::RowTile& rt) { return ring_.next()(toolkit::first(rt.p), nl::ds(0, rt.g * plane_)); }
 
