@@ -21,6 +21,8 @@
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
 #include "nikki/kernels/optim/adamw.hpp"
+#include "nikki/kernels/pool/avg_pool2d.hpp"
+#include "nikki/kernels/pool/max_pool2d.hpp"
 #include "nikki/kernels/scan/cumsum.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
@@ -61,6 +63,10 @@ const std::vector<KernelInfo>& registry() {
       scatter_add_rows_info(),
       scatter_add_rows_bwd_info(),
       decode_attention_info(),
+      max_pool2d_info(),
+      max_pool2d_bwd_info(),
+      avg_pool2d_info(),
+      avg_pool2d_bwd_info(),
   };
   return kernels;
 }

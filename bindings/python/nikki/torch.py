@@ -29,7 +29,7 @@ from .spec import TensorSpec
 __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk", "gated_mlp", "router_topk",
            "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
-           "gather_rows", "scatter_add_rows", "adamw_"]
+           "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d", "avg_pool2d"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -823,3 +823,67 @@ def adamw_(param: torch.Tensor, grad: torch.Tensor, exp_avg: torch.Tensor, exp_a
 # Every library kernel is an op as soon as nikki.torch is imported (torch.ops.nikki.<name>).
 for _name in sorted(_library.library_kernels()):
     library_op(_name)
+
+
+def _pool_pair(value, what: str, minimum: int) -> tuple:
+    """An int or a pair of ints (torch's pooling arguments) as (height, width)."""
+    if isinstance(value, (tuple, list)):
+        if len(value) == 1:
+            value = (value[0], value[0])
+        if len(value) != 2:
+            raise argument_error(what, "an int or a pair of ints", value)
+        return tuple(check_int(v, what, minimum) for v in value)
+    v = check_int(value, what, minimum)
+    return (v, v)
+
+
+def _pool_call(name: str, what: str, input, kernel_size, stride, padding, **options) -> torch.Tensor:
+    """Runs the pooling kernel `name` on a [N, C, H, W] or [C, H, W] tensor with torch's int-or-pair
+    window arguments (stride None or empty: the kernel size)."""
+    _tensor(input, f"{what}: input", min_dim=3)
+    if input.dim() not in (3, 4):
+        raise argument_error(f"{what}: input", "a 3-D [C, H, W] or 4-D [N, C, H, W] tensor", input,
+                             got=f"a {input.dim()}-d tensor")
+    kh, kw = _pool_pair(kernel_size, f"{what}: kernel_size", 1)
+    sh, sw = (kh, kw) if stride is None or (isinstance(stride, (tuple, list)) and len(stride) == 0) \
+        else _pool_pair(stride, f"{what}: stride", 1)
+    ph, pw = _pool_pair(padding, f"{what}: padding", 0)
+    x = input.unsqueeze(0) if input.dim() == 3 else input
+    out = library_op(name)(x.contiguous(), kernel_h=kh, kernel_w=kw, stride_h=sh, stride_w=sw, padding_h=ph,
+                           padding_w=pw, **options)
+    return out.squeeze(0) if input.dim() == 3 else out
+
+
+def _pool_unsupported(what: str, argument: str, value, supported, hint: str):
+    if value != supported:
+        raise argument_error(f"{what}: {argument}", repr(supported), value, hint=hint,
+                             limit=f"nikki's pooling kernels support only {argument}={supported!r}")
+
+
+def max_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False,
+               return_indices: bool = False) -> torch.Tensor:
+    """``F.max_pool2d(input, kernel_size, stride, padding)`` with nikki's max_pool2d kernels:
+    input [N, C, H, W] or [C, H, W]; kernel_size, stride (None: the kernel size) and padding an int
+    or a pair. Differentiable: each window's gradient goes to its first maximum, as in torch.
+    Only dilation 1, ceil_mode False and return_indices False (KernelError otherwise)."""
+    what = "nikki.torch.max_pool2d"
+    if _pool_pair(dilation, f"{what}: dilation", 1) != (1, 1):
+        _pool_unsupported(what, "dilation", dilation, 1, "dilate the window with torch.nn.functional.max_pool2d")
+    _pool_unsupported(what, "ceil_mode", bool(ceil_mode), False, "pad the input on the bottom and right instead")
+    _pool_unsupported(what, "return_indices", bool(return_indices), False,
+                      "use torch.nn.functional.max_pool2d for the indices")
+    return _pool_call("max_pool2d", what, input, kernel_size, stride, padding)
+
+
+def avg_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False,
+               count_include_pad: bool = True, divisor_override=None) -> torch.Tensor:
+    """``F.avg_pool2d(input, kernel_size, stride, padding, count_include_pad=...)`` with nikki's
+    avg_pool2d kernels: input [N, C, H, W] or [C, H, W]; kernel_size, stride (None: the kernel
+    size) and padding an int or a pair. Differentiable. Only ceil_mode False and no
+    divisor_override (KernelError otherwise)."""
+    what = "nikki.torch.avg_pool2d"
+    _pool_unsupported(what, "ceil_mode", bool(ceil_mode), False, "pad the input on the bottom and right instead")
+    _pool_unsupported(what, "divisor_override", divisor_override, None,
+                      "scale the result: avg_pool2d(x, ...) * kernel area / divisor")
+    return _pool_call("avg_pool2d", what, input, kernel_size, stride, padding,
+                      count_include_pad=check_bool(count_include_pad, f"{what}: count_include_pad"))

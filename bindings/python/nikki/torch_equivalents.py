@@ -204,6 +204,27 @@ def _conv1d(x, weight, bias, params):
     return F.silu(out) if activation == 1 else F.gelu(out) if activation == 2 else out
 
 
+def _pool_window(params):
+    """(kernel_size, stride, padding) of a pooling kernel's parameters (stride 0: the kernel)."""
+    kernel = (int(params.get("kernel_h", 2)), int(params.get("kernel_w", 2)))
+    stride = tuple(int(params.get(n, 0)) or k for n, k in (("stride_h", kernel[0]), ("stride_w", kernel[1])))
+    return kernel, stride, (int(params.get("padding_h", 0)), int(params.get("padding_w", 0)))
+
+
+def _max_pool2d(x, params):
+    return F.max_pool2d(x, *_pool_window(params))
+
+
+def _avg_pool2d(x, params):
+    kernel, stride, padding = _pool_window(params)
+    return F.avg_pool2d(x, kernel, stride, padding, count_include_pad=bool(params.get("count_include_pad", 1)))
+
+
+def _pool_grad(pool, x, grad_out, params):
+    x = x.clone().requires_grad_()
+    return list(torch.autograd.grad(pool(x, params), x, grad_out))
+
+
 def _padding(params):
     pad = params.get("padding_idx")
     return None if pad is None or math.isnan(pad) else int(pad)
@@ -297,6 +318,10 @@ TORCH = {
     "scatter_add_rows": lambda rows, idx, scale, p: [_scatter_add_rows(rows, idx, scale, p)],
     "scatter_add_rows_bwd": _scatter_add_rows_bwd,
     "decode_attention": _decode_attention,
+    "max_pool2d": lambda x, p: [_max_pool2d(x, p)],
+    "max_pool2d_bwd": lambda x, out, grad_out, p: _pool_grad(_max_pool2d, x, grad_out, p),
+    "avg_pool2d": lambda x, p: [_avg_pool2d(x, p)],
+    "avg_pool2d_bwd": lambda x, grad_out, p: _pool_grad(_avg_pool2d, x, grad_out, p),
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
