@@ -22,6 +22,8 @@
 #include "nikki/kernels/norm/rmsnorm.hpp"
 #include "nikki/kernels/optim/adamw.hpp"
 #include "nikki/kernels/scan/cumsum.hpp"
+#include "nikki/kernels/scan/linear_recurrence.hpp"
+#include "nikki/kernels/scan/linear_recurrence_bwd.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
 namespace nikki::kernels {
@@ -61,6 +63,8 @@ const std::vector<KernelInfo>& registry() {
       scatter_add_rows_info(),
       scatter_add_rows_bwd_info(),
       decode_attention_info(),
+      linear_recurrence_info(),
+      linear_recurrence_bwd_info(),
   };
   return kernels;
 }

@@ -29,7 +29,7 @@ from .spec import TensorSpec
 __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk", "gated_mlp", "router_topk",
            "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
-           "gather_rows", "scatter_add_rows", "adamw_"]
+           "gather_rows", "scatter_add_rows", "adamw_", "linear_recurrence"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -525,6 +525,29 @@ def cumsum(x: torch.Tensor, dim: int = -1, reverse: bool = False) -> torch.Tenso
     out = library_op("cumsum")(moved.reshape(-1, moved.shape[-1]).contiguous(), reverse=reverse)
     return out.reshape(moved.shape).movedim(-1, dim)
 
+
+def linear_recurrence(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None, dim: int = -1) -> torch.Tensor:
+    """The first-order linear recurrence ``h[t] = a[t] * h[t - 1] + b[t]`` along `dim` of a and b
+    (any rank, one shape and dtype) with nikki's linear_recurrence kernel, the state kept in fp32.
+    `h0` is the state before the first step, a's shape without `dim` (None: zeros). Returns h,
+    a's shape. Differentiable in a, b and h0."""
+    what = "nikki.torch.linear_recurrence"
+    _tensor(a, f"{what}: a")
+    _tensor(b, f"{what}: b")
+    dim = check_int(dim, f"{what}: dim", -a.dim(), a.dim() - 1)
+    if b.shape != a.shape:
+        raise argument_error(f"{what}: b", f"a tensor of a's shape {tuple(a.shape)}", b, got=f"shape {tuple(b.shape)}")
+    state_shape = tuple(a.movedim(dim, -1).shape[:-1])
+    h0 = _optional_tensor(h0, f"{what}: h0", state_shape, f"a's shape without dim {dim}")
+    _one_device(what, (("a", a), ("b", b), ("h0", h0)))
+    if a.numel() == 0:
+        return torch.empty_like(b)
+    a_rows, b_rows = (t.movedim(dim, -1) for t in (a, b))
+    steps = a_rows.shape[-1]
+    h0 = a.new_zeros(state_shape) if h0 is None else h0
+    h = library_op("linear_recurrence")(a_rows.reshape(1, -1, steps).contiguous(),
+                                        b_rows.reshape(1, -1, steps).contiguous(), h0.reshape(1, -1).contiguous())
+    return h.reshape(a_rows.shape).movedim(-1, dim)
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
                   label_smoothing: float = 0.0) -> torch.Tensor:

@@ -263,6 +263,21 @@ def _decode_attention(q, k_cache, v_cache, k, v, lengths, sinks, params):
     return [out, k_cache, v_cache]
 
 
+def _linear_recurrence(a, b, h0, params):
+    """h_t = a_t * h_{t-1} + b_t along the last dim, one step at a time."""
+    state, steps = h0, []
+    for t in range(a.shape[-1]):
+        state = a[..., t] * state + b[..., t]
+        steps.append(state)
+    return torch.stack(steps, -1)
+
+
+def _linear_recurrence_bwd(a, h0, h, grad_h, params):
+    """Autograd through the step loop, with the b that gives the forward's h from a and h0."""
+    h_prev = torch.cat((h0[..., None], h[..., :-1]), -1)
+    a, b, h0 = leaves = [t.clone().requires_grad_() for t in (a, h - a * h_prev, h0)]
+    return list(torch.autograd.grad(_linear_recurrence(a, b, h0, params), leaves, grad_h))
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -297,6 +312,8 @@ TORCH = {
     "scatter_add_rows": lambda rows, idx, scale, p: [_scatter_add_rows(rows, idx, scale, p)],
     "scatter_add_rows_bwd": _scatter_add_rows_bwd,
     "decode_attention": _decode_attention,
+    "linear_recurrence": lambda a, b, h0, p: [_linear_recurrence(a, b, h0, p)],
+    "linear_recurrence_bwd": _linear_recurrence_bwd,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
