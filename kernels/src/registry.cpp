@@ -24,6 +24,7 @@
 #include "nikki/kernels/scan/cumsum.hpp"
 #include "nikki/kernels/scan/linear_recurrence.hpp"
 #include "nikki/kernels/scan/linear_recurrence_bwd.hpp"
+#include "nikki/kernels/scan/selective_scan.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
 namespace nikki::kernels {
@@ -65,6 +66,7 @@ const std::vector<KernelInfo>& registry() {
       decode_attention_info(),
       linear_recurrence_info(),
       linear_recurrence_bwd_info(),
+      selective_scan_info(),
   };
   return kernels;
 }

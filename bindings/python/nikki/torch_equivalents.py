@@ -278,6 +278,21 @@ def _linear_recurrence_bwd(a, h0, h, grad_h, params):
     a, b, h0 = leaves = [t.clone().requires_grad_() for t in (a, h - a * h_prev, h0)]
     return list(torch.autograd.grad(_linear_recurrence(a, b, h0, params), leaves, grad_h))
 
+def _selective_scan(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, params):
+    """Mamba's selective scan one step at a time: the state [B, D, N] updated per token."""
+    dt = delta + delta_bias[:, None]
+    if params.get("delta_softplus", 0):
+        dt = F.softplus(dt)
+    state, ys = h0, []
+    for t in range(u.shape[-1]):
+        decay = torch.exp(dt[..., t, None] * A)
+        state = decay * state + (dt[..., t] * u[..., t])[..., None] * Bm[:, None, :, t]
+        ys.append((state * Cm[:, None, :, t]).sum(-1) + Dskip * u[..., t])
+    y = torch.stack(ys, -1)
+    if params.get("gate", 0):
+        y = y * F.silu(z)
+    return [y, state]
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -314,6 +329,7 @@ TORCH = {
     "decode_attention": _decode_attention,
     "linear_recurrence": lambda a, b, h0, p: [_linear_recurrence(a, b, h0, p)],
     "linear_recurrence_bwd": _linear_recurrence_bwd,
+    "selective_scan": _selective_scan,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -235,3 +235,149 @@ def test_linear_recurrence_argument_errors_name_the_argument():
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.linear_recurrence: h0 must be None or a tensor of "
                                                 r"shape \(2, 16\) \(a's shape without dim 1\)"):
         nt.linear_recurrence(a, a, torch.zeros(2, 8), dim=1)
+
+
+# --- selective_scan -----------------------------------------------------------------------------
+# Mamba's selective scan against a float64 loop over tokens (the definition of mamba_ssm's
+# selective_scan_ref) on the same dtype-rounded inputs. The kernel keeps states and the sum over
+# states in fp32; y is rounded once to u's dtype.
+
+F = torch.nn.functional
+
+
+def _selective_reference(u, delta, A, Bm, Cm, D=None, z=None, delta_bias=None, softplus=False, h0=None):
+    u, delta, A, Bm, Cm = (t.double() for t in (u, delta, A, Bm, Cm))
+    dt = delta + (0 if delta_bias is None else delta_bias.double()[:, None])
+    dt = F.softplus(dt) if softplus else dt
+    h = torch.zeros(u.shape[0], u.shape[1], A.shape[1], dtype=torch.float64) if h0 is None else h0.double()
+    ys = []
+    for t in range(u.shape[-1]):
+        h = torch.exp(dt[:, :, t, None] * A) * h + dt[:, :, t, None] * Bm[:, None, :, t] * u[:, :, t, None]
+        ys.append(torch.einsum("bdn,bn->bd", h, Cm[:, :, t]))
+    y = torch.stack(ys, -1) + (0 if D is None else D.double()[:, None] * u)
+    return (y if z is None else y * F.silu(z.double())), h
+
+
+def _mamba_inputs(batch, dim, steps, states, dtype, g, softplus=True):
+    step = torch.exp(-4.5 + 1.5 * torch.tanh(torch.randn(batch, dim, steps, generator=g)))
+    delta = torch.log(torch.expm1(step)) if softplus else step
+    return dict(u=(0.5 * torch.randn(batch, dim, steps, generator=g)).to(dtype), delta=delta.to(dtype),
+                A=-torch.exp(0.5 * torch.randn(dim, states, generator=g)),
+                Bm=(0.5 * torch.randn(batch, states, steps, generator=g)).to(dtype),
+                Cm=(0.5 * torch.randn(batch, states, steps, generator=g)).to(dtype))
+
+
+def _scan_tol(ref, dtype, states):
+    growth = max(1.0, states ** 0.5 / 2)
+    if dtype == torch.float32:
+        return 1e-5 * ref.abs() + 1e-5 * growth
+    return 2.0 ** -7 * ref.abs() + 2e-2 * growth
+
+
+_SCAN_SHAPES = [(1, 1, 1, 1), (2, 130, 600, 16), (1, 64, 1100, 4), (1, 20, 77, 64)]
+
+
+@pytest.mark.parametrize("shape,options", [(s, o) for s in _SCAN_SHAPES for o in ("plain", "all")] +
+                         [((1, 140, 90, 8), o) for o in ("softplus+bias", "skip+gate", "state")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_selective_scan_matches_the_token_loop(shape, dtype, options):
+    batch, dim, steps, states = shape
+    g = torch.Generator().manual_seed(hash((shape, options)) % 2**31)
+    softplus = options in ("softplus+bias", "all")
+    x = _mamba_inputs(batch, dim, steps, states, dtype, g, softplus)
+    D = torch.randn(dim, generator=g) if options in ("skip+gate", "all") else None
+    z = torch.randn(batch, dim, steps, generator=g).to(dtype) if options in ("skip+gate", "all") else None
+    bias = 0.5 * torch.randn(dim, generator=g) if softplus else None
+    h0 = torch.randn(batch, dim, states, generator=g) if options in ("state", "all") else None
+    y, last = nt.selective_scan(x["u"], x["delta"], x["A"], x["Bm"], x["Cm"], D, z, bias, softplus,
+                                return_last_state=True, initial_state=h0)
+    ref_y, ref_last = _selective_reference(x["u"], x["delta"], x["A"], x["Bm"], x["Cm"], D, z, bias, softplus, h0)
+    assert y.dtype == dtype and last.dtype == torch.float32
+    assert ((y.double() - ref_y).abs() <= _scan_tol(ref_y, dtype, states)).all()
+    assert ((last.double() - ref_last).abs() <= _scan_tol(ref_last, torch.float32, 1)).all()
+
+
+def test_selective_scan_chunked_prefill_continues_from_the_last_state():
+    # Two halves, the second started from the first's last state, give the whole sequence's y and
+    # state: the carried state is exactly what a next call needs (chunked prefill).
+    g = torch.Generator().manual_seed(11)
+    x = _mamba_inputs(2, 140, 1300, 16, torch.float32, g)
+    bias = 0.5 * torch.randn(140, generator=g)
+    whole, last = nt.selective_scan(**_positional(x), delta_bias=bias, delta_softplus=True, return_last_state=True)
+    first = {k: (v[..., :700] if v.dim() == 3 else v) for k, v in x.items()}
+    second = {k: (v[..., 700:] if v.dim() == 3 else v) for k, v in x.items()}
+    y1, mid = nt.selective_scan(**_positional(first), delta_bias=bias, delta_softplus=True, return_last_state=True)
+    y2, end = nt.selective_scan(**_positional(second), delta_bias=bias, delta_softplus=True, return_last_state=True,
+                                initial_state=mid)
+    torch.testing.assert_close(torch.cat((y1, y2), -1), whole, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(end, last, rtol=1e-5, atol=1e-5)
+
+
+def _positional(x):
+    return dict(u=x["u"], delta=x["delta"], A=x["A"], B=x["Bm"], C=x["Cm"])
+
+
+def test_a_mamba_mixer_with_nikki_ops_matches_plain_torch():
+    # The selective-SSM path of a Mamba block (in_proj -> causal conv + SiLU -> x_proj -> dt_proj
+    # -> selective scan gated by z -> out_proj) with nikki's causal_conv1d and selective_scan,
+    # against the same block in float64 torch.
+    torch.manual_seed(0)
+    d_model, d_inner, states, rank, steps = 32, 64, 16, 4, 96
+    in_proj = torch.nn.Linear(d_model, 2 * d_inner, bias=False)
+    conv_w, conv_b = 0.3 * torch.randn(d_inner, 4), 0.1 * torch.randn(d_inner)
+    x_proj = torch.nn.Linear(d_inner, rank + 2 * states, bias=False)
+    dt_proj = torch.nn.Linear(rank, d_inner)
+    A = -torch.exp(torch.rand(d_inner, states) * 2)
+    D = torch.ones(d_inner)
+    out_proj = torch.nn.Linear(d_inner, d_model, bias=False)
+    hidden = torch.randn(2, steps, d_model)
+
+    def mixer(conv, scan):
+        xz = in_proj(hidden).transpose(1, 2)
+        x, z = xz.chunk(2, dim=1)
+        x = conv(x)
+        dbc = x_proj(x.transpose(1, 2))
+        dt, Bm, Cm = torch.split(dbc, [rank, states, states], dim=-1)
+        delta = (dt @ dt_proj.weight.T).transpose(1, 2)
+        y = scan(x, delta, Bm.transpose(1, 2).contiguous(), Cm.transpose(1, 2).contiguous(), z)
+        return out_proj(y.transpose(1, 2))
+
+    with torch.no_grad():
+        got = mixer(lambda x: nt.causal_conv1d(x, conv_w, conv_b, activation="silu"),
+                    lambda x, d, b, c, z: nt.selective_scan(x, d, A, b, c, D, z, dt_proj.bias, True))
+        want = mixer(lambda x: F.silu(F.conv1d(F.pad(x, (3, 0)), conv_w[:, None], conv_b, groups=d_inner)),
+                     lambda x, d, b, c, z: _selective_reference(x, d, A, b, c, D, z, dt_proj.bias, True)[0].float())
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_selective_scan_argument_errors_name_the_argument_and_the_limit():
+    u, A, Bm = torch.zeros(1, 8, 16), torch.zeros(8, 4), torch.zeros(1, 4, 16)
+    D, h0 = torch.zeros(8), torch.zeros(1, 8, 4)
+    with pytest.raises(nikki.KernelError, match=r"selective_scan: 'Bm' must be \[1, 4, 16\] \(\[batch, states, "
+                                                r"length\]\), got \[1, 5, 16\]") as err:
+        K.selective_scan(u, u, A, torch.zeros(1, 5, 16), Bm, D, u, D, h0)
+    assert err.value.file == __file__ and "K.selective_scan(" in linecache.getline(__file__, err.value.line)
+    with pytest.raises(nikki.KernelError, match=r"selective_scan: 'h0' must be \[1, 8, 4\] \(\[batch, channels, "
+                                                r"states\]\), got \[1, 8, 5\]"):
+        K.selective_scan(u, u, A, Bm, Bm, D, u, D, torch.zeros(1, 8, 5))
+    with pytest.raises(nikki.KernelError, match=r"selective_scan: 'Dskip' must be \[8\] \(one per channel\), got \[7\]"):
+        K.selective_scan(u, u, A, Bm, Bm, torch.zeros(7), u, D, h0)
+    with pytest.raises(nikki.KernelError, match=r"selective_scan: A must be \[channels, states\] with u's 8 "
+                                                r"channels, got \[4, 8\]"):
+        K.selective_scan(u, u, torch.zeros(4, 8), Bm, Bm, D, u, D, h0)
+    with pytest.raises(nikki.KernelError, match=r"selective_scan: A has 65 states, more than the limit") as err:
+        K.selective_scan(u, u, torch.zeros(8, 65), torch.zeros(1, 65, 16), torch.zeros(1, 65, 16), D, u, D,
+                         torch.zeros(1, 8, 65))
+    assert "at most 64 states" in str(err.value)
+    with pytest.raises(nikki.KernelError, match=r"selective_scan: 'delta' must have u's dtype float32, got bfloat16"):
+        K.selective_scan(u, u.bfloat16(), A, Bm, Bm, D, u, D, h0)
+    with pytest.raises(nikki.KernelError, match=r"selective_scan: 'A' must be float32 or u's dtype bfloat16, "
+                                                r"got float16"):
+        b16 = u.bfloat16()
+        K.selective_scan(b16, b16, A.half(), Bm.bfloat16(), Bm.bfloat16(), D, b16, D, h0)
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.selective_scan: C must be a \[batch, N, L\] = "
+                                                r"\(1, 4, 16\) tensor \(one group\)"):
+        nt.selective_scan(u, u, A, Bm, torch.zeros(1, 2, 4, 16))
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.selective_scan: z must be None or a tensor of shape "
+                                                r"\(1, 8, 16\)"):
+        nt.selective_scan(u, u, A, Bm, Bm, z=torch.zeros(8, 16))
