@@ -264,10 +264,11 @@ def _decode_attention(q, k_cache, v_cache, k, v, lengths, sinks, params):
 
 
 def _linear_recurrence(a, b, h0, params):
-    """h_t = a_t * h_{t-1} + b_t along the last dim, one step at a time."""
+    """h_t = a_t * h_{t-1} + b_t along the last dim, one step at a time (unbound first: indexing
+    step by step would make autograd add a full-size gradient per step)."""
     state, steps = h0, []
-    for t in range(a.shape[-1]):
-        state = a[..., t] * state + b[..., t]
+    for a_t, b_t in zip(a.unbind(-1), b.unbind(-1)):
+        state = a_t * state + b_t
         steps.append(state)
     return torch.stack(steps, -1)
 

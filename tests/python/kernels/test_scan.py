@@ -96,8 +96,8 @@ def test_bad_input_is_a_kernel_error_at_the_call():
 
 def _recurrence(a, b, h0):
     state, steps = h0.double(), []
-    for t in range(a.shape[-1]):
-        state = a[..., t].double() * state + b[..., t].double()
+    for a_t, b_t in zip(a.double().unbind(-1), b.double().unbind(-1)):
+        state = a_t * state + b_t
         steps.append(state)
     return torch.stack(steps, -1)
 

@@ -182,9 +182,14 @@ inline RefTensor decays(const TensorSpec& s, CaseRng& rng) {
   return a;
 }
 
-/** a from decays(), b and h0 standard normal. */
+/** h0 standard normal, or (a third of the time) zeros: a recurrence with and without a state. */
+inline RefTensor initial_states(const TensorSpec& s, CaseRng& rng) {
+  return rng.coin(1.0 / 3) ? RefTensor(s.shape) : random_input(s, rng);
+}
+
+/** a from decays(), b standard normal, h0 from initial_states(). */
 inline std::vector<RefTensor> forward_inputs(const ExampleCase& c, CaseRng& rng) {
-  return {decays(c.inputs[0], rng), random_input(c.inputs[1], rng), random_input(c.inputs[2], rng)};
+  return {decays(c.inputs[0], rng), random_input(c.inputs[1], rng), initial_states(c.inputs[2], rng)};
 }
 
 inline std::vector<ExampleCase> examples() {

@@ -154,7 +154,7 @@ inline ExampleCase backward_case(const ExampleCase& forward) {
  *  standard normal. */
 inline std::vector<RefTensor> backward_inputs(const ExampleCase& c, CaseRng& rng) {
   const TensorSpec &a_spec = c.inputs[0], &h0_spec = c.inputs[1];
-  const RefTensor a = decays(a_spec, rng), b = random_input(a_spec, rng), h0 = random_input(h0_spec, rng);
+  const RefTensor a = decays(a_spec, rng), b = random_input(a_spec, rng), h0 = initial_states(h0_spec, rng);
   RefTensor h = reference::linear_recurrence(a, b, h0);
   for (double& v : h.data) v = round_to(a_spec.dtype, v);
   return {a, h0, h, random_input(c.inputs[3], rng)};

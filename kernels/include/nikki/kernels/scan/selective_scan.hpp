@@ -261,7 +261,8 @@ inline ExampleCase scan_case(int64_t B, int64_t D, int64_t L, int64_t N, DType d
 /**
  * Mamba's value ranges: A negative (-exp of a normal, so decays exp(dt A) lie in (0, 1)), delta
  * small positive before the softplus (around softplus^-1 of 0.001..0.1) or a step size itself,
- * the rest standard normal scaled down so that y stays O(1) over N states.
+ * the rest standard normal scaled down so that y stays O(1) over N states; the optional inputs
+ * each left out a third of the time.
  */
 inline std::vector<RefTensor> scan_inputs(const ExampleCase& c, CaseRng& rng) {
   std::vector<RefTensor> in;
@@ -273,6 +274,9 @@ inline std::vector<RefTensor> scan_inputs(const ExampleCase& c, CaseRng& rng) {
   }
   for (double& v : in[2].data) v = round_to(c.inputs[2].dtype, -std::exp(0.5 * rng.normal()));
   for (double& v : in[7].data) v = round_to(c.inputs[7].dtype, softplus ? 0.5 * rng.normal() : 0.01 * std::abs(rng.normal()));
+  // Dskip, delta_bias and h0 are each left out (zeros) a third of the time.
+  for (size_t i : {size_t(5), size_t(7), size_t(8)})
+    if (rng.coin(1.0 / 3)) in[i] = RefTensor(c.inputs[i].shape);
   return in;
 }
 
