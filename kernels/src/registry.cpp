@@ -24,6 +24,9 @@
 #include "nikki/kernels/pool/avg_pool2d.hpp"
 #include "nikki/kernels/pool/max_pool2d.hpp"
 #include "nikki/kernels/scan/cumsum.hpp"
+#include "nikki/kernels/scan/linear_recurrence.hpp"
+#include "nikki/kernels/scan/linear_recurrence_bwd.hpp"
+#include "nikki/kernels/scan/selective_scan.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
 namespace nikki::kernels {
@@ -67,6 +70,9 @@ const std::vector<KernelInfo>& registry() {
       max_pool2d_bwd_info(),
       avg_pool2d_info(),
       avg_pool2d_bwd_info(),
+      linear_recurrence_info(),
+      linear_recurrence_bwd_info(),
+      selective_scan_info(),
   };
   return kernels;
 }

@@ -29,7 +29,8 @@ from .spec import TensorSpec
 __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk", "gated_mlp", "router_topk",
            "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
-           "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d", "avg_pool2d"]
+           "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d", "avg_pool2d", "linear_recurrence",
+           "selective_scan"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -525,6 +526,74 @@ def cumsum(x: torch.Tensor, dim: int = -1, reverse: bool = False) -> torch.Tenso
     out = library_op("cumsum")(moved.reshape(-1, moved.shape[-1]).contiguous(), reverse=reverse)
     return out.reshape(moved.shape).movedim(-1, dim)
 
+
+def linear_recurrence(a: torch.Tensor, b: torch.Tensor, h0: torch.Tensor | None = None, dim: int = -1) -> torch.Tensor:
+    """The first-order linear recurrence ``h[t] = a[t] * h[t - 1] + b[t]`` along `dim` of a and b
+    (any rank, one shape and dtype) with nikki's linear_recurrence kernel, the state kept in fp32.
+    `h0` is the state before the first step, a's shape without `dim` (None: zeros). Returns h,
+    a's shape. Differentiable in a, b and h0."""
+    what = "nikki.torch.linear_recurrence"
+    _tensor(a, f"{what}: a")
+    _tensor(b, f"{what}: b")
+    dim = check_int(dim, f"{what}: dim", -a.dim(), a.dim() - 1)
+    if b.shape != a.shape:
+        raise argument_error(f"{what}: b", f"a tensor of a's shape {tuple(a.shape)}", b, got=f"shape {tuple(b.shape)}")
+    state_shape = tuple(a.movedim(dim, -1).shape[:-1])
+    h0 = _optional_tensor(h0, f"{what}: h0", state_shape, f"a's shape without dim {dim}")
+    _one_device(what, (("a", a), ("b", b), ("h0", h0)))
+    if a.numel() == 0:
+        return torch.empty_like(b)
+    a_rows, b_rows = (t.movedim(dim, -1) for t in (a, b))
+    steps = a_rows.shape[-1]
+    h0 = a.new_zeros(state_shape) if h0 is None else h0
+    h = library_op("linear_recurrence")(a_rows.reshape(1, -1, steps).contiguous(),
+                                        b_rows.reshape(1, -1, steps).contiguous(), h0.reshape(1, -1).contiguous())
+    return h.reshape(a_rows.shape).movedim(-1, dim)
+
+def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor, C: torch.Tensor,
+                   D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+                   delta_bias: torch.Tensor | None = None, delta_softplus: bool = False,
+                   return_last_state: bool = False, initial_state: torch.Tensor | None = None):
+    """Mamba's selective scan (``mamba_ssm``'s ``selective_scan_fn``) with nikki's selective_scan
+    kernel: u, delta, z [batch, dim, L], A [dim, N], B and C [batch, N, L] (or [batch, 1, N, L], one
+    group), D and delta_bias [dim] or None, initial_state [batch, dim, N] or None (zeros).
+    Returns y [batch, dim, L] in u's dtype, and the fp32 last state [batch, dim, N] too when
+    `return_last_state`. Forward only (no autograd)."""
+    what = "nikki.torch.selective_scan"
+    for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C)):
+        _tensor(t, f"{what}: {name}")
+    if u.dim() != 3:
+        raise argument_error(f"{what}: u", "a [batch, dim, L] tensor", u, got=f"shape {tuple(u.shape)}")
+    batch, dim, steps = u.shape
+    if A.dim() != 2 or A.shape[0] != dim:
+        raise argument_error(f"{what}: A", f"a [dim, N] tensor with dim = {dim}", A, got=f"shape {tuple(A.shape)}")
+    states = A.shape[1]
+    squeezed = {}
+    for name, t in (("B", B), ("C", C)):
+        if t.dim() == 4 and t.shape[1] == 1:
+            t = t[:, 0]
+        if tuple(t.shape) != (batch, states, steps):
+            raise argument_error(f"{what}: {name}", f"a [batch, N, L] = {(batch, states, steps)} tensor (one group)",
+                                 t, got=f"shape {tuple(t.shape)}")
+        squeezed[name] = t
+    D = _optional_tensor(D, f"{what}: D", (dim,), "one per channel")
+    delta_bias = _optional_tensor(delta_bias, f"{what}: delta_bias", (dim,), "one per channel")
+    z = _optional_tensor(z, f"{what}: z", tuple(u.shape), "u's shape")
+    initial_state = _optional_tensor(initial_state, f"{what}: initial_state", (batch, dim, states),
+                                     "[batch, dim, N]")
+    delta_softplus = check_bool(delta_softplus, f"{what}: delta_softplus")
+    return_last_state = check_bool(return_last_state, f"{what}: return_last_state")
+    _one_device(what, (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C), ("D", D), ("z", z),
+                       ("delta_bias", delta_bias), ("initial_state", initial_state)))
+    zeros = A.new_zeros(dim)
+    # Without a gate the kernel reads no z: u stands in for it, so nothing is allocated.
+    y, last_state = library_op("selective_scan")(
+        u.contiguous(), delta.contiguous(), A.contiguous(), squeezed["B"].contiguous(), squeezed["C"].contiguous(),
+        zeros if D is None else D.contiguous(), u.contiguous() if z is None else z.contiguous(),
+        zeros if delta_bias is None else delta_bias.contiguous(),
+        A.new_zeros(batch, dim, states) if initial_state is None else initial_state.contiguous(),
+        delta_softplus=delta_softplus, gate=z is not None)
+    return (y, last_state) if return_last_state else y
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
                   label_smoothing: float = 0.0) -> torch.Tensor:

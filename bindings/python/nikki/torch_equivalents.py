@@ -284,6 +284,37 @@ def _decode_attention(q, k_cache, v_cache, k, v, lengths, sinks, params):
     return [out, k_cache, v_cache]
 
 
+def _linear_recurrence(a, b, h0, params):
+    """h_t = a_t * h_{t-1} + b_t along the last dim, one step at a time (unbound first: indexing
+    step by step would make autograd add a full-size gradient per step)."""
+    state, steps = h0, []
+    for a_t, b_t in zip(a.unbind(-1), b.unbind(-1)):
+        state = a_t * state + b_t
+        steps.append(state)
+    return torch.stack(steps, -1)
+
+
+def _linear_recurrence_bwd(a, h0, h, grad_h, params):
+    """Autograd through the step loop, with the b that gives the forward's h from a and h0."""
+    h_prev = torch.cat((h0[..., None], h[..., :-1]), -1)
+    a, b, h0 = leaves = [t.clone().requires_grad_() for t in (a, h - a * h_prev, h0)]
+    return list(torch.autograd.grad(_linear_recurrence(a, b, h0, params), leaves, grad_h))
+
+def _selective_scan(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, params):
+    """Mamba's selective scan one step at a time: the state [B, D, N] updated per token."""
+    dt = delta + delta_bias[:, None]
+    if params.get("delta_softplus", 0):
+        dt = F.softplus(dt)
+    state, ys = h0, []
+    for t in range(u.shape[-1]):
+        decay = torch.exp(dt[..., t, None] * A)
+        state = decay * state + (dt[..., t] * u[..., t])[..., None] * Bm[:, None, :, t]
+        ys.append((state * Cm[:, None, :, t]).sum(-1) + Dskip * u[..., t])
+    y = torch.stack(ys, -1)
+    if params.get("gate", 0):
+        y = y * F.silu(z)
+    return [y, state]
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -322,6 +353,9 @@ TORCH = {
     "max_pool2d_bwd": lambda x, out, grad_out, p: _pool_grad(_max_pool2d, x, grad_out, p),
     "avg_pool2d": lambda x, p: [_avg_pool2d(x, p)],
     "avg_pool2d_bwd": lambda x, grad_out, p: _pool_grad(_avg_pool2d, x, grad_out, p),
+    "linear_recurrence": lambda a, b, h0, p: [_linear_recurrence(a, b, h0, p)],
+    "linear_recurrence_bwd": _linear_recurrence_bwd,
+    "selective_scan": _selective_scan,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
