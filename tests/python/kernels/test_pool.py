@@ -144,7 +144,8 @@ def test_argument_errors_name_the_argument_and_the_limit():
     with pytest.raises(nikki.KernelError, match=r"kernel 'max_pool2d': input 'x' has dtype int32"):
         K.max_pool2d(torch.zeros(1, 1, 4, 4, dtype=torch.int32), **_params(2, 2, 0))
     with pytest.raises(nikki.KernelError, match=r"max_pool2d_bwd: 'grad_out' must be \[1, 2, 3, 3\] float32 "
-                                                r"\(max_pool2d's output for x and these parameters\), got \[1, 2, 3, 2\]"):
+                                                r"\(max_pool2d's output for x with kernel_h=2, kernel_w=2, stride_h=2, "
+                                                r"stride_w=2, padding_h=0, padding_w=0\), got \[1, 2, 3, 2\]"):
         K.max_pool2d_bwd(x, torch.zeros(1, 2, 3, 3), torch.zeros(1, 2, 3, 2), **_params(2, 2, 0))
     with pytest.raises(nikki.KernelError, match=r"avg_pool2d_bwd: 'grad_out' must be \[1, 2, 3, 3\] float32"):
         K.avg_pool2d_bwd(x, torch.zeros(1, 2, 3, 3, dtype=torch.bfloat16), **_params(2, 2, 0))

@@ -244,8 +244,10 @@ inline void check_pooled(const ArgumentCheck& check, const PoolGeometry& g, DTyp
   const Shape pooled{g.N, g.C, g.Ho, g.Wo};
   check.require(t.shape() == pooled && t.dtype() == dtype,
                 "'" + t.name() + "' must be " + pooled.str() + " " + std::string(dtype_name(dtype)) + " (" + forward +
-                    "'s output for x and these parameters), got " + t.shape().str() + " " +
-                    std::string(dtype_name(t.dtype())));
+                    "'s output for x with kernel_h=" + std::to_string(g.kh) + ", kernel_w=" + std::to_string(g.kw) +
+                    ", stride_h=" + std::to_string(g.sh) + ", stride_w=" + std::to_string(g.sw) +
+                    ", padding_h=" + std::to_string(g.ph) + ", padding_w=" + std::to_string(g.pw) + "), got " +
+                    t.shape().str() + " " + std::string(dtype_name(t.dtype())));
 }
 
 // --- cases for the registrations ---------------------------------------------------------------
