@@ -5,6 +5,7 @@
 #include "nikki/kernels/attention/decode_attention.hpp"
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
+#include "nikki/kernels/attention/paged_decode_attention.hpp"
 #include "nikki/kernels/loss/cross_entropy.hpp"
 #include "nikki/kernels/attention/output_projection.hpp"
 #include "nikki/kernels/attention/rope.hpp"
@@ -61,6 +62,7 @@ const std::vector<KernelInfo>& registry() {
       scatter_add_rows_info(),
       scatter_add_rows_bwd_info(),
       decode_attention_info(),
+      paged_decode_attention_info(),
   };
   return kernels;
 }

@@ -114,6 +114,30 @@ inline Tensor decode_attention(const Tensor& q, const Tensor& k_cache, const Ten
 
 namespace attention {
 
+/** @brief The parameters of both decode kernels. */
+inline std::vector<ParamSpec> decode_params() {
+  return {{"scale", ParamKind::optional_real, 0, "score multiplier; default 1 / sqrt(head_dim)"},
+          {"window", ParamKind::integer, 0, "sliding window: token at i sees positions i - window < j <= i (0: none)"}};
+}
+
+/** @brief The gradient note of both decode kernels. */
+inline constexpr const char* kDecodeGradient = "not differentiable (inference: it updates the KV cache in place)";
+
+/** @brief Sinks [H]: twice a standard normal logit on about two heads in three, -inf (none) on
+ *  the others. */
+inline RefTensor random_sinks(int64_t H, CaseRng& r) {
+  RefTensor sinks(Shape{H});
+  for (int64_t h = 0; h < H; ++h)
+    sinks[h] = r.uniform(0, 2) == 0 ? -INFINITY : round_to(DType::float32, 2 * r.normal());
+  return sinks;
+}
+
+/** @brief A drawn case's options of both decode kernels: a window up to S, an explicit scale. */
+inline void draw_decode_options(ExampleCase& c, int64_t S, CaseRng& r) {
+  if (r.coin(0.3)) c.params.set("window", double(r.uniform(1, S)));
+  if (r.coin(0.25)) c.params.set("scale", 0.02 + 0.5 * double(r.uniform(0, 100)) / 100.0);
+}
+
 /** @brief q, k_cache, v_cache, k, v, lengths, sinks specs of one decode problem. */
 inline std::vector<TensorSpec> decode_problem(int64_t B, int64_t H, int64_t Hkv, int64_t T, int64_t S, int64_t D,
                                               DType t) {
@@ -128,9 +152,7 @@ inline std::vector<RefTensor> decode_inputs(const ExampleCase& c, CaseRng& r) {
   std::vector<RefTensor> in;
   for (size_t i = 0; i < 5; ++i) in.push_back(random_input(c.inputs[i], r));
   const int64_t B = c.inputs[0].shape[0], H = c.inputs[0].shape[1], T = c.inputs[0].shape[2], S = c.inputs[1].shape[2];
-  RefTensor lengths(c.inputs[5].shape), sinks(c.inputs[6].shape);
-  for (int64_t h = 0; h < H; ++h)
-    sinks[h] = r.uniform(0, 2) == 0 ? -INFINITY : round_to(DType::float32, 2 * r.normal());
+  RefTensor lengths(c.inputs[5].shape), sinks = random_sinks(H, r);
   for (int64_t b = 0; b < B; ++b) lengths[b] = double(r.uniform(0, S - T));
   if (B > 1) {
     lengths[0] = 0;
@@ -150,8 +172,7 @@ inline ExampleCase draw_decode(CaseRng& r) {
   const int64_t D = r.pick<int64_t>({32, 64, 64, 100, 128, 128});
   const DType t = r.pick({DType::float32, DType::bfloat16, DType::float16});
   ExampleCase c{decode_problem(B, G * Hkv, Hkv, T, S, D, t), {}, "drawn"};
-  if (r.coin(0.3)) c.params.set("window", double(r.uniform(1, S)));
-  if (r.coin(0.25)) c.params.set("scale", 0.02 + 0.5 * double(r.uniform(0, 100)) / 100.0);
+  draw_decode_options(c, S, r);
   return c;
 }
 
@@ -166,11 +187,10 @@ inline KernelInfo decode_attention_info() {
       .doc = decode_attention_doc,
       .inputs = {"q", "k_cache", "v_cache", "k", "v", "lengths", "sinks"},
       .outputs = {"out"},
-      .params = {{"scale", ParamKind::optional_real, 0, "score multiplier; default 1 / sqrt(head_dim)"},
-                 {"window", ParamKind::integer, 0, "sliding window: token at i sees positions i - window < j <= i (0: none)"}},
+      .params = attention::decode_params(),
       .dtypes = {DType::float32, DType::bfloat16, DType::float16, DType::int32},
       .backward = "",
-      .gradient = "not differentiable (inference: it updates the KV cache in place)",
+      .gradient = attention::kDecodeGradient,
       .saved_outputs = {},
       .updated_inputs = {"k_cache", "v_cache"},
       .body =
