@@ -5,6 +5,7 @@
 #include "nikki/kernels/attention/decode_attention.hpp"
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
+#include "nikki/kernels/attention/paged_decode_attention.hpp"
 #include "nikki/kernels/loss/cross_entropy.hpp"
 #include "nikki/kernels/attention/output_projection.hpp"
 #include "nikki/kernels/attention/rope.hpp"
@@ -73,6 +74,7 @@ const std::vector<KernelInfo>& registry() {
       linear_recurrence_info(),
       linear_recurrence_bwd_info(),
       selective_scan_info(),
+      paged_decode_attention_info(),
   };
   return kernels;
 }

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "harness.hpp"
+#include "nikki/hazards.hpp"
 #include "nikki/kernels/toolkit/buffers.hpp"
 #include "nikki/kernels/toolkit/task_scheduler.hpp"
 #include "nikki/kernels/toolkit/tiling.hpp"
@@ -81,6 +82,24 @@ TEST_CASE("toolkit: a reused ring slot is written only after every reader of its
     }
   REQUIRE(events.size() == 2);
   for (const auto& [slot, seq] : events) CHECK(seq == "LRRLRRLRR");
+}
+
+TEST_CASE("toolkit: a DMA destination that splits the partitions depends only on the bytes it writes") {
+  // Partition 4 page + j of slot 0 of a two-slot tile: [32 pages, 4 groups, 64] (a paged gather's
+  // layout). Its footprint is slot 0 of every partition, so work on slot 1 does not wait for it.
+  Kernel k = trace_specs({}, "split", {spec({32, 4, 64}, DType::float32)}, [](const std::vector<Tensor>& in) {
+    Tensor tile = nl::ndarray({128, 2, 64}, DType::float32, nl::sbuf, "tile");
+    isa::dma_copy(tile(nl::all, 0, nl::all).reshape_dim(0, {32, 4}), in[0]);
+    return std::vector<Tensor>{};
+  });
+  const Instruction& dma = k.instructions.at(0);
+  const hazards::Footprints f = hazards::footprints(k, dma, hazards::Placement::storage);
+  REQUIRE(f.writes.size() == 1);
+  const hazards::Region& w = f.writes[0];
+  CHECK(w.p0 == 0);
+  CHECK(w.p1 == 128);
+  CHECK(w.b0 == 0);
+  CHECK(w.b1 == 64 * 4);
 }
 
 TEST_CASE("toolkit: tasks must stay on one engine and must not allocate") {

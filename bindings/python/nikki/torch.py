@@ -30,7 +30,7 @@ __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk"
            "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
            "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d", "avg_pool2d", "linear_recurrence",
-           "selective_scan"]
+           "selective_scan", "paged_decode_attention"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -855,6 +855,23 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if sinks is None:
         sinks = torch.full((q.shape[1],), -math.inf, dtype=torch.float32, device=q.device)
     return library_op("decode_attention")(q, k_cache, v_cache, k, v, lengths, sinks, scale, window)
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor,
+                           v: torch.Tensor, block_table: torch.Tensor, lengths: torch.Tensor,
+                           sinks: torch.Tensor | None = None, *, scale: float | None = None,
+                           window: int = 0) -> torch.Tensor:
+    """One decode step over a paged KV cache with nikki's paged_decode_attention kernel (vLLM's
+    layout): position j of sequence b is row j % block_size of block block_table[b, j // block_size]
+    of k_cache and v_cache ([num_blocks, Hkv, block_size, D]). The new tokens' k and v
+    ([B, Hkv, T, D]) are written into their blocks in place at positions lengths[b] ..
+    lengths[b] + T - 1, and the attention of q ([B, H, T, D]) over positions up to each token's own
+    is returned. `block_table`: int32 [B, max_blocks], every entry a block of the cache;
+    `lengths`: int32 [B]; `sinks`: optional float32 [H] attention sink logits; `window`: a sliding
+    window (0 for none)."""
+    if sinks is None:
+        sinks = torch.full((q.shape[1],), -math.inf, dtype=torch.float32, device=q.device)
+    return library_op("paged_decode_attention")(q, k_cache, v_cache, k, v, block_table, lengths, sinks, scale, window)
 
 
 @torch.no_grad()

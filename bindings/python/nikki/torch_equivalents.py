@@ -315,6 +315,26 @@ def _selective_scan(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, params):
         y = y * F.silu(z)
     return [y, state]
 
+
+def _paged_decode_attention(q, k_cache, v_cache, k, v, block_table, lengths, sinks, params):
+    """vLLM's paged cache: position j of sequence b is row j % block_size of block
+    block_table[b, j // block_size]. The decode step over each sequence's blocks gathered in table
+    order, the new rows written back into their blocks (of copies of the caches)."""
+    block_size, table = k_cache.shape[2], block_table.long()
+
+    def gathered(cache):  # [B, Hkv, max_blocks * block_size, D]
+        return cache[table].transpose(1, 2).flatten(2, 3)
+
+    out, k_rows, v_rows = _decode_attention(q, gathered(k_cache), gathered(v_cache), k, v, lengths, sinks, params)
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    for b, length in enumerate(int(x) for x in lengths):
+        for j in range(length, length + q.shape[2]):
+            block, row = table[b, j // block_size], j % block_size
+            k_cache[block, :, row] = k_rows[b, :, j]
+            v_cache[block, :, row] = v_rows[b, :, j]
+    return [out, k_cache, v_cache]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -356,6 +376,7 @@ TORCH = {
     "linear_recurrence": lambda a, b, h0, p: [_linear_recurrence(a, b, h0, p)],
     "linear_recurrence_bwd": _linear_recurrence_bwd,
     "selective_scan": _selective_scan,
+    "paged_decode_attention": _paged_decode_attention,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -96,13 +97,41 @@ inline Region hbm_region(const Storage& s, const AccessPattern& ap) {
   return Region{Space::hbm, ap.storage, e.first * size / row, (e.last + 1) * size / row + 1, 0, row};
 }
 
+/** @brief The box of an on-chip view whose partition steps are spread over several dims (a DMA
+ *  destination that splits the partitions): the partitions and in-row bytes it spans, when every
+ *  dim steps either whole rows or inside a row; nullopt otherwise. */
+inline std::optional<Region> split_partition_region(const Storage& s, const AccessPattern& ap, Placement placement) {
+  const int64_t row = row_elements(s, ap.dtype);
+  if (row == 0 || ap.offset < 0) return std::nullopt;
+  int64_t last_partition = ap.offset / row, first_free = ap.offset % row, last_free = first_free;
+  const int64_t first_partition = last_partition;
+  for (int d = 0; d < ap.rank; ++d) {
+    const int64_t stride = ap.dims[d].stride, count = ap.dims[d].count;
+    if (count <= 1) continue;
+    if (stride < 0) return std::nullopt;
+    if (stride % row == 0) last_partition += stride / row * (count - 1);
+    else last_free += stride * (count - 1);
+  }
+  if (last_free >= row) return std::nullopt;
+  const int64_t size = dtype_size(ap.dtype);
+  Region r = on_chip_origin(s, ap.storage, placement);
+  r.p1 = r.p0 + last_partition + 1;
+  r.p0 += first_partition;
+  r.b1 = r.b0 + (last_free + 1) * size;
+  r.b0 += first_free * size;
+  return r;
+}
+
 /** @brief The box a view touches. Views with runtime offsets claim their whole storage. */
 inline Region view_region(const Kernel& k, const AccessPattern& ap, Placement placement) {
   const Storage& s = k.storage(ap.storage);
   if (ap.is_dynamic()) return whole_storage(k, ap.storage, placement);
   if (!s.on_chip()) return hbm_region(s, ap);
   const TileGeometry g = tile_geometry(s, ap);
-  if (!g.partition_contiguous || !g.rows_in_bounds) return whole_storage(k, ap.storage, placement);
+  if (!g.partition_contiguous || !g.rows_in_bounds) {
+    if (const std::optional<Region> r = split_partition_region(s, ap, placement)) return *r;
+    return whole_storage(k, ap.storage, placement);
+  }
   const int64_t size = dtype_size(ap.dtype);
   Region r = on_chip_origin(s, ap.storage, placement);
   r.p0 += g.first_partition;
