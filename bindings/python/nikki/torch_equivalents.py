@@ -300,6 +300,7 @@ def _linear_recurrence_bwd(a, h0, h, grad_h, params):
     a, b, h0 = leaves = [t.clone().requires_grad_() for t in (a, h - a * h_prev, h0)]
     return list(torch.autograd.grad(_linear_recurrence(a, b, h0, params), leaves, grad_h))
 
+
 def _selective_scan(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, params):
     """Mamba's selective scan one step at a time: the state [B, D, N] updated per token."""
     dt = delta + delta_bias[:, None]
