@@ -21,6 +21,7 @@
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
 #include "nikki/kernels/optim/adamw.hpp"
+#include "nikki/kernels/quant/rmsnorm_quant.hpp"
 #include "nikki/kernels/scan/cumsum.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
@@ -61,6 +62,8 @@ const std::vector<KernelInfo>& registry() {
       scatter_add_rows_info(),
       scatter_add_rows_bwd_info(),
       decode_attention_info(),
+      rmsnorm_quant_info(),
+      rmsnorm_quant_dynamic_info(),
   };
   return kernels;
 }

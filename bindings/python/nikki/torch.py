@@ -27,7 +27,7 @@ from .kernel import Kernel
 from .spec import TensorSpec
 
 __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk", "gated_mlp", "router_topk",
-           "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "flash_attention",
+           "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "rms_norm_quant", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
            "gather_rows", "scatter_add_rows", "adamw_"]
 
@@ -601,6 +601,33 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     out, total, _rstd = library_op("add_rmsnorm")(x.reshape(-1, h).contiguous(), residual.reshape(-1, h).contiguous(),
                                                   weight, eps=eps)
     return out.reshape(x.shape), total.reshape(x.shape)
+
+
+def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+                   scale: torch.Tensor | float | None = None) -> tuple:
+    """``F.rms_norm(x, (H,), weight, eps)`` quantized to fp8 over the last dimension with nikki's
+    rmsnorm_quant kernels: returns (q, scales), q a ``torch.float8_e4m3fn`` tensor of x's shape
+    saturated to +-240 (Trainium's e4m3 range, the same bits in both fp8 formats) and scales the
+    float32 dequantization scale of each row (x.shape[:-1]), so that ``q.float() * scales[..., None]``
+    approximates the normalized x. With `scale` (a number or a one-element tensor) the scale is
+    static; without it each row gets amax / 240. Inference only: not differentiable."""
+    _tensor(x, "nikki.torch.rms_norm_quant: x")
+    h = x.shape[-1]
+    weight = _optional_tensor(weight, "nikki.torch.rms_norm_quant: weight", (h,), "the last dim of x")
+    eps = check_real(eps, "nikki.torch.rms_norm_quant: eps", finite=True)
+    if scale is not None and not isinstance(scale, torch.Tensor):
+        scale = torch.tensor([check_real(scale, "nikki.torch.rms_norm_quant: scale", finite=True)], dtype=torch.float32)
+    if scale is not None and scale.numel() != 1:
+        raise argument_error("nikki.torch.rms_norm_quant: scale", "None, a number or a one-element tensor", scale,
+                             got=f"a tensor of shape {tuple(scale.shape)}")
+    _one_device("nikki.torch.rms_norm_quant", (("x", x), ("weight", weight), ("scale", scale)))
+    weight = torch.ones(h, dtype=x.dtype) if weight is None else weight
+    rows = x.reshape(-1, h).contiguous()
+    if scale is None:
+        q, scales = library_op("rmsnorm_quant_dynamic")(rows, weight, eps=eps)
+    else:
+        q, scales = library_op("rmsnorm_quant")(rows, weight, scale.reshape(1).to(torch.float32), eps=eps)
+    return q.reshape(x.shape), scales.reshape(x.shape[:-1])
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

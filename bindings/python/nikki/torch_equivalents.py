@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import ml_dtypes
 import torch
 import torch.nn.functional as F
 
@@ -263,6 +264,27 @@ def _decode_attention(q, k_cache, v_cache, k, v, lengths, sinks, params):
     return [out, k_cache, v_cache]
 
 
+# Neuron's float8_e4m3 saturation bound (240): the quant kernels' range. torch has only OCP's
+# float8_e4m3fn, whose encoding of every value within +-240 is the same.
+_E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3).max)
+
+
+def _to_fp8_grid(v):
+    return v.to(torch.float8_e4m3fn).to(v.dtype)
+
+
+def _rmsnorm_quant(x, gamma, scale, params):
+    y = F.rms_norm(x, (x.shape[-1],), gamma, params.get("eps", 1e-6))
+    scales = scale.expand(x.shape[0])
+    return [_to_fp8_grid((y / scales[:, None]).clamp(-_E4M3_MAX, _E4M3_MAX)), scales]
+
+
+def _rmsnorm_quant_dynamic(x, gamma, params):
+    y = F.rms_norm(x, (x.shape[-1],), gamma, params.get("eps", 1e-6))
+    scales = (y.abs().amax(-1) / _E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    return [_to_fp8_grid((y / scales[:, None]).clamp(-_E4M3_MAX, _E4M3_MAX)), scales]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -297,6 +319,8 @@ TORCH = {
     "scatter_add_rows": lambda rows, idx, scale, p: [_scatter_add_rows(rows, idx, scale, p)],
     "scatter_add_rows_bwd": _scatter_add_rows_bwd,
     "decode_attention": _decode_attention,
+    "rmsnorm_quant": _rmsnorm_quant,
+    "rmsnorm_quant_dynamic": _rmsnorm_quant_dynamic,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
