@@ -21,6 +21,7 @@
 #include "nikki/kernels/norm/layernorm.hpp"
 #include "nikki/kernels/norm/rmsnorm.hpp"
 #include "nikki/kernels/optim/adamw.hpp"
+#include "nikki/kernels/quant/fp8_matmul.hpp"
 #include "nikki/kernels/quant/rmsnorm_quant.hpp"
 #include "nikki/kernels/scan/cumsum.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
@@ -64,6 +65,7 @@ const std::vector<KernelInfo>& registry() {
       decode_attention_info(),
       rmsnorm_quant_info(),
       rmsnorm_quant_dynamic_info(),
+      fp8_matmul_info(),
   };
   return kernels;
 }

@@ -321,6 +321,7 @@ TORCH = {
     "decode_attention": _decode_attention,
     "rmsnorm_quant": _rmsnorm_quant,
     "rmsnorm_quant_dynamic": _rmsnorm_quant_dynamic,
+    "fp8_matmul": lambda a, a_scale, b, b_scale, bias, p: [(a @ b) * a_scale[:, None] * b_scale[None, :] + bias],
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

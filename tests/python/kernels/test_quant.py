@@ -8,6 +8,10 @@ fp8 values. Such values are rare (a fraction ~2^-21 * 2^4 of a uniform spread): 
 at most 0.1% of the elements to differ, each by exactly one fp8 step, and everything else bit for
 bit. The dequantization scales carry rstd's fp32 error: a sum of H squares (random-walk rounding
 errors, ~sqrt(H) * 2^-24) and a few roundings more: 2^-24 * (8 + sqrt(H)).
+
+nikki.kernels.fp8_matmul / nikki.torch.fp8_matmul against the float64 product of the dequantized
+operands (the fp8 products are exact, the fp32 sums err by ~sqrt(K) 2^-24, then one rounding to
+bf16: 2^-8 relative, or fp32: 1e-5), fed by rms_norm_quant and per-channel quantized weights.
 """
 
 import linecache
@@ -138,3 +142,62 @@ def test_argument_errors_name_the_argument_and_the_call():
         K.rmsnorm_quant_dynamic(torch.zeros(2, 60000), torch.ones(60000))
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.rms_norm_quant: scale"):
         nt.rms_norm_quant(x, g, scale=torch.ones(3))
+
+
+# --- fp8_matmul ---------------------------------------------------------------------------------
+
+def _quantize_columns(w):
+    """Per-output-channel fp8 weights: w [K, N] -> (w_q float8_e4m3fn, scales [N])."""
+    scales = (w.double().abs().amax(0) / E4M3_MAX).clamp_min(TINY).float()
+    return (w.double() / scales.double()).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scales
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (130, 200, 520), (300, 1000, 77)])
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_fp8_matmul_of_rms_norm_quant_matches_the_dequantized_product(m, k, n, out_dtype):
+    x, gamma = _x(m, k, torch.bfloat16), _x(1, k, torch.bfloat16, seed=1)[0]
+    q, s = nt.rms_norm_quant(x, gamma)
+    w_q, w_s = _quantize_columns(_x(k, n, torch.float32, seed=2))
+    bias = _x(1, n, torch.float32, seed=3)[0]
+    out = nt.fp8_matmul(q, w_q, s, w_s, bias, out_dtype=out_dtype)
+    assert out.dtype == out_dtype and out.shape == (m, n)
+    want = (q.double() * s.double()[:, None]) @ (w_q.double() * w_s.double()) + bias.double()
+    # Exact fp8 products summed in fp32 (~sqrt(k) 2^-24 of the magnitudes), one rounding to bf16.
+    rtol = 2.0 ** -8 if out_dtype == torch.bfloat16 else 1e-5
+    peak = float(want.abs().max())
+    assert torch.all((out.double() - want).abs() <= rtol * want.abs() + rtol * peak)
+    # Against the unquantized layer: fp8's 3 mantissa bits in both operands.
+    exact = F.rms_norm(x.double(), (k,), gamma.double(), 1e-6) @ _x(k, n, torch.float32, seed=2).double() + bias.double()
+    assert float((out.double() - exact).abs().max()) <= 0.15 * float(exact.abs().max())
+
+
+def test_fp8_matmul_takes_neurons_e4m3_and_e5m2_from_numpy():
+    g = np.random.default_rng(0)
+    sa, sb, bias = (g.random(3) + 0.5).astype(np.float32), (g.random(5) + 0.5).astype(np.float32), np.zeros(5, np.float32)
+    for fp8 in (ml_dtypes.float8_e4m3, ml_dtypes.float8_e5m2):
+        a, b = g.standard_normal((3, 40)).astype(fp8), g.standard_normal((40, 5)).astype(fp8)
+        out = K.fp8_matmul(a, sa, b, sb, bias, fp32_out=True)
+        want = (a.astype(np.float64) @ b.astype(np.float64)) * sa[:, None] * sb[None, :]
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_fp8_matmul_argument_errors():
+    a, b = torch.zeros(4, 8, dtype=torch.float8_e4m3fn), torch.zeros(8, 3, dtype=torch.float8_e4m3fn)
+    sa, sb, bias = torch.ones(4), torch.ones(3), torch.zeros(3)
+    with pytest.raises(nikki.KernelError, match=r"fp8_matmul: 'a_scale' must be a float32 tensor of shape \[4\] "
+                                                r"\(row of a\), got float32\[3\]") as err:
+        K.fp8_matmul(a, torch.ones(3), b, sb, bias)
+    assert err.value.file == __file__ and "K.fp8_matmul(" in linecache.getline(__file__, err.value.line)
+    with pytest.raises(nikki.KernelError, match=r"'b_scale' must be a float32 tensor of shape \[3\]"):
+        K.fp8_matmul(a, sa, b, torch.ones(3, 1), bias)
+    with pytest.raises(nikki.KernelError, match=r"fp8_matmul: 'a' must be fp8 \(float8_e4m3fn, float8_e4m3 or "
+                                                r"float8_e5m2\), got bfloat16"):
+        K.fp8_matmul(torch.zeros(4, 8, dtype=torch.bfloat16), sa, b, sb, bias)
+    with pytest.raises(nikki.KernelError, match=r"fp8_matmul: contraction sizes differ: a is \[4, 8\], b is \[9, 3\]"):
+        K.fp8_matmul(a, sa, torch.zeros(9, 3, dtype=torch.float8_e4m3fn), sb, bias)
+    with pytest.raises(nikki.KernelError, match=r"a is float8_e4m3fn but b is float8_e5m2"):
+        K.fp8_matmul(a, sa, b.to(torch.float8_e5m2), sb, bias)
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.fp8_matmul: b"):
+        nt.fp8_matmul(a, torch.zeros(9, 3, dtype=torch.float8_e4m3fn), sa, sb)
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.fp8_matmul: a_scale"):
+        nt.fp8_matmul(a, b, torch.ones(5), sb)
