@@ -24,6 +24,8 @@
 #include "nikki/kernels/optim/adamw.hpp"
 #include "nikki/kernels/pool/avg_pool2d.hpp"
 #include "nikki/kernels/pool/max_pool2d.hpp"
+#include "nikki/kernels/quant/fp8_matmul.hpp"
+#include "nikki/kernels/quant/rmsnorm_quant.hpp"
 #include "nikki/kernels/scan/cumsum.hpp"
 #include "nikki/kernels/scan/linear_recurrence.hpp"
 #include "nikki/kernels/scan/linear_recurrence_bwd.hpp"
@@ -75,6 +77,9 @@ const std::vector<KernelInfo>& registry() {
       linear_recurrence_bwd_info(),
       selective_scan_info(),
       paged_decode_attention_info(),
+      rmsnorm_quant_info(),
+      rmsnorm_quant_dynamic_info(),
+      fp8_matmul_info(),
   };
   return kernels;
 }

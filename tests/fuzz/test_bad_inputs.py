@@ -130,11 +130,13 @@ def _unaligned(a):
 
 
 def _torch_of(a):
-    """A torch tensor of a numpy array's values (bfloat16 through its bits: torch cannot take
-    ml_dtypes arrays)."""
+    """A torch tensor of a numpy array's values (bfloat16 and OCP fp8 through their bits: torch
+    cannot take ml_dtypes arrays)."""
     a = np.ascontiguousarray(a)
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    if a.dtype.name in ("float8_e4m3fn", "float8_e5m2"):
+        return torch.from_numpy(a.view(np.uint8)).view(getattr(torch, a.dtype.name))
     return torch.from_numpy(a)
 
 
@@ -194,7 +196,8 @@ def _numpy_dtype_of(t):
 def _as_numpy(x):
     if isinstance(x, torch.Tensor):
         x = x.detach()
-        return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+        widen = x.dtype == torch.bfloat16 or (x.is_floating_point() and x.dtype.itemsize == 1)  # no numpy dtype
+        return (x.float() if widen else x).numpy()
     return np.asarray(x)
 
 

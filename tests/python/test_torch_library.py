@@ -139,7 +139,11 @@ def _smallest_example(name):
 
 @pytest.mark.parametrize("name", sorted(library_kernels()))
 def test_library_op_passes_opcheck(name):
-    torch.library.opcheck(nt.library_op(name), _smallest_example(name))
+    args = _smallest_example(name)
+    utils = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+    if any(isinstance(a, torch.Tensor) and a.dtype.itemsize == 1 and a.is_floating_point() for a in args):
+        utils = utils[1:]  # torch's schema check multiplies the inputs, which torch cannot do in fp8
+    torch.library.opcheck(nt.library_op(name), args, test_utils=utils)
 
 
 def test_every_library_op_exists_as_soon_as_nikki_torch_is_imported():

@@ -27,7 +27,7 @@ from .kernel import Kernel
 from .spec import TensorSpec
 
 __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk", "gated_mlp", "router_topk",
-           "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "flash_attention",
+           "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "rms_norm_quant", "fp8_matmul", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
            "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d", "avg_pool2d", "linear_recurrence",
            "selective_scan", "paged_decode_attention"]
@@ -670,6 +670,62 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor |
     out, total, _rstd = library_op("add_rmsnorm")(x.reshape(-1, h).contiguous(), residual.reshape(-1, h).contiguous(),
                                                   weight, eps=eps)
     return out.reshape(x.shape), total.reshape(x.shape)
+
+
+def rms_norm_quant(x: torch.Tensor, weight: torch.Tensor | None = None, eps: float = 1e-6,
+                   scale: torch.Tensor | float | None = None) -> tuple:
+    """``F.rms_norm(x, (H,), weight, eps)`` quantized to fp8 over the last dimension with nikki's
+    rmsnorm_quant kernels: returns (q, scales), q a ``torch.float8_e4m3fn`` tensor of x's shape
+    saturated to +-240 (Trainium's e4m3 range, the same bits in both fp8 formats) and scales the
+    float32 dequantization scale of each row (x.shape[:-1]), so that ``q.float() * scales[..., None]``
+    approximates the normalized x. With `scale` (a number or a one-element tensor) the scale is
+    static; without it each row gets amax / 240. Inference only: not differentiable."""
+    _tensor(x, "nikki.torch.rms_norm_quant: x")
+    h = x.shape[-1]
+    weight = _optional_tensor(weight, "nikki.torch.rms_norm_quant: weight", (h,), "the last dim of x")
+    eps = check_real(eps, "nikki.torch.rms_norm_quant: eps", finite=True)
+    if scale is not None and not isinstance(scale, torch.Tensor):
+        scale = torch.tensor([check_real(scale, "nikki.torch.rms_norm_quant: scale", finite=True)], dtype=torch.float32)
+    if scale is not None and scale.numel() != 1:
+        raise argument_error("nikki.torch.rms_norm_quant: scale", "None, a number or a one-element tensor", scale,
+                             got=f"a tensor of shape {tuple(scale.shape)}")
+    _one_device("nikki.torch.rms_norm_quant", (("x", x), ("weight", weight), ("scale", scale)))
+    weight = torch.ones(h, dtype=x.dtype) if weight is None else weight
+    rows = x.reshape(-1, h).contiguous()
+    if scale is None:
+        q, scales = library_op("rmsnorm_quant_dynamic")(rows, weight, eps=eps)
+    else:
+        q, scales = library_op("rmsnorm_quant")(rows, weight, scale.reshape(1).to(torch.float32), eps=eps)
+    return q.reshape(x.shape), scales.reshape(x.shape[:-1])
+
+
+def fp8_matmul(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+               bias: torch.Tensor | None = None, out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """``(a.float() @ b.float()) * a_scale[..., None] * b_scale + bias`` with nikki's fp8_matmul
+    kernel: a [..., M, K] and b [K, N] ``torch.float8_e4m3fn`` (within +-240, as
+    :func:`rms_norm_quant` gives them) or both ``float8_e5m2``; a_scale of a's leading shape
+    [..., M] and b_scale [N] float32 dequantization scales; bias [N] or None; the result in
+    `out_dtype` (bfloat16 or float32). Inference only: not differentiable."""
+    what = "nikki.torch.fp8_matmul"
+    _tensor(a, f"{what}: a", 2)
+    _tensor(b, f"{what}: b", 2)
+    k, n = a.shape[-1], b.shape[-1]
+    if b.dim() != 2 or b.shape[0] != k:
+        raise argument_error(f"{what}: b", f"a 2-D tensor [K, N] with K = {k} (the last dim of a)", b,
+                             got=f"a tensor of shape {tuple(b.shape)}")
+    _tensor(a_scale, f"{what}: a_scale")
+    if tuple(a_scale.shape) != tuple(a.shape[:-1]):
+        raise argument_error(f"{what}: a_scale", f"a tensor of shape {tuple(a.shape[:-1])} (a's rows)", a_scale,
+                             got=f"a tensor of shape {tuple(a_scale.shape)}")
+    b_scale = _optional_tensor(b_scale, f"{what}: b_scale", (n,), "the last dim of b")
+    bias = _optional_tensor(bias, f"{what}: bias", (n,), "the last dim of b")
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise argument_error(f"{what}: out_dtype", "torch.bfloat16 or torch.float32", out_dtype)
+    _one_device(what, (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale), ("bias", bias)))
+    bias = torch.zeros(n, dtype=torch.float32) if bias is None else bias
+    out = library_op("fp8_matmul")(a.reshape(-1, k).contiguous(), a_scale.reshape(-1).contiguous(), b.contiguous(),
+                                   b_scale, bias, fp32_out=out_dtype == torch.float32)
+    return out.reshape(*a.shape[:-1], n)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,

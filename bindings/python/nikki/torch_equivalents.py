@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+import ml_dtypes
 import torch
 import torch.nn.functional as F
 
@@ -256,6 +257,8 @@ def _scatter_add_rows(rows, idx, scale, params):
 def _scatter_add_rows_bwd(rows, idx, scale, grad_out, params):
     rows, scale = rows.clone().requires_grad_(), scale.clone().requires_grad_()
     return list(torch.autograd.grad(_scatter_add_rows(rows, idx, scale, params), (rows, scale), grad_out))
+
+
 def _decode_attention(q, k_cache, v_cache, k, v, lengths, sinks, params):
     """A decode step as a model does it: the new keys and values into (copies of) the caches at
     each sequence's length, then attention of the new tokens over positions up to their own, each
@@ -336,6 +339,27 @@ def _paged_decode_attention(q, k_cache, v_cache, k, v, block_table, lengths, sin
     return [out, k_cache, v_cache]
 
 
+# Neuron's float8_e4m3 saturation bound (240): the quant kernels' range. torch has only OCP's
+# float8_e4m3fn, whose encoding of every value within +-240 is the same.
+_E4M3_MAX = float(ml_dtypes.finfo(ml_dtypes.float8_e4m3).max)
+
+
+def _to_fp8_grid(v):
+    return v.to(torch.float8_e4m3fn).to(v.dtype)
+
+
+def _rmsnorm_quant(x, gamma, scale, params):
+    y = F.rms_norm(x, (x.shape[-1],), gamma, params.get("eps", 1e-6))
+    scales = scale.expand(x.shape[0])
+    return [_to_fp8_grid((y / scales[:, None]).clamp(-_E4M3_MAX, _E4M3_MAX)), scales]
+
+
+def _rmsnorm_quant_dynamic(x, gamma, params):
+    y = F.rms_norm(x, (x.shape[-1],), gamma, params.get("eps", 1e-6))
+    scales = (y.abs().amax(-1) / _E4M3_MAX).clamp_min(torch.finfo(torch.float32).tiny)
+    return [_to_fp8_grid((y / scales[:, None]).clamp(-_E4M3_MAX, _E4M3_MAX)), scales]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -378,6 +402,9 @@ TORCH = {
     "linear_recurrence_bwd": _linear_recurrence_bwd,
     "selective_scan": _selective_scan,
     "paged_decode_attention": _paged_decode_attention,
+    "rmsnorm_quant": _rmsnorm_quant,
+    "rmsnorm_quant_dynamic": _rmsnorm_quant_dynamic,
+    "fp8_matmul": lambda a, a_scale, b, b_scale, bias, p: [(a @ b) * a_scale[:, None] * b_scale[None, :] + bias],
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -113,6 +113,10 @@ struct MatmulOptions {
   bool a_transposed = false;
   std::optional<Tensor> bias;      // [N], added to every row
   std::optional<Tensor> residual;  // [M, N], added
+  /** Dequantization scales (fp32): the products' sums are multiplied by row_scale[m] (an [M]
+   *  tensor) and col_scale[n] (an [N] tensor) before the bias and residual are added. Both or
+   *  neither. */
+  std::optional<Tensor> row_scale, col_scale;
   std::optional<Tensor> out;       // an HBM view [M, N] to write instead of a new output tensor
 };
 
@@ -136,6 +140,11 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& opti
   internal_check(!bias || bias->shape() == Shape{N}, "matmul: bias must be [N]");
   internal_check(!residual || residual->shape() == Shape{M, N}, "matmul: residual must be [M, N]");
   internal_check(!options.out || options.out->shape() == Shape{M, N}, "matmul: out must be [M, N]");
+  const std::optional<Tensor> row_scale = options.row_scale, col_scale = options.col_scale;
+  const bool scaled = row_scale.has_value();
+  internal_check(scaled == col_scale.has_value(), "matmul: row_scale and col_scale go together");
+  internal_check(!scaled || (row_scale->shape() == Shape{M} && col_scale->shape() == Shape{N}),
+                 "matmul: row_scale must be [M] and col_scale [N]");
   check.require(a.dtype() == b.dtype(),
                 std::string("a is ") + std::string(dtype_name(a.dtype())) + " but b is " +
                     std::string(dtype_name(b.dtype())),
@@ -168,7 +177,8 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& opti
   // Loaded tiles in flight are capped (emit_pipelined) at ~5 b chunks, a piece per row tile plus
   // one, and two partial-sum tiles; output staging tiles come on top.
   const int64_t piece_bytes = groups_per_piece * per_bank * P * esize;
-  const int64_t stream_cap = 5 * KC * nn_max * esize + (TM + 1) * piece_bytes + 2 * TM * nn_max * 4;
+  const int64_t scale_bytes = scaled ? 2 * (TM + nn_max) * 4 : 0;  // two column tiles' scales in flight
+  const int64_t stream_cap = 5 * KC * nn_max * esize + (TM + 1) * piece_bytes + 2 * TM * nn_max * 4 + scale_bytes;
   const int64_t stream_bytes = stream_cap + 3 * TM * nn_max * std::max<int64_t>(dtype_size(odt), 4);
   const int64_t at_budget = ts.sbuf_fmax_bytes * 4 / 5 - stream_bytes;
   const int64_t kb_max = std::max<int64_t>(per_bank, at_budget / (TM * TMW * esize) / per_bank * per_bank);
@@ -368,13 +378,38 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& opti
           if (ps.last_k && bias) add_rows(bias->expand_dim(0).broadcast(0, M), "bias_tile");
           return s;
         }, ps.tiles * nn * 4 * (1 + int64_t(!ps.first_k) + int64_t(epilogue)), std::nullopt, 0, stored})};
+      // The scales of the tile: the row tiles' row_scale as columns [rows, TM], then col_scale
+      // broadcast to every partition [P, nn] (one DMA each).
+      Load* scales = nullptr;
+      if (scaled)
+        scales = &loads.emplace_back(Load{[=] {
+          Tensor s = nl::ndarray({P, ps.tiles + nn}, nl::float32, nl::sbuf, "scale_tile");
+          for (int64_t mi = 0; mi < ps.tiles; ++mi)
+            isa::dma_copy(s(nl::ds(0, m_rows(ps, mi)), nl::ds(mi, 1)),
+                          row_scale->slice(0, ps.m0 + mi * TMW, ps.m0 + mi * TMW + m_rows(ps, mi)).expand_dim(1));
+          isa::dma_copy(s(nl::all, nl::ds(ps.tiles, nn)), col_scale->slice(0, n0, n0 + nn).expand_dim(0).broadcast(0, P));
+          return s;
+        }, (ps.tiles + nn) * 4});
+      if (scales) e.needs.push_back(scales);
       if (!ps.last_k) stored = std::make_shared<bool>(false);
-      e.emit = [=, &evacuate, &out, sums = e.needs, stored = stored] {
+      const size_t n_sums = e.needs.size() - (scales ? 1 : 0);
+      e.emit = [=, &evacuate, &out, sums = std::vector<Load*>(e.needs.begin(), e.needs.begin() + n_sums),
+                stored = stored] {
         Tensor res = nl::ndarray({P, ps.tiles, nn}, ps.last_k ? odt : nl::float32, nl::sbuf, "out_tile");
         for (int64_t mi = 0; mi < ps.tiles; ++mi) {
           const int64_t r0 = ps.m0 + mi * TMW, mm = m_rows(ps, mi);
           Tensor r = res(nl::ds(0, mm), mi, nl::all);
-          if (sums.empty()) {
+          if (scales) {
+            // (acc * row_scale) * col_scale out of PSUM in one VectorE pass (each K block's sums
+            // are scaled as they are stored: scaling is linear), then the addends.
+            const Tensor sc = scales->get();
+            const Tensor scaled_acc = sums.empty() ? r : nl::ndarray({mm, nn}, nl::float32, nl::sbuf, "scaled_acc");
+            isa::scalar_tensor_tensor(scaled_acc, (*acc)[mi], nl::multiply, sc(nl::ds(0, mm), nl::ds(mi, 1)),
+                                      nl::multiply, sc(nl::ds(0, mm), nl::ds(ps.tiles, nn)));
+            if (!sums.empty())
+              isa::tensor_tensor(r, sums[0]->get()(nl::ds(0, mm), mi, nl::all), scaled_acc, nl::add,
+                                 mi % 2 == 0 ? isa::vector_engine : isa::gpsimd_engine);
+          } else if (sums.empty()) {
             evacuate(r, (*acc)[mi]);
           } else if (mi % 2 == 0) {
             isa::tensor_tensor(r, sums[0]->get()(nl::ds(0, mm), mi, nl::all), (*acc)[mi], nl::add,
@@ -411,6 +446,14 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, std::optional<DType> out_
   return matmul(a, b, MatmulOptions{.out_dtype = out_dtype}, loc);
 }
 
+/** @brief The useful FLOPs of a benchmark case whose inputs `a` [M, K] and `b` [K, N] multiply:
+ *  2 M K N. */
+inline std::function<double(const ExampleCase&)> matmul_flops(size_t a, size_t b) {
+  return [a, b](const ExampleCase& c) {
+    return 2.0 * double(c.inputs[a].shape[0]) * double(c.inputs[a].shape[1]) * double(c.inputs[b].shape[1]);
+  };
+}
+
 inline KernelInfo matmul_info() {
   auto mm = [](Shape a, Shape b, DType d, std::string label) {
     return ExampleCase{{spec(a, d), spec(b, d)}, {}, std::move(label)};
@@ -444,12 +487,7 @@ inline KernelInfo matmul_info() {
           },
       .tolerance = {},
       .benchmark = Benchmark{mm({4096, 4096}, {4096, 4096}, DType::bfloat16, "4096 x 4096 x 4096 bf16"),
-                             Bound::tensor_engine,
-                             [](const ExampleCase& c) {
-                               return 2.0 * double(c.inputs[0].shape[0]) * double(c.inputs[0].shape[1]) *
-                                      double(c.inputs[1].shape[1]);
-                             },
-                             0.85},
+                             Bound::tensor_engine, matmul_flops(0, 1), 0.85},
   };
 }
 
