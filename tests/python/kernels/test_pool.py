@@ -126,20 +126,22 @@ def _located_here(err, call):
 
 def test_argument_errors_name_the_argument_and_the_limit():
     x = torch.zeros(1, 2, 6, 6)
-    with pytest.raises(nikki.KernelError, match=r"max_pool2d: padding \(2, 1\) must be at most half the kernel "
-                                                r"size \(3, 3\)") as err:
+    with pytest.raises(nikki.KernelError, match=r"max_pool2d: padding \(padding_h, padding_w\) = \(2, 1\) must be at "
+                                                r"most half the kernel size \(kernel_h, kernel_w\) = \(3, 3\)") as err:
         K.max_pool2d(x, **_params(3, 1, (2, 1)))
     _located_here(err, "K.max_pool2d(")
     assert "0 <= padding <= kernel / 2" in str(err.value)
-    with pytest.raises(nikki.KernelError, match=r"avg_pool2d: the 5x2 window is larger than the padded input 4x8"):
+    with pytest.raises(nikki.KernelError, match=r"avg_pool2d: the window \(kernel_h, kernel_w\) = \(5, 2\) is larger "
+                                                r"than the padded input 4x8"):
         K.avg_pool2d(torch.zeros(1, 1, 4, 8), **_params((5, 2), 1, 0))
     with pytest.raises(nikki.KernelError, match=r"max_pool2d: x must be 4-D \[N, C, H, W\], got \[2, 6, 6\]") as err:
         K.max_pool2d(torch.zeros(2, 6, 6), **_params(2, 2, 0))
     _located_here(err, "K.max_pool2d(")
-    with pytest.raises(nikki.KernelError, match=r"max_pool2d: kernel size must be at least 1, got \(0, 2\)"):
+    with pytest.raises(nikki.KernelError, match=r"max_pool2d: kernel size must be at least 1, got \(kernel_h, "
+                                                r"kernel_w\) = \(0, 2\)"):
         K.max_pool2d(x, **_params((0, 2), 1, 0))
     with pytest.raises(nikki.KernelError, match=r"avg_pool2d: stride must be at least 1 \(0 means the kernel size\), "
-                                                r"got \(-1, 2\)"):
+                                                r"got \(stride_h, stride_w\) = \(-1, 2\)"):
         K.avg_pool2d(x, **_params(2, (-1, 2), 0))
     with pytest.raises(nikki.KernelError, match=r"kernel 'max_pool2d': input 'x' has dtype int32"):
         K.max_pool2d(torch.zeros(1, 1, 4, 4, dtype=torch.int32), **_params(2, 2, 0))
@@ -184,5 +186,6 @@ def test_torch_wrapper_errors():
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.max_pool2d: input must be a 3-D \[C, H, W\] or 4-D "
                                                 r"\[N, C, H, W\] tensor, got a 5-d tensor"):
         nt.max_pool2d(torch.zeros(1, 1, 1, 4, 4), 2)
-    with pytest.raises(nikki.KernelError, match=r"max_pool2d: padding \(2, 2\) must be at most half"):
+    with pytest.raises(nikki.KernelError, match=r"max_pool2d: padding \(padding_h, padding_w\) = \(2, 2\) must be at "
+                                                r"most half"):
         nt.max_pool2d(x, 2, padding=2)

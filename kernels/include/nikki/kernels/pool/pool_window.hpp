@@ -95,17 +95,21 @@ inline PoolGeometry check_pool(const ArgumentCheck& check, const Tensor& x, cons
   check.require(dt == DType::float32 || dt == DType::bfloat16 || dt == DType::float16,
                 "x must be float32, bfloat16 or float16, got " + std::string(dtype_name(dt)));
   const PoolGeometry g = geometry_of(x.shape(), w);
+  // Each message names the parameters it is about (kernel_h, ...), as given to the kernel.
+  const auto pair = [](const char* a, int64_t x, const char* b, int64_t y) {
+    return std::string("(") + a + ", " + b + ") = (" + std::to_string(x) + ", " + std::to_string(y) + ")";
+  };
   check.require(g.kh >= 1 && g.kw >= 1,
-                "kernel size must be at least 1, got (" + std::to_string(g.kh) + ", " + std::to_string(g.kw) + ")");
-  check.require(g.sh >= 1 && g.sw >= 1, "stride must be at least 1 (0 means the kernel size), got (" +
-                                            std::to_string(g.sh) + ", " + std::to_string(g.sw) + ")");
+                "kernel size must be at least 1, got " + pair("kernel_h", g.kh, "kernel_w", g.kw));
+  check.require(g.sh >= 1 && g.sw >= 1, "stride must be at least 1 (0 means the kernel size), got " +
+                                            pair("stride_h", g.sh, "stride_w", g.sw));
   if (g.ph < 0 || g.pw < 0 || 2 * g.ph > g.kh || 2 * g.pw > g.kw)
-    check.fail("padding (" + std::to_string(g.ph) + ", " + std::to_string(g.pw) +
-                   ") must be at most half the kernel size (" + std::to_string(g.kh) + ", " + std::to_string(g.kw) + ")",
+    check.fail("padding " + pair("padding_h", g.ph, "padding_w", g.pw) + " must be at most half the kernel size " +
+                   pair("kernel_h", g.kh, "kernel_w", g.kw),
                "0 <= padding <= kernel / 2 on each axis, as torch requires",
                "use a smaller padding or a larger window");
   if (g.H + 2 * g.ph < g.kh || g.W + 2 * g.pw < g.kw)
-    check.fail("the " + std::to_string(g.kh) + "x" + std::to_string(g.kw) + " window is larger than the padded input " +
+    check.fail("the window " + pair("kernel_h", g.kh, "kernel_w", g.kw) + " is larger than the padded input " +
                    std::to_string(g.H + 2 * g.ph) + "x" + std::to_string(g.W + 2 * g.pw),
                "the output would have no elements",
                "use a smaller window or more padding, or skip pooling for inputs this small");
