@@ -133,10 +133,11 @@ TEST_CASE("library registry: an incomplete registration is reported by what it l
   k.backward.clear();
   k.doc = "Dimensions: x. Args: x. Returns: y. Notes: none.";
   k.examples.push_back({{}, {}, "no inputs"});
+  k.params.push_back({"tile", kernels::ParamKind::real, 128, "a tile size", /*tune_over=*/{128, 256}});
   const std::vector<std::string> missing = kernels::missing_registration(k, kernels::registry());
   CHECK(join(missing) ==
-        "doc section Pseudocode:, reference, draw (random cases), inputs of example 'no inputs', backward (or a "
-        "gradient note)");
+        "doc section Pseudocode:, reference, draw (random cases), inputs of example 'no inputs', tuned parameter "
+        "'tile' as an integer whose default 0 means 'choose', backward (or a gradient note)");
 }
 
 TEST_CASE("library registry: backward kernels follow the naming contract") {

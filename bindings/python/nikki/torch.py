@@ -320,13 +320,13 @@ def _mm(a, b):
 def _register_matmul_autograd(op) -> None:
     # dA = dOut @ B^T and dB = A^T @ dOut are matmuls themselves: the op is its own backward.
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
+        ctx.save_for_backward(inputs[0], inputs[1])  # then the tiling choice (rows_per_block)
 
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         ga = _mm(grad, b.t()) if ctx.needs_input_grad[0] else None
         gb = _mm(a.t(), grad) if ctx.needs_input_grad[1] else None
-        return ga, gb
+        return ga, gb, None
 
     op.register_autograd(backward, setup_context=setup_context)
 
