@@ -364,3 +364,21 @@ def test_shared_hbm_tensors_that_differ_between_instances_are_an_error():
     with pytest.raises(nki.KernelError, match=r"shared_hbm tensor '\w+' is float32 \[2, 5, 4\] but the first program "
                        r"instance's tensor '\w+' it shares is float32 \[2, 4, 4\]"):
         kernel[2](np.ones((2, 4, 4), np.float32))
+
+
+def test_an_output_written_by_one_instance_of_a_launch_that_meets(rng):
+    @nki.jit
+    def kernel(a):
+        rank = nl.program_id(0)
+        out = nl.ndarray(a.shape[1:], a.dtype, buffer=nl.shared_hbm)
+        mine = load(a[rank])
+        theirs = nl.ndarray(mine.shape, mine.dtype, buffer=nl.sbuf)
+        nisa.sendrecv(src=mine, dst=theirs, send_to_rank=1 - rank, recv_from_rank=1 - rank, pipe_id=0)
+        if rank == 0:  # the partner leaves the shared output to instance 0
+            both = nl.ndarray(mine.shape, mine.dtype, buffer=nl.sbuf)
+            nisa.tensor_tensor(dst=both, data1=mine, data2=theirs, op=nl.maximum)
+            nisa.dma_copy(dst=out, src=both)
+        return out
+
+    a = rng.standard_normal((2, 16, 32)).astype(np.float32)
+    np.testing.assert_array_equal(kernel[2](a), np.maximum(a[0], a[1]))
