@@ -193,7 +193,11 @@ py::dict attributes(const Instruction& inst) {
       alu("reduce_op", a.reduce_op);
       d["reduce_cmd"] = name_of(reduce_cmd_name(a.reduce_cmd));
       break;
-    case Opcode::nc_stream_shuffle: d["lanes"] = py::tuple(py::cast(a.lanes)); break;
+    case Opcode::nc_stream_shuffle:
+    case Opcode::core_barrier:  // the cores that meet
+    case Opcode::sendrecv:      // (send_to_rank, recv_from_rank, pipe_id)
+      d["lanes"] = py::tuple(py::cast(a.lanes));
+      break;
     case Opcode::range_select:
       alu("op0", a.op0);
       alu("op1", a.op1);

@@ -95,8 +95,10 @@ enum class Opcode : uint8_t {
   loop_begin,
   loop_end,
   device_print,
+  core_barrier,
+  sendrecv,
 };
-inline constexpr int kNumOpcodes = static_cast<int>(Opcode::device_print) + 1;
+inline constexpr int kNumOpcodes = static_cast<int>(Opcode::sendrecv) + 1;
 
 /** @brief How an instruction uses an operand slot. */
 enum class Access : uint8_t { read, write, read_write };
@@ -120,7 +122,7 @@ struct OpcodeSpec {
   Engine default_engine;
   uint8_t num_slots;
   std::array<SlotSpec, kMaxSlots> slots;
-  bool is_control = false;  // register and loop instructions run on the sequencer
+  bool is_control = false;  // register, loop and meeting instructions run on the sequencer
 };
 
 namespace detail {
@@ -193,11 +195,17 @@ inline constexpr std::array<OpcodeSpec, kNumOpcodes> kOpcodeSpecs = [] {
         SlotSpec{"upper", Access::read, kReg | kImm, false}}, true});
   set(Opcode::loop_end, {"loop_end", Engine::sync, 0, {}, true});
   set(Opcode::device_print, {"device_print", Engine::sync, 1, {R("src")}, true});
+  // Where the program instances of a launch meet (runtime/launch.hpp): every queue drains, and the
+  // launch resumes the instance once its partners have arrived (sendrecv: with the partner's data).
+  set(Opcode::core_barrier, {"core_barrier", Engine::sync, 1, {RO("data")}, true});
+  set(Opcode::sendrecv, {"sendrecv", Engine::sync, 2, {W("dst"), R("src")}, true});
   return t;
 }();
 
 inline constexpr const OpcodeSpec& opcode_spec(Opcode op) { return kOpcodeSpecs[static_cast<int>(op)]; }
 inline constexpr std::string_view opcode_name(Opcode op) { return opcode_spec(op).name; }
+/** @brief Whether program instances of a launch meet at this instruction (core_barrier, sendrecv). */
+inline constexpr bool is_meeting(Opcode op) { return op == Opcode::core_barrier || op == Opcode::sendrecv; }
 
 /** @brief nc_stream_shuffle's shuffle_mask entry that leaves a destination lane unmodified. */
 inline constexpr int32_t kShuffleKeepLane = 255;
@@ -263,8 +271,20 @@ struct Attributes {
   int32_t jump = -1;                // loop_begin -> its loop_end, loop_end -> its loop_begin
   std::string text;                 // device_print prefix
   double fill_value = 0.0;          // range_select on_false_value, nonzero_with_count padding_val
-  std::vector<int32_t> lanes;       // nc_stream_shuffle: source partition of each quadrant lane (255: keep)
+  // nc_stream_shuffle: source partition of each quadrant lane (255: keep); core_barrier: the
+  // program instances that meet; sendrecv: {send_to_rank, recv_from_rank, pipe_id}
+  std::vector<int32_t> lanes;
   bool oob_skip = false;            // dma_copy / dma_compute: skip runtime out-of-bound elements
+};
+
+/** @brief The partners of a sendrecv, which Attributes::lanes holds as {send_to, recv_from, pipe_id}. */
+struct SendRecvRanks {
+  int32_t send_to = 0;    // the program instance whose dst receives this instance's src
+  int32_t recv_from = 0;  // the program instance whose src this instance's dst receives
+  int32_t pipe_id = 0;
+  static SendRecvRanks of(const Attributes& a) {
+    return a.lanes.size() == 3 ? SendRecvRanks{a.lanes[0], a.lanes[1], a.lanes[2]} : SendRecvRanks{};
+  }
 };
 
 /** @brief One instruction: opcode, engine, operands (by slot), attributes, source line. */

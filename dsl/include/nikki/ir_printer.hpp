@@ -138,10 +138,18 @@ inline std::string attributes(const Instruction& inst) {
       }
       break;
     case Opcode::tensor_partition_reduce: add("op", std::string(alu_op_name(a.op0))); break;
-    case Opcode::nc_stream_shuffle: {
+    case Opcode::nc_stream_shuffle:
+    case Opcode::core_barrier: {
       std::string lanes = "[";
       for (size_t i = 0; i < a.lanes.size(); ++i) lanes += fmt::format("{}{}", i ? ", " : "", a.lanes[i]);
-      add("shuffle_mask", lanes + "]");
+      add(inst.opcode == Opcode::core_barrier ? "cores" : "shuffle_mask", lanes + "]");
+      break;
+    }
+    case Opcode::sendrecv: {
+      const SendRecvRanks r = SendRecvRanks::of(a);
+      add("send_to_rank", fmt::to_string(r.send_to));
+      add("recv_from_rank", fmt::to_string(r.recv_from));
+      add("pipe_id", fmt::to_string(r.pipe_id));
       break;
     }
     case Opcode::range_select:
