@@ -836,9 +836,13 @@ def qkv_projection(x: torch.Tensor, w_qkv: torch.Tensor, q_heads: int, kv_heads:
         missing, given = ("sin", "cos") if sin is None else ("cos", "sin")
         raise argument_error(f"{what}: {missing}", f"a tensor when {given} is given (rope takes both)", None,
                              hint="pass both tables, or neither for no rope")
+    b, s = x.shape[:2]
     for name, t in (("cos", cos), ("sin", sin)):
         if t is not None:
             _tensor(t, f"{what}: {name}")
+            if not (t.dim() in (2, 3) and t.shape[-2] == s and (t.dim() == 2 or t.shape[0] in (1, b))):
+                raise argument_error(f"{what}: {name}", f"a [S, r] or [B, S, r] tensor with B, S = {b}, {s} (x's)",
+                                     t, got=f"shape {tuple(t.shape)}", hint="slice the tables to the positions of x")
     eps = check_real(eps, f"{what}: eps", finite=True)
     interleaved = check_bool(interleaved, f"{what}: interleaved")
     if residual is not None:
