@@ -6,6 +6,8 @@
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/kernels/attention/paged_decode_attention.hpp"
+#include "nikki/kernels/attention/qkv.hpp"
+#include "nikki/kernels/attention/qkv_bwd.hpp"
 #include "nikki/kernels/loss/cross_entropy.hpp"
 #include "nikki/kernels/attention/output_projection.hpp"
 #include "nikki/kernels/attention/rope.hpp"
@@ -80,6 +82,10 @@ const std::vector<KernelInfo>& registry() {
       rmsnorm_quant_info(),
       rmsnorm_quant_dynamic_info(),
       fp8_matmul_info(),
+      qkv_info(),
+      qkv_bwd_info(),
+      add_qkv_info(),
+      add_qkv_bwd_info(),
   };
   return kernels;
 }

@@ -786,6 +786,89 @@ def output_projection(attn: torch.Tensor, w_o: torch.Tensor, bias: torch.Tensor 
                                            residual.contiguous())
 
 
+_QKV_NORMS = {None: 0, "rms": 1, "layer": 2}
+
+
+def qkv_projection(x: torch.Tensor, w_qkv: torch.Tensor, q_heads: int, kv_heads: int,
+                   bias: torch.Tensor | None = None, *, norm: str | None = None,
+                   norm_weight: torch.Tensor | None = None, norm_bias: torch.Tensor | None = None,
+                   eps: float = 1e-6, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+                   interleaved: bool = False, residual: torch.Tensor | None = None) -> tuple:
+    """An attention block's q/k/v projection in one kernel (nikki's qkv / add_qkv): with
+    `residual`, ``x = x + residual`` first; then ``norm(x) @ w_qkv + bias`` split into q
+    [B, q_heads, S, D], k and v [B, kv_heads, S, D] (flash_attention's layout), q and k rotated
+    like Hugging Face's ``apply_rotary_pos_emb`` when cos and sin are given.
+
+    x [B, S, H]; w_qkv [H, (q_heads + 2 kv_heads) * D], the q, k and v Linear weights transposed
+    side by side (``torch.cat([q_proj.weight, k_proj.weight, v_proj.weight]).T``); bias [I] or
+    None. `norm`: None, "rms" (``F.rms_norm`` with norm_weight) or "layer" (``F.layer_norm`` with
+    norm_weight and norm_bias); weights left None are ones and zeros. cos and sin: [S, r] shared by
+    the batch or [B, S, r] per sequence (decode: each sequence's own positions), r <= D even
+    (partial rotary rotates the first r dims); `interleaved` rotates pairs (2i, 2i + 1).
+
+    Returns (q, k, v), or (q, k, v, sum) with `residual` (sum is the next residual stream).
+    Differentiable in x, residual, w_qkv, bias, norm_weight and norm_bias."""
+    what = "nikki.torch.qkv_projection"
+    _tensor(x, f"{what}: x")
+    _tensor(w_qkv, f"{what}: w_qkv")
+    if x.dim() != 3:
+        raise argument_error(f"{what}: x", "a [B, S, H] tensor", x, got=f"shape {tuple(x.shape)}")
+    q_heads = check_int(q_heads, f"{what}: q_heads", minimum=1)
+    kv_heads = check_int(kv_heads, f"{what}: kv_heads", minimum=1)
+    if norm not in _QKV_NORMS:
+        raise argument_error(f"{what}: norm", 'None, "rms" or "layer"', norm)
+    h = x.shape[-1]
+    if w_qkv.dim() != 2 or w_qkv.shape[0] != h or w_qkv.shape[1] % (q_heads + 2 * kv_heads) != 0:
+        raise argument_error(f"{what}: w_qkv", f"a [H, (q_heads + 2 kv_heads) * D] tensor with H = {h} and "
+                             f"q_heads + 2 kv_heads = {q_heads + 2 * kv_heads}", w_qkv,
+                             got=f"shape {tuple(w_qkv.shape)}")
+    width = w_qkv.shape[1]
+    bias = _optional_tensor(bias, f"{what}: bias", (width,), "w_qkv's last dim")
+    norm_weight = _optional_tensor(norm_weight, f"{what}: norm_weight", (h,), "the last dim of x")
+    norm_bias = _optional_tensor(norm_bias, f"{what}: norm_bias", (h,), "the last dim of x")
+    if norm is None and (norm_weight is not None or norm_bias is not None):
+        raise argument_error(f"{what}: norm", '"rms" or "layer" when norm_weight or norm_bias is given', norm,
+                             hint="pass norm= the norm those weights belong to")
+    if norm == "rms" and norm_bias is not None:
+        raise argument_error(f"{what}: norm_bias", 'None with norm="rms"', norm_bias, got="a tensor",
+                             hint='RMSNorm has no bias; use norm="layer"')
+    if (cos is None) != (sin is None):
+        missing, given = ("sin", "cos") if sin is None else ("cos", "sin")
+        raise argument_error(f"{what}: {missing}", f"a tensor when {given} is given (rope takes both)", None,
+                             hint="pass both tables, or neither for no rope")
+    b, s = x.shape[:2]
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t is not None:
+            _tensor(t, f"{what}: {name}")
+            if not (t.dim() in (2, 3) and t.shape[-2] == s and (t.dim() == 2 or t.shape[0] in (1, b))):
+                raise argument_error(f"{what}: {name}", f"a [S, r] or [B, S, r] tensor with B, S = {b}, {s} (x's)",
+                                     t, got=f"shape {tuple(t.shape)}", hint="slice the tables to the positions of x")
+    eps = check_real(eps, f"{what}: eps", finite=True)
+    interleaved = check_bool(interleaved, f"{what}: interleaved")
+    if residual is not None:
+        _tensor(residual, f"{what}: residual")
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise argument_error(f"{what}: residual", f"a {x.dtype} tensor of x's shape {tuple(x.shape)}", residual,
+                                 got=f"{residual.dtype} of shape {tuple(residual.shape)}")
+    _one_device(what, (("x", x), ("w_qkv", w_qkv), ("bias", bias), ("norm_weight", norm_weight),
+                       ("norm_bias", norm_bias), ("cos", cos), ("sin", sin), ("residual", residual)))
+    bias = x.new_zeros(width) if bias is None else bias
+    gamma = x.new_ones(h) if norm_weight is None else norm_weight
+    beta = x.new_zeros(h) if norm_bias is None else norm_bias
+    rope = cos is not None and sin is not None
+    if cos is None or sin is None:  # placeholders the kernel does not read
+        cos = sin = x.new_zeros(1, 2, dtype=torch.float32)
+    options = dict(q_heads=q_heads, kv_heads=kv_heads, norm=_QKV_NORMS[norm], eps=eps, rope=rope,
+                   interleaved=interleaved)
+    tensors = (w_qkv.contiguous(), bias.contiguous(), gamma.contiguous(), beta.contiguous(), cos.contiguous(),
+               sin.contiguous())
+    if residual is None:
+        q, k, v, _mean, _rstd = library_op("qkv")(x.contiguous(), *tensors, **options)
+        return q, k, v
+    q, k, v, total, _mean, _rstd = library_op("add_qkv")(x.contiguous(), residual.contiguous(), *tensors, **options)
+    return q, k, v, total
+
+
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   initial_state: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
     """The depthwise causal conv1d of Mamba and Hyena blocks with nikki's causal_conv1d kernel:

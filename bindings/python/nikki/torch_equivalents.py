@@ -360,6 +360,53 @@ def _rmsnorm_quant_dynamic(x, gamma, params):
     return [_to_fp8_grid((y / scales[:, None]).clamp(-_E4M3_MAX, _E4M3_MAX)), scales]
 
 
+def _qkv_norm(x, gamma, beta, params):
+    """(x_norm, mean, rstd) of the rows of x [B, S, H] as the qkv kernels define them: norm 0 passes
+    x through (mean 0, rstd 1), 1 is F.rms_norm (mean 0), 2 is F.layer_norm."""
+    rows, norm, eps = x.reshape(-1, x.shape[-1]), int(params["norm"]), params["eps"]
+    zeros, ones = rows.new_zeros(rows.shape[0]), rows.new_ones(rows.shape[0])
+    if norm == 0:
+        return x, zeros, ones
+    if norm == 1:
+        return F.rms_norm(x, (x.shape[-1],), gamma, eps), zeros, torch.rsqrt(rows.pow(2).mean(-1) + eps)
+    return (F.layer_norm(x, (x.shape[-1],), gamma, beta, eps), rows.mean(-1),
+            torch.rsqrt(rows.var(-1, unbiased=False) + eps))
+
+
+def _qkv_heads(x, w_qkv, bias, gamma, beta, cos, sin, params):
+    """[q, k, v, mean, rstd]: F.linear on the normalized x, the heads split to [B, heads, S, D], q
+    and k rotated by Hugging Face's apply_rotary_pos_emb."""
+    hq, hkv = int(params["q_heads"]), int(params["kv_heads"])
+    b, s, _ = x.shape
+    normed, mean, rstd = _qkv_norm(x, gamma, beta, params)
+    d = w_qkv.shape[1] // (hq + 2 * hkv)
+    heads = F.linear(normed, w_qkv.T, bias).reshape(b, s, hq + 2 * hkv, d).transpose(1, 2)
+    q, k, v = heads.split([hq, hkv, hkv], dim=1)
+    if params["rope"]:
+        q, k = (_apply_rotary_pos_emb(t, cos, sin, params) for t in (q, k))
+    return [q, k, v, mean, rstd]
+
+
+def _add_qkv(x, residual, w_qkv, bias, gamma, beta, cos, sin, params):
+    total = x + residual
+    q, k, v, mean, rstd = _qkv_heads(total, w_qkv, bias, gamma, beta, cos, sin, params)
+    return [q, k, v, total, mean, rstd]
+
+
+def _qkv_bwd(x, w_qkv, gamma, beta, cos, sin, mean, rstd, grad_q, grad_k, grad_v, params, grad_sum=None):
+    """torch's autograd of _qkv_heads (bias zeros: its gradient does not depend on it); with
+    grad_sum (add_qkv's backward) the gradient reaching x is also grad_residual's."""
+    x, w_qkv, gamma, beta = (t.clone().requires_grad_() for t in (x, w_qkv, gamma, beta))
+    bias = x.new_zeros(w_qkv.shape[1], requires_grad=True)
+    q, k, v = _qkv_heads(x, w_qkv, bias, gamma, beta, cos, sin, params)[:3]
+    used = torch.autograd.grad((q, k, v), (x, w_qkv, bias, gamma, beta), (grad_q, grad_k, grad_v),
+                               allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(used, (x, w_qkv, bias, gamma, beta))]
+    if grad_sum is None:
+        return grads
+    return [grads[0] + grad_sum, grads[0] + grad_sum, *grads[1:]]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -405,6 +452,11 @@ TORCH = {
     "rmsnorm_quant": _rmsnorm_quant,
     "rmsnorm_quant_dynamic": _rmsnorm_quant_dynamic,
     "fp8_matmul": lambda a, a_scale, b, b_scale, bias, p: [(a @ b) * a_scale[:, None] * b_scale[None, :] + bias],
+    "qkv": _qkv_heads,
+    "qkv_bwd": _qkv_bwd,
+    "add_qkv": _add_qkv,
+    "add_qkv_bwd": lambda total, w, gamma, beta, cos, sin, mean, rstd, gq, gk, gv, grad_sum, p: _qkv_bwd(
+        total, w, gamma, beta, cos, sin, mean, rstd, gq, gk, gv, p, grad_sum),
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
