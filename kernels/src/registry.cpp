@@ -12,6 +12,7 @@
 #include "nikki/kernels/conv/causal_conv1d.hpp"
 #include "nikki/kernels/conv/causal_conv1d_bwd.hpp"
 #include "nikki/kernels/conv/conv1d.hpp"
+#include "nikki/kernels/conv/conv1d_bwd.hpp"
 #include "nikki/kernels/gather/embedding.hpp"
 #include "nikki/kernels/gather/rows.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
@@ -62,6 +63,7 @@ const std::vector<KernelInfo>& registry() {
       causal_conv1d_info(),
       causal_conv1d_bwd_info(),
       conv1d_info(),
+      conv1d_bwd_info(),
       embedding_info(),
       embedding_bwd_info(),
       gather_rows_info(),

@@ -825,7 +825,7 @@ def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            padding: int = 0, dilation: int = 1, groups: int = 1, activation: str | None = None) -> torch.Tensor:
     """``F.conv1d(x, weight, bias, stride, padding, dilation, groups)`` with nikki's conv1d kernel,
     then `activation` (None, "silu" or "gelu", the erf form): x [B, C_in, L], weight
-    [C_out, C_in / groups, K]. Forward only (no autograd)."""
+    [C_out, C_in / groups, K]. Differentiable in x, weight and bias (the conv1d_bwd kernel)."""
     what = "nikki.torch.conv1d"
     _tensor(x, f"{what}: x")
     _tensor(weight, f"{what}: weight")

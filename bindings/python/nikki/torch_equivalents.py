@@ -205,6 +205,11 @@ def _conv1d(x, weight, bias, params):
     return F.silu(out) if activation == 1 else F.gelu(out) if activation == 2 else out
 
 
+def _conv1d_bwd(x, weight, bias, grad_out, params):
+    x, weight, bias = leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    return list(torch.autograd.grad(_conv1d(x, weight, bias, params), leaves, grad_out))
+
+
 def _pool_window(params):
     """(kernel_size, stride, padding) of a pooling kernel's parameters (stride 0: the kernel)."""
     kernel = (int(params.get("kernel_h", 2)), int(params.get("kernel_w", 2)))
@@ -387,6 +392,7 @@ TORCH = {
     "causal_conv1d": lambda x, weight, bias, initial_state, p: [_causal_conv1d(x, weight, bias, initial_state, p)],
     "causal_conv1d_bwd": _causal_conv1d_bwd,
     "conv1d": lambda x, weight, bias, p: [_conv1d(x, weight, bias, p)],
+    "conv1d_bwd": _conv1d_bwd,
     "embedding": lambda weight, ids, p: [F.embedding(ids.long(), weight, padding_idx=_padding(p))],
     "embedding_bwd": _embedding_bwd,
     "gather_rows": lambda x, idx, p: [_gather_rows(x, idx, p)],
