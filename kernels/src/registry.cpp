@@ -31,6 +31,7 @@
 #include "nikki/kernels/scan/linear_recurrence.hpp"
 #include "nikki/kernels/scan/linear_recurrence_bwd.hpp"
 #include "nikki/kernels/scan/selective_scan.hpp"
+#include "nikki/kernels/scan/selective_scan_bwd.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
 namespace nikki::kernels {
@@ -78,6 +79,7 @@ const std::vector<KernelInfo>& registry() {
       linear_recurrence_info(),
       linear_recurrence_bwd_info(),
       selective_scan_info(),
+      selective_scan_bwd_info(),
       paged_decode_attention_info(),
       rmsnorm_quant_info(),
       rmsnorm_quant_dynamic_info(),

@@ -558,7 +558,7 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     kernel: u, delta, z [batch, dim, L], A [dim, N], B and C [batch, N, L] (or [batch, 1, N, L], one
     group), D and delta_bias [dim] or None, initial_state [batch, dim, N] or None (zeros).
     Returns y [batch, dim, L] in u's dtype, and the fp32 last state [batch, dim, N] too when
-    `return_last_state`. Forward only (no autograd)."""
+    `return_last_state`. Differentiable in every tensor argument (the selective_scan_bwd kernel)."""
     what = "nikki.torch.selective_scan"
     for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C)):
         _tensor(t, f"{what}: {name}")

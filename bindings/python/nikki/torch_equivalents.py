@@ -325,6 +325,15 @@ def _selective_scan(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, params):
     return [y, state]
 
 
+
+def _selective_scan_bwd(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, grad_y, grad_last_state, params):
+    leaves = [t.clone().requires_grad_() for t in (u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0)]
+    u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0 = leaves
+    y, last_state = _selective_scan(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, params)
+    grads = torch.autograd.grad((y, last_state), leaves, (grad_y, grad_last_state), allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
+
+
 def _paged_decode_attention(q, k_cache, v_cache, k, v, block_table, lengths, sinks, params):
     """vLLM's paged cache: position j of sequence b is row j % block_size of block
     block_table[b, j // block_size]. The decode step over each sequence's blocks gathered in table
@@ -407,6 +416,7 @@ TORCH = {
     "linear_recurrence": lambda a, b, h0, p: [_linear_recurrence(a, b, h0, p)],
     "linear_recurrence_bwd": _linear_recurrence_bwd,
     "selective_scan": _selective_scan,
+    "selective_scan_bwd": _selective_scan_bwd,
     "paged_decode_attention": _paged_decode_attention,
     "rmsnorm_quant": _rmsnorm_quant,
     "rmsnorm_quant_dynamic": _rmsnorm_quant_dynamic,
