@@ -14,6 +14,7 @@
 #include "nikki/kernels/conv/causal_conv1d.hpp"
 #include "nikki/kernels/conv/causal_conv1d_bwd.hpp"
 #include "nikki/kernels/conv/conv1d.hpp"
+#include "nikki/kernels/conv/conv1d_bwd.hpp"
 #include "nikki/kernels/gather/embedding.hpp"
 #include "nikki/kernels/gather/rows.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
@@ -32,6 +33,7 @@
 #include "nikki/kernels/scan/linear_recurrence.hpp"
 #include "nikki/kernels/scan/linear_recurrence_bwd.hpp"
 #include "nikki/kernels/scan/selective_scan.hpp"
+#include "nikki/kernels/scan/selective_scan_bwd.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
 namespace nikki::kernels {
@@ -64,6 +66,7 @@ const std::vector<KernelInfo>& registry() {
       causal_conv1d_info(),
       causal_conv1d_bwd_info(),
       conv1d_info(),
+      conv1d_bwd_info(),
       embedding_info(),
       embedding_bwd_info(),
       gather_rows_info(),
@@ -78,6 +81,7 @@ const std::vector<KernelInfo>& registry() {
       linear_recurrence_info(),
       linear_recurrence_bwd_info(),
       selective_scan_info(),
+      selective_scan_bwd_info(),
       paged_decode_attention_info(),
       rmsnorm_quant_info(),
       rmsnorm_quant_dynamic_info(),

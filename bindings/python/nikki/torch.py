@@ -558,7 +558,7 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     kernel: u, delta, z [batch, dim, L], A [dim, N], B and C [batch, N, L] (or [batch, 1, N, L], one
     group), D and delta_bias [dim] or None, initial_state [batch, dim, N] or None (zeros).
     Returns y [batch, dim, L] in u's dtype, and the fp32 last state [batch, dim, N] too when
-    `return_last_state`. Forward only (no autograd)."""
+    `return_last_state`. Differentiable in every tensor argument (the selective_scan_bwd kernel)."""
     what = "nikki.torch.selective_scan"
     for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C)):
         _tensor(t, f"{what}: {name}")
@@ -908,7 +908,7 @@ def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            padding: int = 0, dilation: int = 1, groups: int = 1, activation: str | None = None) -> torch.Tensor:
     """``F.conv1d(x, weight, bias, stride, padding, dilation, groups)`` with nikki's conv1d kernel,
     then `activation` (None, "silu" or "gelu", the erf form): x [B, C_in, L], weight
-    [C_out, C_in / groups, K]. Forward only (no autograd)."""
+    [C_out, C_in / groups, K]. Differentiable in x, weight and bias (the conv1d_bwd kernel)."""
     what = "nikki.torch.conv1d"
     _tensor(x, f"{what}: x")
     _tensor(weight, f"{what}: weight")

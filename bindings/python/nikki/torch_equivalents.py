@@ -205,6 +205,11 @@ def _conv1d(x, weight, bias, params):
     return F.silu(out) if activation == 1 else F.gelu(out) if activation == 2 else out
 
 
+def _conv1d_bwd(x, weight, bias, grad_out, params):
+    x, weight, bias = leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    return list(torch.autograd.grad(_conv1d(x, weight, bias, params), leaves, grad_out))
+
+
 def _pool_window(params):
     """(kernel_size, stride, padding) of a pooling kernel's parameters (stride 0: the kernel)."""
     kernel = (int(params.get("kernel_h", 2)), int(params.get("kernel_w", 2)))
@@ -318,6 +323,15 @@ def _selective_scan(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, params):
     if params.get("gate", 0):
         y = y * F.silu(z)
     return [y, state]
+
+
+
+def _selective_scan_bwd(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, grad_y, grad_last_state, params):
+    leaves = [t.clone().requires_grad_() for t in (u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0)]
+    u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0 = leaves
+    y, last_state = _selective_scan(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, params)
+    grads = torch.autograd.grad((y, last_state), leaves, (grad_y, grad_last_state), allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
 
 
 def _paged_decode_attention(q, k_cache, v_cache, k, v, block_table, lengths, sinks, params):
@@ -434,6 +448,7 @@ TORCH = {
     "causal_conv1d": lambda x, weight, bias, initial_state, p: [_causal_conv1d(x, weight, bias, initial_state, p)],
     "causal_conv1d_bwd": _causal_conv1d_bwd,
     "conv1d": lambda x, weight, bias, p: [_conv1d(x, weight, bias, p)],
+    "conv1d_bwd": _conv1d_bwd,
     "embedding": lambda weight, ids, p: [F.embedding(ids.long(), weight, padding_idx=_padding(p))],
     "embedding_bwd": _embedding_bwd,
     "gather_rows": lambda x, idx, p: [_gather_rows(x, idx, p)],
@@ -448,6 +463,7 @@ TORCH = {
     "linear_recurrence": lambda a, b, h0, p: [_linear_recurrence(a, b, h0, p)],
     "linear_recurrence_bwd": _linear_recurrence_bwd,
     "selective_scan": _selective_scan,
+    "selective_scan_bwd": _selective_scan_bwd,
     "paged_decode_attention": _paged_decode_attention,
     "rmsnorm_quant": _rmsnorm_quant,
     "rmsnorm_quant_dynamic": _rmsnorm_quant_dynamic,
