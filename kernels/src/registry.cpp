@@ -16,6 +16,7 @@
 #include "nikki/kernels/gather/rows.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
+#include "nikki/kernels/moe/find_nonzero_indices.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
 #include "nikki/kernels/moe/topk.hpp"
 #include "nikki/kernels/norm/add_rmsnorm.hpp"
@@ -80,6 +81,7 @@ const std::vector<KernelInfo>& registry() {
       rmsnorm_quant_info(),
       rmsnorm_quant_dynamic_info(),
       fp8_matmul_info(),
+      find_nonzero_indices_info(),
   };
   return kernels;
 }

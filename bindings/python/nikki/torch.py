@@ -30,7 +30,7 @@ __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk"
            "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "rms_norm_quant", "fp8_matmul", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
            "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d", "avg_pool2d", "linear_recurrence",
-           "selective_scan", "paged_decode_attention"]
+           "selective_scan", "paged_decode_attention", "find_nonzero_indices"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -1029,3 +1029,21 @@ def avg_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, ceil_mo
                       "scale the result: avg_pool2d(x, ...) * kernel area / divisor")
     return _pool_call("avg_pool2d", what, input, kernel_size, stride, padding,
                       count_include_pad=check_bool(count_include_pad, f"{what}: count_include_pad"))
+
+
+# --- mixture of experts ---------------------------------------------------------------------------
+
+def find_nonzero_indices(x: torch.Tensor, chunk_size: int = 0):
+    """The rows of the nonzero entries of each column of x [T, C] with nikki's find_nonzero_indices
+    kernel (nki-library's): returns (indices [C, T] int32, the rows t with x[t, c] != 0 in
+    increasing order, then -1; nonzero_counts [C] int32). x: float, int32 or bool (a routing
+    mask). `chunk_size`: rows compacted at a time, a multiple of 128 (0: the kernel chooses).
+    Not differentiable."""
+    what = "nikki.torch.find_nonzero_indices"
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int64):
+        x = x.to(torch.int32)
+    _tensor(x, f"{what}: x", min_dim=2)
+    if x.dim() != 2:
+        raise argument_error(f"{what}: x", "a 2-D tensor [T, C]", x, got=f"a {x.dim()}-d tensor")
+    chunk_size = check_int(chunk_size, f"{what}: chunk_size", 0)
+    return library_op("find_nonzero_indices")(x.contiguous(), chunk_size=chunk_size)

@@ -360,6 +360,20 @@ def _rmsnorm_quant_dynamic(x, gamma, params):
     return [_to_fp8_grid((y / scales[:, None]).clamp(-_E4M3_MAX, _E4M3_MAX)), scales]
 
 
+# --- mixture of experts ---------------------------------------------------------------------------
+
+def _find_nonzero_indices(x, params):
+    """Per column of x [T, C], torch.nonzero's rows, then -1; and their count."""
+    T, C = x.shape
+    indices = torch.full((C, T), -1, dtype=torch.int64)
+    counts = torch.zeros(C, dtype=torch.int64)
+    for c in range(C):
+        rows = torch.nonzero(x[:, c] != 0).reshape(-1)
+        indices[c, :rows.numel()] = rows
+        counts[c] = rows.numel()
+    return [indices, counts]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -405,6 +419,8 @@ TORCH = {
     "rmsnorm_quant": _rmsnorm_quant,
     "rmsnorm_quant_dynamic": _rmsnorm_quant_dynamic,
     "fp8_matmul": lambda a, a_scale, b, b_scale, bias, p: [(a @ b) * a_scale[:, None] * b_scale[None, :] + bias],
+    # mixture of experts
+    "find_nonzero_indices": _find_nonzero_indices,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
