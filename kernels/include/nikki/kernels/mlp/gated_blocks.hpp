@@ -73,13 +73,7 @@ class GatedBlocks {
     nH_ = ceil_div(H, P_);
     nI_ = ceil_div(I, P_);
     const int64_t tpb = ts.psum_bank_fmax_bytes / (P_ * es);  // 128-wide transposes per PSUM bank
-    const int64_t biases_in_flight = biases ? kBiases : 0;
-    auto spans_for = [&](int64_t block) { return std::max<int64_t>(1, 4 / ceil_div(block, P_)); };
-    auto footprint = [&](int64_t block) {
-      const int64_t spans = spans_for(block), slabs = std::max<int64_t>(4, kSlabBanks / spans);
-      return (nH_ + nI_) * block * es + (slabs + biases_in_flight) * spans * bank_ * es + kRows * H * es +
-             (kGates + kUps) * bank_ * 4 + 2 * kWork * bank_ * es;
-    };
+    auto footprint = [&](int64_t block) { return GatedBlocks::footprint(H, I, dt, block, biases); };
     std::optional<int64_t> fit;
     for (int64_t block = max_block; block >= min_block && !fit; block -= P_)
       if (budget.fits(footprint(block))) fit = block;
@@ -92,7 +86,7 @@ class GatedBlocks {
                      " KiB available",
                  "split I into parts and sum their outputs (the down projection is linear in h)");
     block_ = *fit;
-    spans_ = spans_for(block_);
+    spans_ = spans_for(block_, P_);
     width_ = spans_ * bank_;
     xT_ = budget.sbuf({P_, nH_, block_}, dt, "x_T");
     hT_ = budget.sbuf({P_, nI_, block_}, dt, "h_T");
@@ -106,6 +100,15 @@ class GatedBlocks {
     // PSUM (8 banks): six fp32 accumulators [128, 512] and two banks of transposes.
     acc_ring_ = budget.psum_ring({P_, bank_}, nl::float32, 6, "accumulator");
     tr_ring_ = budget.psum_ring({P_, tpb, P_}, dt, 2, "transposes");
+  }
+
+  /** @brief SBUF bytes per partition the buffers of blocks of `block` tokens take. */
+  static int64_t footprint(int64_t H, int64_t I, DType dt, int64_t block, bool biases) {
+    const nl::TileSize ts = nl::tile_size();
+    const int64_t P = ts.pmax, bank = ts.psum_bank_fmax, es = dtype_size(dt);
+    const int64_t spans = spans_for(block, P), slabs = std::max<int64_t>(4, kSlabBanks / spans);
+    return (ceil_div(H, P) + ceil_div(I, P)) * block * es + (slabs + (biases ? kBiases : 0)) * spans * bank * es +
+           kRows * H * es + (kGates + kUps) * bank * 4 + 2 * kWork * bank * es;
   }
 
   /** @brief Tokens per block. */
@@ -206,6 +209,9 @@ class GatedBlocks {
   }
 
  private:
+  /** A weight slab spans as many PSUM banks of columns as leave the accumulators of the block's
+   *  tiles in four banks: one for four tiles of tokens, four (2048 columns) for one (decode). */
+  static int64_t spans_for(int64_t block, int64_t P) { return std::max<int64_t>(1, 4 / ceil_div(block, P)); }
   static constexpr int64_t kSlabBanks = 16, kRows = 2, kWork = 2, kGates = 5, kUps = 2, kBiases = 4;
   int64_t H_, I_;
   DType dt_;
