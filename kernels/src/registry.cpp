@@ -17,6 +17,7 @@
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
 #include "nikki/kernels/moe/find_nonzero_indices.hpp"
+#include "nikki/kernels/moe/moe_prefill.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
 #include "nikki/kernels/moe/topk.hpp"
 #include "nikki/kernels/norm/add_rmsnorm.hpp"
@@ -82,6 +83,7 @@ const std::vector<KernelInfo>& registry() {
       rmsnorm_quant_dynamic_info(),
       fp8_matmul_info(),
       find_nonzero_indices_info(),
+      moe_prefill_info(),
   };
   return kernels;
 }

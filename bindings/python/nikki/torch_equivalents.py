@@ -374,6 +374,24 @@ def _find_nonzero_indices(x, params):
     return [indices, counts]
 
 
+def _moe_prefill(x, expert_ids, weights, w_gate, w_up, w_down, params):
+    """The loop over experts: each expert's gated MLP on the tokens routed to it, scaled by the
+    sum of the weights of the slots that name it (ids outside [0, E) route nowhere)."""
+    act = _GATE_ACTIVATIONS[int(params["activation"])]
+    num_experts = w_gate.shape[0]
+    ids = expert_ids.long()
+    out = torch.zeros_like(x)
+    for e in range(num_experts):
+        affinity = (weights * (ids == e)).sum(-1)
+        routed = (ids == e).any(-1)
+        if not routed.any():
+            continue
+        xe = x[routed]
+        y = (act(xe @ w_gate[e]) * (xe @ w_up[e])) @ w_down[e]
+        out[routed] += affinity[routed, None].to(y.dtype) * y
+    return [out]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -421,6 +439,7 @@ TORCH = {
     "fp8_matmul": lambda a, a_scale, b, b_scale, bias, p: [(a @ b) * a_scale[:, None] * b_scale[None, :] + bias],
     # mixture of experts
     "find_nonzero_indices": _find_nonzero_indices,
+    "moe_prefill": _moe_prefill,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

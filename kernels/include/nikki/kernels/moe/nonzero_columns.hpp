@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,15 +46,35 @@ inline void require_nonzero_with_count(const ArgumentCheck& check, const Tensor&
                "NeuronCore-v3 (trn2) and later", "trace the kernel for target trn2");
 }
 
+/** @brief A PSUM ring of `slots` [P, free] tiles (as Ring::psum) in banks from `first_bank` on,
+ *  placed there rather than by the allocator: a kernel whose later phase needs the PSUM
+ *  unfragmented puts an earlier phase's tiles in the last banks. */
+inline toolkit::Ring psum_ring_at(toolkit::Budget& budget, int64_t P, int64_t free, DType dtype, int64_t slots,
+                                  int64_t first_bank, const std::string& name) {
+  const nl::TileSize ts = nl::tile_size();
+  const int64_t bank_elems = ts.psum_bank_fmax_bytes / dtype_size(dtype), per_bank = bank_elems / free;
+  const int64_t banks = ceil_div(slots, per_bank);
+  budget.reserve_psum(banks, name);
+  Tensor t = nl::ndarray({P, banks, bank_elems}, dtype, nl::psum, name,
+                         Address{0, static_cast<uint32_t>(first_bank * ts.psum_bank_fmax_bytes)});
+  std::vector<Tensor> views;
+  for (int64_t s = 0; s < slots; ++s) views.push_back(t(nl::all, s / per_bank, nl::ds((s % per_bank) * free, free)));
+  return toolkit::Ring(std::move(views));
+}
+
+/** @brief PSUM banks nonzero_columns' transposes take. */
+inline constexpr int64_t kNonzeroPsumBanks = 2;
+
 /**
  * @brief Records indices[c, 0 : n_c] = the rows t < T whose column c is nonzero (increasing),
  * indices[c, n_c : W] = -1, counts[c] = n_c, for the T x C matrix that `source` describes.
  * `indices` is int32 [C, W] with W >= T (rows may be padded), `counts` int32 [C]. `chunk`: rows
- * per chunk (a multiple of 128; 0 chooses from the SBUF `budget` leaves).
+ * per chunk (a multiple of 128; 0 chooses from the SBUF `budget` leaves). `psum_bank`: where
+ * its kNonzeroPsumBanks banks of transposes go (see psum_ring_at; nullopt: the allocator's choice).
  */
 inline void nonzero_columns(toolkit::TaskScheduler& sch, toolkit::Budget& budget, const ArgumentCheck& check,
                             int64_t T, int64_t C, const IndicatorSource& source, const Tensor& indices,
-                            const Tensor& counts, int64_t chunk = 0) {
+                            const Tensor& counts, int64_t chunk = 0, std::optional<int64_t> psum_bank = std::nullopt) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   const auto all = nl::all;
@@ -75,7 +96,9 @@ inline void nonzero_columns(toolkit::TaskScheduler& sch, toolkit::Budget& budget
   toolkit::Ring dst_ring = budget.sbuf_ring({P, L + 1}, nl::int32, 2, "compacted_rows");
   Tensor carry = budget.sbuf({P, rounds}, nl::int32, "carry");
   Tensor fill = budget.sbuf({P, std::clamp<int64_t>(C * W / P, 1, 2048)}, nl::int32, "padding_fill");
-  toolkit::Ring tr_ring = budget.psum_ring({P, P}, nl::bfloat16, 16, "indicator_transposes");
+  constexpr int64_t kTransposes = 16;
+  toolkit::Ring tr_ring = psum_bank ? psum_ring_at(budget, P, P, nl::bfloat16, kTransposes, *psum_bank, "indicator_transposes")
+                                    : budget.psum_ring({P, P}, nl::bfloat16, kTransposes, "indicator_transposes");
 
   // nonzero_with_count writes only the partitions of the GpSimd cores: the others of each
   // compacted tile are cleared once, so that the carry update reads defined values.
