@@ -19,6 +19,8 @@
 #include "nikki/kernels/gather/rows.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
+#include "nikki/kernels/moe/find_nonzero_indices.hpp"
+#include "nikki/kernels/moe/moe_prefill.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
 #include "nikki/kernels/moe/topk.hpp"
 #include "nikki/kernels/norm/add_rmsnorm.hpp"
@@ -90,6 +92,8 @@ const std::vector<KernelInfo>& registry() {
       qkv_bwd_info(),
       add_qkv_info(),
       add_qkv_bwd_info(),
+      find_nonzero_indices_info(),
+      moe_prefill_info(),
   };
   return kernels;
 }

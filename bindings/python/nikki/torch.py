@@ -30,7 +30,7 @@ __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk"
            "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "rms_norm_quant", "fp8_matmul", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
            "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d", "avg_pool2d", "linear_recurrence",
-           "selective_scan", "paged_decode_attention"]
+           "selective_scan", "paged_decode_attention", "find_nonzero_indices", "moe_prefill"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -1112,3 +1112,54 @@ def avg_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, ceil_mo
                       "scale the result: avg_pool2d(x, ...) * kernel area / divisor")
     return _pool_call("avg_pool2d", what, input, kernel_size, stride, padding,
                       count_include_pad=check_bool(count_include_pad, f"{what}: count_include_pad"))
+
+
+# --- mixture of experts ---------------------------------------------------------------------------
+
+def find_nonzero_indices(x: torch.Tensor, chunk_size: int = 0):
+    """The rows of the nonzero entries of each column of x [T, C] with nikki's find_nonzero_indices
+    kernel (nki-library's): returns (indices [C, T] int32, the rows t with x[t, c] != 0 in
+    increasing order, then -1; nonzero_counts [C] int32). x: float, int32 or bool (a routing
+    mask). `chunk_size`: rows compacted at a time, a multiple of 128 (0: the kernel chooses).
+    Not differentiable."""
+    what = "nikki.torch.find_nonzero_indices"
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int64):
+        x = x.to(torch.int32)
+    _tensor(x, f"{what}: x", min_dim=2)
+    if x.dim() != 2:
+        raise argument_error(f"{what}: x", "a 2-D tensor [T, C]", x, got=f"a {x.dim()}-d tensor")
+    chunk_size = check_int(chunk_size, f"{what}: chunk_size", 0)
+    return library_op("find_nonzero_indices")(x.contiguous(), chunk_size=chunk_size)
+
+
+def moe_prefill(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, w_gate: torch.Tensor,
+                w_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu", block_size: int = 0):
+    """The experts of a mixture-of-experts layer with nikki's moe_prefill kernel (dropless,
+    blockwise; the routing metadata is built on the device): for x [..., H], the routing of
+    router_topk (expert_ids [..., k] integers, weights [..., k]) and stacked expert weights
+    w_gate, w_up [E, H, I], w_down [E, I, H], returns [..., H] = the sum over the slots j of
+    weights[..., j] * expert_{expert_ids[..., j]}(x). activation "silu", "gelu" or "gelu_tanh";
+    block_size 128, 256 or 512 tokens (0: the kernel chooses). Forward only (no gradient)."""
+    what = "nikki.torch.moe_prefill"
+    if isinstance(expert_ids, torch.Tensor) and expert_ids.is_floating_point():
+        raise argument_error(f"{what}: expert_ids", "an integer tensor", expert_ids, got=str(expert_ids.dtype))
+    if isinstance(expert_ids, torch.Tensor):
+        expert_ids = expert_ids.to(torch.int32)
+    for name, t in (("x", x), ("expert_ids", expert_ids), ("weights", weights), ("w_gate", w_gate), ("w_up", w_up),
+                    ("w_down", w_down)):
+        _tensor(t, f"{what}: {name}")
+    if activation not in _GATE_ACTIVATIONS:
+        raise argument_error(f"{what}: activation", f"one of {', '.join(map(repr, _GATE_ACTIVATIONS))}", activation)
+    if tuple(weights.shape) != tuple(expert_ids.shape) or tuple(expert_ids.shape[:-1]) != tuple(x.shape[:-1]):
+        raise argument_error(f"{what}: weights", "the shape of expert_ids, x's leading dims by k",
+                             weights, got=f"weights {tuple(weights.shape)}, expert_ids {tuple(expert_ids.shape)}")
+    block_size = check_int(block_size, f"{what}: block_size", 0)
+    _one_device(what, (("x", x), ("expert_ids", expert_ids), ("weights", weights), ("w_gate", w_gate),
+                       ("w_up", w_up), ("w_down", w_down)))
+    k = expert_ids.shape[-1]
+    out = library_op("moe_prefill")(x.reshape(-1, x.shape[-1]).contiguous(),
+                                    expert_ids.reshape(-1, k).contiguous(),
+                                    weights.reshape(-1, k).to(torch.float32).contiguous(), w_gate.contiguous(),
+                                    w_up.contiguous(), w_down.contiguous(),
+                                    activation=_GATE_ACTIVATIONS.index(activation), block_size=block_size)
+    return out.reshape(x.shape)

@@ -421,6 +421,38 @@ def _qkv_bwd(x, w_qkv, gamma, beta, cos, sin, mean, rstd, grad_q, grad_k, grad_v
     return [grads[0] + grad_sum, grads[0] + grad_sum, *grads[1:]]
 
 
+# --- mixture of experts ---------------------------------------------------------------------------
+
+def _find_nonzero_indices(x, params):
+    """Per column of x [T, C], torch.nonzero's rows, then -1; and their count."""
+    T, C = x.shape
+    indices = torch.full((C, T), -1, dtype=torch.int64)
+    counts = torch.zeros(C, dtype=torch.int64)
+    for c in range(C):
+        rows = torch.nonzero(x[:, c] != 0).reshape(-1)
+        indices[c, :rows.numel()] = rows
+        counts[c] = rows.numel()
+    return [indices, counts]
+
+
+def _moe_prefill(x, expert_ids, weights, w_gate, w_up, w_down, params):
+    """The loop over experts: each expert's gated MLP on the tokens routed to it, scaled by the
+    sum of the weights of the slots that name it (ids outside [0, E) route nowhere)."""
+    act = _GATE_ACTIVATIONS[int(params["activation"])]
+    num_experts = w_gate.shape[0]
+    ids = expert_ids.long()
+    out = torch.zeros_like(x)
+    for e in range(num_experts):
+        affinity = (weights * (ids == e)).sum(-1)
+        routed = (ids == e).any(-1)
+        if not routed.any():
+            continue
+        xe = x[routed]
+        y = (act(xe @ w_gate[e]) * (xe @ w_up[e])) @ w_down[e]
+        out[routed] += affinity[routed, None].to(y.dtype) * y
+    return [out]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -473,6 +505,9 @@ TORCH = {
     "add_qkv": _add_qkv,
     "add_qkv_bwd": lambda total, w, gamma, beta, cos, sin, mean, rstd, gq, gk, gv, grad_sum, p: _qkv_bwd(
         total, w, gamma, beta, cos, sin, mean, rstd, gq, gk, gv, p, grad_sum),
+    # mixture of experts
+    "find_nonzero_indices": _find_nonzero_indices,
+    "moe_prefill": _moe_prefill,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}
