@@ -729,20 +729,35 @@ def fp8_matmul(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale:
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None, window: int = 0) -> torch.Tensor:
+                    scale: float | None = None, window: int = 0, sinks: torch.Tensor | None = None,
+                    softcap: float = 0.0, prefix_len: int = 0) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)``
     with nikki's flash attention kernels: q [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv
     dividing H (grouped-query attention). `window` > 0 is a sliding window (causal implied): key
-    j is visible from query i when i - window < j <= i."""
+    j is visible from query i when i + prefix_len - window < j <= i + prefix_len.
+
+    `sinks`: optional float32 [H] attention sink logits (GPT-OSS): each joins its head's softmax
+    denominator but weighs no value (None: no sinks). `softcap` > 0 soft-caps the scaled scores to
+    ``softcap * tanh(s / softcap)`` (Gemma 2). `prefix_len`: the first prefix_len rows of k and v
+    are a cached prefix before the S active keys (prefix caching), so query i sits at key position
+    i + prefix_len; it needs causal or a window. Differentiable in q, k, v and sinks."""
+    what = "nikki.torch.flash_attention"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _tensor(t, f"nikki.torch.flash_attention: {name}")
-    causal = check_bool(causal, "nikki.torch.flash_attention: causal")
-    _one_device("nikki.torch.flash_attention", (("q", q), ("k", k), ("v", v)))
+        _tensor(t, f"{what}: {name}")
+    causal = check_bool(causal, f"{what}: causal")
     if scale is not None:
-        scale = check_real(scale, "nikki.torch.flash_attention: scale", finite=True)
-    window = check_int(window, "nikki.torch.flash_attention: window", minimum=0)
-    out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(),
-                                              causal=causal, scale=scale, window=window)
+        scale = check_real(scale, f"{what}: scale", finite=True)
+    window = check_int(window, f"{what}: window", minimum=0)
+    softcap = check_real(softcap, f"{what}: softcap", finite=True)
+    prefix_len = check_int(prefix_len, f"{what}: prefix_len", minimum=0)
+    if sinks is not None:
+        _tensor(sinks, f"{what}: sinks")
+    _one_device(what, (("q", q), ("k", k), ("v", v), ("sinks", sinks)))
+    if sinks is None:
+        sinks = torch.full((q.shape[1] if q.dim() == 4 else 1,), -math.inf, dtype=torch.float32, device=q.device)
+    out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(), sinks.contiguous(),
+                                              causal=causal, scale=scale, window=window, softcap=softcap,
+                                              prefix_len=prefix_len)
     return out
 
 

@@ -22,35 +22,46 @@ def _scale(params, d):
     return None if s is None or math.isnan(s) else s
 
 
-def _window_mask(s, skv, window):
-    """Sliding window (causal implied): key j visible from query i when i - window < j <= i."""
-    i, j = torch.arange(s)[:, None], torch.arange(skv)[None]
-    return (j <= i) & (j > i - window)
+def _visible_keys(s, skv, params):
+    """flash_attention's mask: None without one, else where query i (at key position
+    i + prefix_len) sees key j: j <= i + prefix_len (causal), and j > i + prefix_len - window."""
+    window, prefix = int(params.get("window", 0)), int(params.get("prefix_len", 0))
+    if not (params.get("causal", 0) or window):
+        return None
+    i, j = torch.arange(s)[:, None] + prefix, torch.arange(skv)[None]
+    return (j <= i) & (j > i - window) if window else j <= i
 
 
-def _sdpa(q, k, v, params):
-    window = int(params.get("window", 0))
-    if window:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(q.shape[2], k.shape[2], window),
-                                              scale=_scale(params, q.shape[-1]), enable_gqa=True)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(params.get("causal", 0)),
-                                          scale=_scale(params, q.shape[-1]), enable_gqa=True)
-
-
-def _attention_lse(q, k, params):
-    group = q.shape[1] // k.shape[1]
+def _attention_logits(q, k, sinks, params):
+    """Scaled, soft-capped, masked scores [B, H, S, Skv] with each head's sink logit as a last
+    column: the softmax over it is flash_attention's."""
     scale = _scale(params, q.shape[-1]) or 1 / math.sqrt(q.shape[-1])
-    s = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)) * scale
-    if params.get("window", 0):
-        s = s.masked_fill(~_window_mask(s.shape[-2], s.shape[-1], int(params["window"])), float("-inf"))
-    elif params.get("causal", 0):
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-    return torch.logsumexp(s, -1)
+    s = (q @ k.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-1, -2)) * scale
+    cap = params.get("softcap", 0)
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    visible = _visible_keys(s.shape[-2], s.shape[-1], params)
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    return torch.cat([s, sinks.to(s.dtype)[None, :, None, None].expand(*s.shape[:-1], 1)], -1)
 
 
-def _attention_bwd(q, k, v, out, lse, grad_out, params):
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    return list(torch.autograd.grad(_sdpa(q, k, v, params), (q, k, v), grad_out))
+def _flash_attention(q, k, v, sinks, params):
+    """[out, lse]: PyTorch's fused SDPA when the call has no sink and no soft-cap (what the
+    benchmarks time), else a softmax over the scores and the sink column."""
+    if params.get("softcap", 0) == 0 and bool(torch.isneginf(sinks).all()):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=_visible_keys(q.shape[2], k.shape[2], params),
+                                             scale=_scale(params, q.shape[-1]), enable_gqa=True)
+    else:
+        p = torch.softmax(_attention_logits(q, k, sinks, params), -1)[..., :-1]
+        out = p @ v.repeat_interleave(q.shape[1] // k.shape[1], 1)
+    return [out, torch.logsumexp(_attention_logits(q, k, sinks, params), -1)]
+
+
+def _attention_bwd(q, k, v, sinks, out, lse, grad_out, params):
+    q, k, v, sinks = (t.clone().requires_grad_() for t in (q, k, v, sinks))
+    return list(torch.autograd.grad(_flash_attention(q, k, v, sinks, params)[0], (q, k, v, sinks), grad_out,
+                                    allow_unused=True, materialize_grads=True))
 
 
 def _layernorm(x, gamma, beta, params):
@@ -461,7 +472,7 @@ TORCH = {
     "layernorm_bwd": _layernorm_bwd,
     "rmsnorm": _rmsnorm,
     "rmsnorm_bwd": _rmsnorm_bwd,
-    "flash_attention": lambda q, k, v, p: [_sdpa(q, k, v, p), _attention_lse(q, k, p)],
+    "flash_attention": _flash_attention,
     "flash_attention_bwd": _attention_bwd,
     "adamw": _adamw,
     "topk": _topk,
