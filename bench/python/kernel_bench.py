@@ -14,7 +14,8 @@ sweep, it reports:
   ratios measured in the same run. Large sizes skip the host runs (``--host-limit``).
 
 The sweep scales the kernel's registered benchmark shape: every dimension equal to the shape's
-largest one (rows, sequence length, the square matmul's sides, the flat parameter count) is
+largest one (rows, sequence length, the square matmul's sides, the flat parameter count), or to
+the size the registry names for the sweep (a fused projection's tokens and hidden size), is
 multiplied by 1/32 .. 1 (``--quick``: 1/64 only, one host repetition).
 
     PYTHONPATH=bindings/python python bench/python/kernel_bench.py [--kernel NAME ...] [--quick]
@@ -59,11 +60,11 @@ def sweep(info: dict, scales) -> list:
     """(label, [(shape, dtype)], params) for each scale of the kernel's benchmark shape."""
     bench = info["benchmark"]
     specs = [(tuple(shape), dtype) for shape, dtype in bench["inputs"]]
-    largest = max(d for shape, _ in specs for d in shape)
+    swept = bench.get("swept_size") or max(d for shape, _ in specs for d in shape)
     points = []
     for scale in scales:
-        n = max(1, int(round(largest * scale)))
-        scaled = [(tuple(n if d == largest else d for d in shape), dtype) for shape, dtype in specs]
+        n = max(1, int(round(swept * scale)))
+        scaled = [(tuple(n if d == swept else d for d in shape), dtype) for shape, dtype in specs]
         first, dtype = scaled[0]
         points.append((f"{list(first)} {to_dtype(dtype).name}", scaled, dict(bench["params"])))
     return points

@@ -96,6 +96,7 @@ py::dict describe(const kernels::KernelInfo& k) {
     b["bound"] = k.benchmark->bound == kernels::Bound::tensor_engine ? "tensor_engine" : "hbm";
     b["useful_flops"] = k.benchmark->useful_flops ? k.benchmark->useful_flops(k.benchmark->shape) : 0.0;
     b["goal"] = k.benchmark->goal;
+    b["swept_size"] = k.benchmark->swept_size;
     d["benchmark"] = b;
   } else {
     d["benchmark"] = py::none();

@@ -374,7 +374,8 @@ inline KernelInfo qkv_forward_info(bool residual) {
       .tolerance = {},
       .benchmark = Benchmark{qkv_case(qkv_benchmark_problem(), false, residual,
                                       "B=1 S=4096 H=4096 Hq=32 Hkv=8 D=128 bf16, rmsnorm, rope"),
-                             Bound::tensor_engine, [](const ExampleCase& c) { return qkv_flops(c, 1); }, 0.70},
+                             Bound::tensor_engine, [](const ExampleCase& c) { return qkv_flops(c, 1); }, 0.70, {},
+                             4096},  // tokens and hidden size: the q/k/v width follows the heads
   };
 }
 

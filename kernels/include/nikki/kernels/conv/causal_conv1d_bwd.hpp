@@ -197,7 +197,7 @@ inline ExampleCase causal_bwd_case(ExampleCase forward) {
 inline Tolerance causal_bwd_tolerance(const ExampleCase& c) {
   const Tolerance t = causal_tolerance(c);
   const Shape& x = c.inputs[0].shape;
-  return {t.rtol, t.atol * std::max(1.0, std::sqrt(double(x[0] * x[2])) / 2)};
+  return widened_for_sums(t, double(x[0] * x[2]), 2);
 }
 
 }  // namespace conv

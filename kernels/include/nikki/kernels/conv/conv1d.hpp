@@ -275,7 +275,7 @@ inline ExampleCase draw_conv1d_case(CaseRng& r) {
 inline Tolerance conv1d_tolerance(const ExampleCase& c) {
   const Tolerance t = dtype_tolerance(c.inputs[0].dtype);
   const double terms = double(c.inputs[1].shape[1] * c.inputs[1].shape[2]);
-  return {t.rtol, t.atol * std::max(1.0, std::sqrt(terms) / 4)};
+  return widened_for_sums(t, terms, 4);
 }
 
 }  // namespace conv

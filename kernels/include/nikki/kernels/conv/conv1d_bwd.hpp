@@ -384,7 +384,7 @@ inline Tolerance conv1d_bwd_tolerance(const ExampleCase& c) {
   const Tolerance t = dtype_tolerance(c.inputs[0].dtype);
   const Shape &x = c.inputs[0].shape, &w = c.inputs[1].shape, &gout = c.inputs[3].shape;
   const double terms = std::max(double(gout[0] * gout[2]), double(w[0] * w[2]) / double(x[1] / w[1]));
-  return {t.rtol, t.atol * std::max(1.0, std::sqrt(terms) / 64)};
+  return widened_for_sums(t, terms, 64);
 }
 
 }  // namespace conv

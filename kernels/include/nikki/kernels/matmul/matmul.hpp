@@ -493,6 +493,9 @@ inline KernelInfo matmul_info() {
       .examples = {mm({1, 1}, {1, 1}, DType::float32, "tiny"),
                    mm({130, 200}, {200, 520}, DType::bfloat16, "tails in every dim, two column tiles"),
                    mm({520, 130}, {130, 40}, DType::float32, "two row blocks, the last one partial"),
+                   ExampleCase{{spec({650, 300}, DType::bfloat16), spec({300, 600}, DType::bfloat16)},
+                               {{"rows_per_block", 3}},
+                               "blocks of 3 row tiles, the last one partial"},
                    mm({257, 1}, {1, 513}, DType::float32, "K = 1"),
                    mm({1, 1000}, {1000, 3}, DType::bfloat16, "one row, K over several chunks"),
                    mm({2, 40000}, {40000, 3}, DType::float32, "large K: split into blocks summed through HBM")},
@@ -500,7 +503,9 @@ inline KernelInfo matmul_info() {
           [mm](CaseRng& r) {
             const DType d = r.pick({DType::float32, DType::bfloat16, DType::float16});
             const int64_t M = r.size(1, 700), K = r.size(1, 900), N = r.size(1, 1100, 512);
-            return mm({M, K}, {K, N}, d, "drawn");
+            ExampleCase c = mm({M, K}, {K, N}, d, "drawn");
+            c.params.set("rows_per_block", r.pick({0, 1, 2, 3, 4}));
+            return c;
           },
       .tolerance = {},
       .benchmark = Benchmark{mm({4096, 4096}, {4096, 4096}, DType::bfloat16, "4096 x 4096 x 4096 bf16"),

@@ -181,7 +181,7 @@ inline ExampleCase draw_case(CaseRng& r) {
 inline Tolerance tolerance(const ExampleCase& c) {
   const Tolerance t = dtype_tolerance(c.inputs[0].dtype);
   const double terms = double(c.inputs[0].shape[1]);
-  return {t.rtol, c.inputs[0].dtype == DType::float32 ? t.atol * std::max(1.0, std::sqrt(terms) / 16) : t.atol};
+  return c.inputs[0].dtype == DType::float32 ? widened_for_sums(t, terms, 16) : t;
 }
 
 inline std::vector<ExampleCase> examples() {

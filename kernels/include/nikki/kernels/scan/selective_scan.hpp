@@ -119,6 +119,20 @@ struct SelectiveMath {
   static void product(const Tensor& dst, const Tensor& x, const Tensor& y, Engine engine) {
     isa::tensor_tensor(dst, x, y, nl::multiply, engine);
   }
+  /** Loads each channel tile's operands into its slot of `columns` [P, tiles, N + 2]: A's N
+   *  columns, then Dskip, then delta_bias. */
+  static void load_channel_operands(toolkit::TaskScheduler& sch, const Tensor& columns,
+                                    const std::vector<conv::ChannelTile>& tiles, const Tensor& A,
+                                    const Tensor& Dskip, const Tensor& delta_bias) {
+    const int64_t N = A.shape()[1];
+    for (size_t ti = 0; ti < tiles.size(); ++ti) {
+      const Slice ch = nl::ds(tiles[ti].c0, tiles[ti].p);
+      const Tensor col = columns(nl::ds(0, tiles[ti].p), int64_t(ti), nl::all);
+      sch.add([=] { isa::dma_copy(col(nl::all, nl::ds(0, N)), A(ch, nl::all)); });
+      sch.add([=] { isa::dma_copy(col(nl::all, nl::ds(N, 1)), Dskip(ch).reshape({col.shape()[0], 1})); });
+      sch.add([=] { isa::dma_copy(col(nl::all, nl::ds(N + 1, 1)), delta_bias(ch).reshape({col.shape()[0], 1})); });
+    }
+  }
   /** skip = u * dskip ([p, 1] dskip) in fp32, on ScalarE. */
   static void skip(const Tensor& skip, const Tensor& u, const Tensor& dskip) {
     isa::activation(skip, nl::copy, u, {.scale = dskip});
@@ -181,14 +195,7 @@ inline std::vector<Tensor> selective_scan(const Tensor& u, const Tensor& delta, 
   toolkit::TaskScheduler sch;
   const auto all = nl::all;
   sch.add([&] { conv::DepthwiseTaps::identity(eye, ones); });
-  for (int64_t ti = 0; ti < T; ++ti) {
-    const conv::ChannelTile& ct = tiles[size_t(ti)];
-    const Slice ch = nl::ds(ct.c0, ct.p);
-    const Tensor col = columns(first(ct.p), ti, all);
-    sch.add([&] { isa::dma_copy(col(all, nl::ds(0, N)), A(ch, all)); });
-    sch.add([&] { isa::dma_copy(col(all, nl::ds(N, 1)), Dskip(ch).reshape({ct.p, 1})); });
-    sch.add([&] { isa::dma_copy(col(all, nl::ds(N + 1, 1)), delta_bias(ch).reshape({ct.p, 1})); });
-  }
+  selective::SelectiveMath::load_channel_operands(sch, columns, tiles, A, Dskip, delta_bias);
   const std::vector<toolkit::ColumnChunk> chunks = toolkit::column_chunks(s.L, W, 1);
   for (int64_t b = 0; b < s.B; ++b)
     for (size_t k = 0; k < chunks.size(); ++k) {

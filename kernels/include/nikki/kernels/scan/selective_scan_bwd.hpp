@@ -147,14 +147,7 @@ inline std::vector<Tensor> selective_scan_bwd(const Tensor& u, const Tensor& del
   sch.add([&] { isa::memset(zeros, 0.0, gpsimd); });
   sch.add([&] { isa::iota(reversing, {{-1, W}}, W - 1); });
   sch.add([&] { isa::iota(shifting, {{-1, W}}, W); });
-  for (int64_t ti = 0; ti < T; ++ti) {
-    const conv::ChannelTile& ct = tiles[size_t(ti)];
-    const Slice ch = nl::ds(ct.c0, ct.p);
-    const Tensor col = columns(first(ct.p), ti, all);
-    sch.add([&] { isa::dma_copy(col(all, nl::ds(0, N)), A(ch, all)); });
-    sch.add([&] { isa::dma_copy(col(all, nl::ds(N, 1)), Dskip(ch).reshape({ct.p, 1})); });
-    sch.add([&] { isa::dma_copy(col(all, nl::ds(N + 1, 1)), delta_bias(ch).reshape({ct.p, 1})); });
-  }
+  SelectiveMath::load_channel_operands(sch, columns, tiles, A, Dskip, delta_bias);
   const std::vector<toolkit::ColumnChunk> chunks = toolkit::column_chunks(s.L, W, 1);
   const auto broadcast = [&](const Tensor& m, int64_t b, int64_t t0, int64_t w) {
     return m(b, all, nl::ds(t0, w)).expand_dim(0).broadcast(0, P);
@@ -355,8 +348,8 @@ inline ExampleCase scan_bwd_case(ExampleCase forward) {
  *  out, as zeros, a third of the time: the common case of a loss on y only). */
 inline std::vector<RefTensor> scan_bwd_inputs(const ExampleCase& c, CaseRng& rng) {
   std::vector<RefTensor> in = scan_inputs(c, rng);
-  in.push_back(random_input(c.inputs[9], rng));
-  in.push_back(rng.coin(1.0 / 3) ? RefTensor(c.inputs[10].shape) : random_input(c.inputs[10], rng));
+  in[9] = random_input(c.inputs[9], rng);
+  in[10] = rng.coin(1.0 / 3) ? RefTensor(c.inputs[10].shape) : random_input(c.inputs[10], rng);
   return in;
 }
 
@@ -366,7 +359,7 @@ inline Tolerance scan_bwd_tolerance(const ExampleCase& c) {
   const Tolerance t = scan_tolerance(c);
   const Shape& u = c.inputs[0].shape;
   const double terms = double(std::max(u[1], u[0] * u[2]));
-  return {t.rtol, t.atol * std::max(1.0, std::sqrt(terms) / 8)};
+  return widened_for_sums(t, terms, 8);
 }
 
 }  // namespace selective

@@ -189,6 +189,13 @@ inline Tolerance dtype_tolerance(DType dtype) {
   }
 }
 
+/** @brief `t` for results that are sums of `terms` fp32 terms: their roundings grow like the
+ *  square root of the count, so atol grows by sqrt(terms) / `free_root` once that exceeds 1
+ *  (`free_root` is the root of the count `t` already allows for). */
+inline Tolerance widened_for_sums(Tolerance t, double terms, double free_root) {
+  return {t.rtol, t.atol * std::max(1.0, std::sqrt(terms) / free_root)};
+}
+
 /** @brief What bounds a kernel's estimated time: the Tensor engine or HBM bandwidth. */
 enum class Bound { tensor_engine, hbm };
 
@@ -206,6 +213,10 @@ struct Benchmark {
   /** Bound::hbm: the compulsory HBM bytes when they are not every input read once and every
    *  output written once (a gather reads only the rows it names); the default when null. */
   std::function<double(const ExampleCase&)> compulsory_bytes;
+  /** The dimension size the benchmark's size sweep scales (every dim of that size, in every
+   *  input); 0: the largest dim. Set it where the largest dim is not the problem's size (a fused
+   *  projection's output width). */
+  int64_t swept_size = 0;
 };
 
 /** @brief Everything the registry knows about one library kernel. */
@@ -244,7 +255,15 @@ struct KernelInfo {
 
   /** @brief The inputs of `c`: make_inputs, or the default standard normal ones. */
   std::vector<RefTensor> inputs_for(const ExampleCase& c, CaseRng& rng) const {
-    if (make_inputs) return make_inputs(c, rng);
+    if (make_inputs) {
+      std::vector<RefTensor> made = make_inputs(c, rng);
+      bool fits = made.size() == c.inputs.size();
+      for (size_t i = 0; fits && i < made.size(); ++i) fits = made[i].shape == c.inputs[i].shape;
+      if (!fits)
+        throw InternalError("kernel '" + name + "': make_inputs does not give one tensor of each input's shape",
+                            std::source_location::current());
+      return made;
+    }
     std::vector<RefTensor> in;
     for (const TensorSpec& s : c.inputs) in.push_back(random_input(s, rng));
     return in;
