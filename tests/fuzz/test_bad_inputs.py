@@ -441,7 +441,7 @@ class Library(Entry):
         if ref is None:
             return None
         return ref(*[args[n] for n in self.kernel.inputs],
-                   **{n: args[n] for n, *_ in self.kernel.info["params"] if n in args})
+                   **{n: args[n] for n, *_ in self.kernel.info["params"] if n in args and n not in self.kernel.tuning})
 
 
 class TorchFunction(Entry):

@@ -14,6 +14,7 @@ import re
 
 from . import _core
 from .arguments import EXACT_INT_LIMIT, argument_error, check_bool, check_int, check_real, is_real
+from .autotune import Autotuned
 from .dtypes import to_dtype
 from .errors import KernelError, user_frame
 from .kernel import Kernel, _TensorArg, _for_user
@@ -102,8 +103,6 @@ class LibraryKernel(Kernel):
         return free, call
 
     def _autotuner(self, free: tuple):
-        from .autotune import Autotuned  # autotune estimates through this module's kernels
-
         tuner = self._autotuners.get(free)
         if tuner is None:
             configs = [dict(zip(free, values)) for values in itertools.product(*(self.tuning[n] for n in free))]
