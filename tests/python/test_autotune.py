@@ -61,6 +61,17 @@ def test_no_configuration_that_compiles_is_an_error(rng):
         tuned(rng.standard_normal((128, 512), dtype=np.float32))
 
 
+def test_an_error_every_configuration_shares_is_raised_as_the_kernel_raises_it():
+    """Arguments wrong whatever the tiling: the kernel's own error, at the kernel's line, not a
+    list of identical rejections."""
+    tuned = nikki.autotune(configs=[dict(tile=8), dict(tile=64)])(scale_by_tiles)
+    with pytest.raises(KernelError) as info:
+        tuned(np.ones((200, 512), dtype=np.float32))
+    text = str(info.value)
+    assert "number of partitions 200 of tensor 't' exceeds the architecture limit of 128" in text
+    assert "test_autotune.py\", line 17" in text and "no configuration compiles" not in text
+
+
 def test_the_choice_is_per_shape(rng):
     tuned = nikki.autotune(configs=[dict(tile=8), dict(tile=64)], target="trn2")(scale_by_tiles)
     wide = rng.standard_normal((128, 512), dtype=np.float32)
