@@ -106,7 +106,13 @@ def estimate(name: str, kernel, specs, params: dict, target: str) -> dict:
     """Estimated time, utilization against the kernel's bound, and roofline on one target."""
     bound = kernel.info["benchmark"]["bound"]
     args = [nikki.spec(shape, to_dtype(dtype)) for shape, dtype in specs]
-    prof = nikki.estimate(kernel, *args, target=target, **_call_params(kernel, params))
+    try:
+        prof = nikki.estimate(kernel, *args, target=target, **_call_params(kernel, params))
+    except nikki.KernelError as err:
+        if target == TARGETS[0]:
+            raise
+        # an older target without an instruction the kernel needs (moe_prefill on trn1)
+        return {"unsupported": str(err).splitlines()[0]}
     shapes = [(list(s), d) for s, d in specs]
     flops = _core.library_useful_flops(name, shapes, params) if bound == "tensor_engine" else None
     # A gather reads only the rows it names: its registration gives the compulsory bytes.
@@ -266,7 +272,7 @@ def markdown(rows: list, command: str, references: dict | None = None) -> str:
             t2, t1, h = r["trn2"], r["trn1"], r.get("host", {})
             ms = {k: h[k] * 1e3 for k in ("nikki_s", "torch_s", "numpy_eager_s") if k in h}
             lines.append(f"| {r['size']} | {t2['us']:.1f} | {100 * t2['utilization']:.1f}% | {t2['roofline_us']:.1f} "
-                         f"| {t1['us']:.1f} | {100 * t1['utilization']:.1f}% | "
+                         f"| {_time_and_utilization(t1)} | "
                          + " | ".join(f"{ms[k]:.2f}" if k in ms else "-" for k in ("nikki_s", "torch_s", "numpy_eager_s"))
                          + f" | {_ratio(ms.get('numpy_eager_s'), ms.get('nikki_s'))} "
                          f"| {_ratio(ms.get('torch_s'), ms.get('nikki_s'))} |")
@@ -279,9 +285,16 @@ def markdown(rows: list, command: str, references: dict | None = None) -> str:
             for r in wide:
                 t2, t1 = r["trn2"], r["trn1"]
                 lines.append(f"| {r['size']} | {t2['us']:.1f} | {1e3 * t2['us'] / _elements(r):.3f} | "
-                             f"{100 * t2['utilization']:.1f}% | {t1['us']:.1f} | {100 * t1['utilization']:.1f}% |")
+                             f"{100 * t2['utilization']:.1f}% | {_time_and_utilization(t1)} |")
             lines.append("")
     return "\n".join(lines + reference_markdown(references or {}))
+
+
+def _time_and_utilization(est: dict) -> str:
+    """`µs | util` cells of one target's estimate ("not on this target" where it cannot run)."""
+    if "unsupported" in est:
+        return "- | not on this target"
+    return f"{est['us']:.1f} | {100 * est['utilization']:.1f}%"
 
 
 def plots(rows: list, folder: str) -> list:
@@ -320,7 +333,7 @@ def plots(rows: list, folder: str) -> list:
         paths.append(path)
 
     grouped_bars(os.path.join(folder, "utilization.png"), names,
-                 [(t, [100 * largest[n][t]["utilization"] for n in names]) for t in TARGETS],
+                 [(t, [100 * largest[n][t].get("utilization", 0.0) for n in names]) for t in TARGETS],
                  "% of the bound (estimate)", "Estimated utilization at the largest swept size (black: goal)",
                  goals=[100 * largest[n]["goal"] for n in names])
 
@@ -371,7 +384,9 @@ def text_table(rows: list) -> str:
         h = r.get("host", {})
         cell = lambda k: f"{1e3 * h[k]:.2f}" if k in h else "-"  # noqa: E731
         out.append(f"{r['kernel']:<22} {r['size'] + (' (width)' if r.get('sweep') == 'width' else ''):<26} {r['trn2']['us']:>10.1f} {100 * r['trn2']['utilization']:>6.1f}% "
-                   f"{r['trn1']['us']:>10.1f} {100 * r['trn1']['utilization']:>6.1f}% {cell('nikki_s'):>9} "
+                   + (f"{'-':>10} {'-':>7} " if "unsupported" in r["trn1"] else
+                      f"{r['trn1']['us']:>10.1f} {100 * r['trn1']['utilization']:>6.1f}% ")
+                   + f"{cell('nikki_s'):>9} "
                    f"{cell('torch_s'):>9} {cell('numpy_eager_s'):>11}")
     return "\n".join(out)
 

@@ -104,8 +104,10 @@ void check_case(const KernelInfo& k, const kernels::ExampleCase& c, uint64_t see
   const std::vector<HostTensor> interp = run_case(k, std::move(kernel), inputs, Mode::streams_interp);
   std::vector<HostTensor> declared;
   {
+    // On the reference semantics: generating native code is most of a case's cost, and the
+    // executors' agreement is checked just above.
     ScopedEnv order("NIKKI_TASK_ORDER", "declared");
-    declared = run_case(k, kernels::trace_library_kernel(k, c.inputs, c.params), inputs, Mode::streams_native);
+    declared = run_case(k, kernels::trace_library_kernel(k, c.inputs, c.params), inputs, Mode::streams_interp);
   }
   for (size_t o = 0; o < native.size(); ++o) {
     CAPTURE(names[o]);

@@ -410,6 +410,10 @@ int64_t peak_sbuf(const Kernel& k) {
 
 TEST_CASE("spill: library kernels squeezed into part of the SBUF compute the same bits") {
   // A smaller SBUF budget (a testing hook) makes kernels that fit spill; the result must not change.
+  // The first example of each kernel that spills is run on the native executor, and on the
+  // reference semantics for the first few kernels: the reference semantics is slow, and the
+  // executors' agreement is checked on every example elsewhere.
+  constexpr int kInterpretedKernels = 4;
   int spilled = 0;
   for (const kernels::KernelInfo& info : kernels::registry()) {
     for (const kernels::ExampleCase& ex : info.examples) {
@@ -437,15 +441,17 @@ TEST_CASE("spill: library kernels squeezed into part of the SBUF compute the sam
                                            : HostTensor(s.dtype, s.shape));
       std::vector<HostTensor*> ptrs;
       for (HostTensor& t : inputs) ptrs.push_back(&t);
-      std::vector<HostTensor> roomy = run_kernel(kernel, ptrs, Mode::streams_interp);
+      std::vector<HostTensor> roomy = run_kernel(kernel, ptrs, Mode::streams_native);
       for (Mode mode : {Mode::streams_interp, Mode::streams_native}) {
+        if (mode == Mode::streams_interp && spilled > kInterpretedKernels) continue;
         CAPTURE(int(mode));
         std::vector<HostTensor> tight = run_kernel(kernel, ptrs, mode, squeezed);
         for (size_t o = 0; o < roomy.size(); ++o) CHECK(tight[o].bytes == roomy[o].bytes);
       }
+      break;
     }
   }
-  MESSAGE(spilled << " library examples spilled");
+  MESSAGE(spilled << " library kernels spilled (their first spilling example checked)");
   CHECK(spilled >= 5);
 }
 

@@ -164,6 +164,9 @@ def test_kernel_benchmarks_quick_mode_covers_every_kernel(tmp_path):
     for r in rows:
         for target in ("trn2", "trn1"):
             est = r[target]
+            if target == "trn1" and "unsupported" in est:  # an instruction trn1 lacks (nonzero_with_count)
+                assert "which trn1 does not have" in est["unsupported"], r
+                continue
             assert est["us"] > 0 and 0 < est["utilization"] <= 1.0 and 0 < est["roofline_us"] <= est["us"], r
         if max(r["trn2"]["io_bytes"], r["trn2"]["useful_flops"] / 640) <= host_limit:
             assert r["host"]["nikki_s"] > 0, r
