@@ -31,9 +31,13 @@ develop: build
 test-cpp: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
-# tests/fuzz runs a bounded fuzz campaign (a few hundred generated kernels per front end).
+# tests/fuzz runs a bounded fuzz campaign (a few hundred generated kernels per front end); it is
+# listed first so that its long tests start early on one worker while the other takes the rest.
+# PYTEST_WORKERS processes (pytest-xdist) share the work; each peaks near 1.5 GB resident.
+PYTEST_WORKERS ?= 2
 test-python: build
-	BUILD=$(BUILD) PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest tests/python tests/fuzz -q
+	BUILD=$(BUILD) PYTHONPATH=$(CURDIR)/bindings/python $(PYTHON) -m pytest tests/fuzz tests/python -q \
+		-n $(PYTEST_WORKERS) --dist worksteal
 
 # The fuzzer at full size: 10^5 generated kernels per front end, from seed NIKKI_FUZZ_SEED (default
 # 0); reproducers of failures land in $(BUILD)/fuzz-failures.

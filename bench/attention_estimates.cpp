@@ -81,6 +81,7 @@ int main(int argc, char** argv) {
   std::printf("%-10s %-7s %12s %14s %14s %8s\n", "kernel", "causal", "total_us", "useful_util", "profile_util",
               "target");
   const TensorSpec qs = spec({B, H, S, D}, DType::bfloat16), lse = spec({B, H, S}, DType::float32);
+  const TensorSpec sinks = spec({H}, DType::float32);
   const double fwd_flops = 4.0 * double(B * H) * double(S) * double(S) * double(D);
   if (window > 0) {
     double visible = 0;  // (query, key) pairs the window shows
@@ -88,8 +89,8 @@ int main(int argc, char** argv) {
     const kernels::Params params{{"window", double(window)}};
     for (const bool backward : {false, true}) {
       const double f = 4.0 * double(B * H) * visible * double(D) * (backward ? 2.5 : 1.0);
-      const Figures fig = backward ? estimate(kernels::flash_attention_bwd_info(), {qs, qs, qs, qs, lse, qs}, params, f, summary)
-                                   : estimate(kernels::flash_attention_info(), {qs, qs, qs}, params, f, summary);
+      const Figures fig = backward ? estimate(kernels::flash_attention_bwd_info(), {qs, qs, qs, sinks, qs, lse, qs}, params, f, summary)
+                                   : estimate(kernels::flash_attention_info(), {qs, qs, qs, sinks}, params, f, summary);
       std::printf("%-10s %-7s %12.1f %13.1f%% %13.1f%% %7s\n", backward ? "backward" : "forward",
                   ("w=" + std::to_string(window)).c_str(), fig.total_ns / 1e3, 100 * fig.useful, 100 * fig.profile_util,
                   backward ? "" : ">=55%");
@@ -105,8 +106,8 @@ int main(int argc, char** argv) {
     if (!only.empty() && only != r.name) continue;
     const kernels::Params params{{"causal", r.causal ? 1.0 : 0.0}};
     const double f = (r.causal ? fwd_flops / 2 : fwd_flops) * (r.backward ? 2.5 : 1.0);
-    const Figures fig = r.backward ? estimate(kernels::flash_attention_bwd_info(), {qs, qs, qs, qs, lse, qs}, params, f, summary)
-                                   : estimate(kernels::flash_attention_info(), {qs, qs, qs}, params, f, summary);
+    const Figures fig = r.backward ? estimate(kernels::flash_attention_bwd_info(), {qs, qs, qs, sinks, qs, lse, qs}, params, f, summary)
+                                   : estimate(kernels::flash_attention_info(), {qs, qs, qs, sinks}, params, f, summary);
     std::printf("%-10s %-7s %12.1f %13.1f%% %13.1f%% %7s\n", r.backward ? "backward" : "forward",
                 r.causal ? "yes" : "no", fig.total_ns / 1e3, 100 * fig.useful, 100 * fig.profile_util,
                 r.backward ? ">=50%" : ">=60%");

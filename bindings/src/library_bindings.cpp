@@ -71,6 +71,14 @@ py::dict describe(const kernels::KernelInfo& k) {
     params.append(py::make_tuple(p.name, kind_name(p.kind), def, p.doc));
   }
   d["params"] = params;
+  py::dict tuning;  // parameter -> the values autotuning chooses from
+  for (const kernels::ParamSpec& p : k.params) {
+    if (p.tune_over.empty()) continue;
+    py::list values;
+    for (double v : p.tune_over) values.append(param_value(p, v));
+    tuning[py::str(p.name)] = values;
+  }
+  d["tuning"] = tuning;
   py::list examples;
   for (const kernels::ExampleCase& ex : k.examples) examples.append(py::make_tuple(case_inputs(ex), case_params(k, ex), ex.label));
   d["examples"] = examples;

@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <string>
@@ -20,6 +21,7 @@
 #include "nikki/nl.hpp"
 #include "nikki/runtime/executor.hpp"
 #include "nikki/runtime/interpreter.hpp"
+#include "nikki/runtime/launch.hpp"
 #include "nikki/runtime/explain.hpp"
 #include "nikki/runtime/profile.hpp"
 
@@ -129,21 +131,40 @@ struct PyProgram {
   std::unique_ptr<runtime::StreamExecutor> executor;
   std::unique_ptr<runtime::Interpreter> sanitizer;
 
-  /** Runs the program; `fill_outputs=false` for SPMD instances after the first, which share the
-   * shared_hbm outputs the earlier instances wrote. */
-  void run(const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs, bool fill_outputs) {
+  /** The run of this program as an instance of a launch: its executor, created on first use. */
+  runtime::InstanceRun& instance() {
     if (sanitize && !sanitizer) {
       sanitizer = std::make_unique<runtime::Interpreter>(program.kernel(), /*sanitize=*/true);
     } else if (!sanitize && !executor) {
       auto [order, seed] = runtime::stream_order_from_env();
       executor = std::make_unique<runtime::StreamExecutor>(program.device, kind, program.native, order, seed);
     }
+    if (sanitizer) return *sanitizer;
+    return *executor;
+  }
+
+  /** Runs the program; `fill_outputs=false` for SPMD instances after the first, which share the
+   * shared_hbm outputs the earlier instances wrote. */
+  void run(const std::vector<uintptr_t>& inputs, const std::vector<uintptr_t>& outputs, bool fill_outputs) {
+    run_programs({this}, inputs, outputs, fill_outputs);
+  }
+
+  /** Whether the program has instructions where the instances of a launch meet. */
+  bool meets() const {
+    const auto& insts = program.kernel().instructions;
+    return std::any_of(insts.begin(), insts.end(), [](const Instruction& i) { return is_meeting(i.opcode); });
+  }
+
+  /** One launch of `programs` (program instance i = programs[i]) on the same buffers. */
+  static void run_programs(const std::vector<PyProgram*>& programs, const std::vector<uintptr_t>& inputs,
+                           const std::vector<uintptr_t>& outputs, bool fill_outputs) {
+    std::vector<runtime::InstanceRun*> runs;
+    for (PyProgram* p : programs) runs.push_back(&p->instance());
     std::vector<void*> in(inputs.size()), out(outputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) in[i] = reinterpret_cast<void*>(inputs[i]);
     for (size_t i = 0; i < outputs.size(); ++i) out[i] = reinterpret_cast<void*>(outputs[i]);
     py::gil_scoped_release release;
-    if (sanitizer) sanitizer->run(in, out, fill_outputs);
-    else executor->run(in, out, fill_outputs);
+    runtime::run_launch(runs, in, out, fill_outputs);
   }
 
   /** Drops the executor and its simulated core until the next run: an SPMD launch runs one
@@ -585,6 +606,8 @@ PYBIND11_MODULE(_core, m) {
         d["origin"] = jit::code_origin_name(s.origin);
         return d;
       })
+      .def_property_readonly("meets", &PyProgram::meets,
+                             "Whether program instances meet in it (core_barrier, sendrecv): a launch runs them together.")
       .def("run", &PyProgram::run, py::arg("inputs"), py::arg("outputs"), py::arg("fill_outputs") = true)
       .def("release_executor", &PyProgram::release_executor,
            "Drops the simulated core (and its memory) until the next run.");
@@ -659,6 +682,22 @@ PYBIND11_MODULE(_core, m) {
         "SBUF/PSUM memories of simulated cores currently allocated (borrowed per run from a small pool).");
 
   m.def("estimate", [](const PyProgram& p) { return runtime::estimate(*p.program.device); });
+  m.def(
+      "run_launch",
+      [](const std::vector<PyProgram*>& programs, const std::vector<uintptr_t>& inputs,
+         const std::vector<uintptr_t>& outputs) { PyProgram::run_programs(programs, inputs, outputs, true); },
+      py::arg("programs"), py::arg("inputs"), py::arg("outputs"),
+      "Runs program instance i = programs[i] of one launch together on the same buffers, meeting at "
+      "core_barrier and sendrecv (KernelError when they wait for each other forever).");
+  m.def(
+      "estimate_launch",
+      [](const std::vector<const PyProgram*>& programs) {
+        std::vector<const jit::DeviceProgram*> devices;
+        for (const PyProgram* p : programs) devices.push_back(p->program.device.get());
+        return runtime::estimate_launch(devices);
+      },
+      py::arg("programs"),
+      "Estimated profiles of the instances of a launch that meet, each on a core of its own, in parallel.");
   m.def("profile_summary", [](const runtime::Profile& prof, const PyProgram& p, int top) {
     return prof.summary(*p.program.device, top);
   }, py::arg("profile"), py::arg("program"), py::arg("top") = 8);

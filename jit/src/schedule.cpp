@@ -69,7 +69,7 @@ DeviceProgram schedule(Kernel kernel, const ScheduleOptions& options) {
 
   for (uint32_t i = 0; i < insts.size(); ++i) {
     const Instruction& inst = insts[i];
-    if (inst.opcode == Opcode::loop_begin || inst.opcode == Opcode::loop_end) {
+    if (inst.opcode == Opcode::loop_begin || inst.opcode == Opcode::loop_end || is_meeting(inst.opcode)) {
       for (int q = 0; q < num_queues; ++q) {
         program.streams[q].ops.push_back(StreamOp{StreamOp::Kind::barrier, i, {}});
         std::fill(queue_clock[q].begin(), queue_clock[q].end(), 0);

@@ -1,5 +1,6 @@
 #include "nikki/jit/verify.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -70,8 +71,12 @@ class Verifier {
       internal_check(loop_depth >= 0, "loop_end without loop_begin");
     }
     internal_check(loop_depth == 0, "loop_begin without loop_end");
+    // A program instance that meets others (core_barrier, sendrecv) shares its outputs with them,
+    // and one of them may be the one that writes an output (nki-library: `if shard_id == 0`).
+    const bool meets = std::any_of(k_.instructions.begin(), k_.instructions.end(),
+                                   [](const Instruction& inst) { return is_meeting(inst.opcode); });
     for (StorageId id : k_.outputs)
-      if (!written[id]) {
+      if (!written[id] && !meets) {
         const Storage& s = k_.storage(id);
         throw KernelError(fmt::format("output tensor '{}' is never written", s.name), k_.location(s.loc),
                           "return", "every returned tensor must be written by the kernel",
@@ -523,6 +528,8 @@ class Verifier {
       case Opcode::loop_begin:
       case Opcode::loop_end:
       case Opcode::device_print: return check_control(inst);
+      case Opcode::core_barrier: return check_core_barrier(inst);
+      case Opcode::sendrecv: return check_sendrecv(inst);
     }
   }
 
@@ -1132,6 +1139,44 @@ class Verifier {
     if (inst.opcode == Opcode::loop_begin && k_.rare(inst).step <= 0)
       fail(inst, fmt::format("loop step {} must be a positive compile-time integer", k_.rare(inst).step),
            "runtime loops count up with a positive step", "iterate upwards and compute reversed indices in the body");
+  }
+
+  void check_core_barrier(const Instruction& inst) const {
+    needs_generation(inst, 3);
+    const std::vector<int32_t>& cores = k_.rare(inst).lanes;
+    if (cores.empty())
+      fail(inst, "cores is empty", "a barrier names the program instances that meet there", "pass cores=(0, 1)");
+    for (size_t i = 0; i < cores.size(); ++i) {
+      if (cores[i] < 0)
+        fail(inst, fmt::format("cores[{}] is {}", i, cores[i]), "cores are program instance numbers, from 0",
+             "pass cores=(0, 1)");
+      for (size_t j = 0; j < i; ++j)
+        if (cores[j] == cores[i])
+          fail(inst, fmt::format("cores names instance {} twice", cores[i]), "each core meets the barrier once",
+               "list each program instance once");
+    }
+  }
+
+  void check_sendrecv(const Instruction& inst) const {
+    needs_generation(inst, 3);
+    for (int slot : {0, 1}) {
+      const Storage& s = storage_of(view(slot));
+      if (s.buffer != Buffer::sbuf)
+        fail(inst, fmt::format("{} is in {}", describe(inst, slot), buffer_name(s.buffer)),
+             "sendrecv moves tiles between the SBUFs of two NeuronCores", "stage the tile in SBUF first");
+    }
+    const AccessPattern &dst = view(0), &src = view(1);
+    if (dst.dtype != src.dtype)
+      fail(inst, fmt::format("src is {} but dst is {}", info(src.dtype).name, info(dst.dtype).name),
+           "sendrecv's src and dst have the same dtype (it copies bytes)", "convert the tile with nisa.tensor_copy first");
+    if (dst.num_elements() != src.num_elements())
+      fail(inst, fmt::format("dst has {} elements {} but src has {} {}", dst.num_elements(), shape_of(dst),
+                             src.num_elements(), shape_of(src)),
+           "the partner's dst receives as many elements as this src sends", "give src and dst the same shape");
+    const SendRecvRanks r = SendRecvRanks::of(k_.rare(inst));
+    if (k_.rare(inst).lanes.size() != 3 || r.send_to < 0 || r.recv_from < 0)
+      fail(inst, fmt::format("send_to_rank={} and recv_from_rank={}", r.send_to, r.recv_from),
+           "ranks are program instance numbers, from 0", "pass send_to_rank=1 - nl.program_id(0)");
   }
 
   const Kernel& k_;

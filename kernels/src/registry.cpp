@@ -6,16 +6,21 @@
 #include "nikki/kernels/attention/flash_attention.hpp"
 #include "nikki/kernels/attention/flash_attention_bwd.hpp"
 #include "nikki/kernels/attention/paged_decode_attention.hpp"
+#include "nikki/kernels/attention/qkv.hpp"
+#include "nikki/kernels/attention/qkv_bwd.hpp"
 #include "nikki/kernels/loss/cross_entropy.hpp"
 #include "nikki/kernels/attention/output_projection.hpp"
 #include "nikki/kernels/attention/rope.hpp"
 #include "nikki/kernels/conv/causal_conv1d.hpp"
 #include "nikki/kernels/conv/causal_conv1d_bwd.hpp"
 #include "nikki/kernels/conv/conv1d.hpp"
+#include "nikki/kernels/conv/conv1d_bwd.hpp"
 #include "nikki/kernels/gather/embedding.hpp"
 #include "nikki/kernels/gather/rows.hpp"
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
+#include "nikki/kernels/moe/find_nonzero_indices.hpp"
+#include "nikki/kernels/moe/moe_prefill.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
 #include "nikki/kernels/moe/topk.hpp"
 #include "nikki/kernels/norm/add_rmsnorm.hpp"
@@ -30,6 +35,7 @@
 #include "nikki/kernels/scan/linear_recurrence.hpp"
 #include "nikki/kernels/scan/linear_recurrence_bwd.hpp"
 #include "nikki/kernels/scan/selective_scan.hpp"
+#include "nikki/kernels/scan/selective_scan_bwd.hpp"
 #include "nikki/kernels/softmax/softmax.hpp"
 
 namespace nikki::kernels {
@@ -62,6 +68,7 @@ const std::vector<KernelInfo>& registry() {
       causal_conv1d_info(),
       causal_conv1d_bwd_info(),
       conv1d_info(),
+      conv1d_bwd_info(),
       embedding_info(),
       embedding_bwd_info(),
       gather_rows_info(),
@@ -76,10 +83,17 @@ const std::vector<KernelInfo>& registry() {
       linear_recurrence_info(),
       linear_recurrence_bwd_info(),
       selective_scan_info(),
+      selective_scan_bwd_info(),
       paged_decode_attention_info(),
       rmsnorm_quant_info(),
       rmsnorm_quant_dynamic_info(),
       fp8_matmul_info(),
+      qkv_info(),
+      qkv_bwd_info(),
+      add_qkv_info(),
+      add_qkv_bwd_info(),
+      find_nonzero_indices_info(),
+      moe_prefill_info(),
   };
   return kernels;
 }

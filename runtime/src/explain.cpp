@@ -65,6 +65,7 @@ class Explainer {
     switch (it.cause) {
       case WaitCause::semaphore: return fmt::format("waiting for {}: {}", queue(it.blocker), describe(it.blocker));
       case WaitCause::barrier: return "at a loop barrier (every queue drains before the next iteration)";
+      case WaitCause::meeting: return "at a core_barrier or sendrecv, waiting for the other program instances";
       case WaitCause::port: return fmt::format("shared SBUF/PSUM port held by {}", queue(it.blocker));
       default: return "nothing issued to it yet";
     }

@@ -98,6 +98,7 @@ std::unique_ptr<Machine::Run> Machine::bind(std::span<void* const> inputs, std::
                                   k.inputs.size(), k.outputs.size(), inputs.size(), outputs.size()),
                       {});
   auto run = std::make_unique<Run>(*this);
+  shared_.clear();
   for (size_t i = 0; i < inputs.size(); ++i) hbm_[k.inputs[i]] = static_cast<uint8_t*>(inputs[i]);
   for (size_t i = 0; i < outputs.size(); ++i) hbm_[k.outputs[i]] = static_cast<uint8_t*>(outputs[i]);
   if (fill_outputs)
@@ -241,6 +242,56 @@ Elements Machine::resolve(const Instruction& inst, const AccessPattern& ap) cons
     }
   }
   return out;
+}
+
+void Machine::share_scratch(SharedScratch& launch) {
+  const Kernel& k = kernel_;
+  shared_.assign(k.storages.size(), 0);
+  const bool first = !launch.published;
+  size_t ordinal = 0;
+  for (auto [id, offset] : scratch_hbm_) {
+    const Storage& s = k.storages[id];
+    if (s.buffer != Buffer::shared_hbm) continue;
+    shared_[id] = 1;
+    if (first) {
+      launch.tensors.push_back({&k, id, hbm_[id]});
+      fill_sentinel(id);
+      continue;
+    }
+    if (ordinal >= launch.tensors.size())
+      throw KernelError(fmt::format("shared_hbm tensor '{}' has no counterpart in the launch's first program "
+                                    "instance, which allocates {} shared_hbm tensor{}",
+                                    s.name, launch.tensors.size(), launch.tensors.size() == 1 ? "" : "s"),
+                        k.location(s.loc), {}, "the instances of a launch share their shared_hbm tensors in allocation order",
+                        "allocate the same shared_hbm tensors on every program instance");
+    const SharedScratch::Tensor& owner = launch.tensors[ordinal++];
+    const Storage& o = owner.kernel->storages[owner.storage];
+    if (o.shape != s.shape || o.dtype != s.dtype)
+      throw KernelError(fmt::format("shared_hbm tensor '{}' is {} {} but the first program instance's tensor '{}' "
+                                    "it shares is {} {}",
+                                    s.name, info(s.dtype).name, s.shape.str(), o.name, info(o.dtype).name, o.shape.str()),
+                        k.location(s.loc), {}, "the instances of a launch share their shared_hbm tensors in allocation order",
+                        "allocate the same shared_hbm tensors on every program instance");
+    hbm_[id] = owner.base;
+  }
+  launch.published = true;
+}
+
+Payload Machine::read_payload(const Instruction& inst, int slot) const {
+  const Elements e = operand(inst, slot);
+  const size_t size = dtype_size(e.dtype);
+  Payload p;
+  p.dtype = e.dtype;
+  p.bytes.resize(size_t(e.size()) * size);
+  for (int64_t i = 0; i < e.size(); ++i) std::memcpy(p.bytes.data() + size_t(i) * size, e.ptr[i], size);
+  return p;
+}
+
+void Machine::write_payload(const Instruction& inst, int slot, const Payload& payload) const {
+  const Elements e = operand(inst, slot);
+  internal_check(payload.dtype == e.dtype && payload.elements() == e.size(), "a payload of another dtype or size");
+  const size_t size = dtype_size(e.dtype);
+  for (int64_t i = 0; i < e.size(); ++i) std::memcpy(e.ptr[i], payload.bytes.data() + size_t(i) * size, size);
 }
 
 }  // namespace nikki::runtime

@@ -14,6 +14,7 @@
 #include "core_memory.hpp"
 #include "nikki/layout.hpp"
 #include "nikki/numerics.hpp"
+#include "nikki/runtime/launch.hpp"
 
 namespace nikki::runtime {
 
@@ -73,10 +74,21 @@ class Machine {
   [[nodiscard]] std::unique_ptr<Run> bind(std::span<void* const> inputs, std::span<void* const> outputs,
                                           bool fill_outputs = true);
 
-  /** Fills the storages whose live range begins at instruction `index` with sentinels. */
+  /** Fills the storages whose live range begins at instruction `index` with sentinels (not the
+   * shared_hbm scratch of a launch whose instances share it: see share_scratch). */
   void begin_instruction(size_t index) {
-    for (StorageId id : fills_[index]) fill_sentinel(id);
+    for (StorageId id : fills_[index])
+      if (!shares_scratch(id)) fill_sentinel(id);
   }
+
+  /** Makes this run's shared_hbm scratch tensors those of the launch (call right after bind()).
+   * The first instance publishes its own, filled with sentinels once (the bytes its accesses reach)
+   * since a partner may write them before this instance's live range begins; later instances
+   * adopt them in allocation order. Throws KernelError when the instances' shared_hbm tensors
+   * differ in shape or dtype. */
+  void share_scratch(SharedScratch& launch);
+  /** Whether HBM scratch tensor `id` is shared with the other instances of the launch. */
+  bool shares_scratch(StorageId id) const { return !shared_.empty() && shared_[id]; }
 
   /** Bytes this machine keeps between runs (its memories are borrowed per run, not counted). */
   size_t resident_bytes() const;
@@ -120,6 +132,11 @@ class Machine {
     return inst.operands[slot].is_tensor() ? operand(inst, slot) : Elements{};
   }
 
+  /** The bytes of tensor operand `slot`'s elements (a sendrecv's src leaving this core). */
+  Payload read_payload(const Instruction& inst, int slot) const;
+  /** Stores a payload of the operand's dtype and size into tensor operand `slot` (a sendrecv's dst). */
+  void write_payload(const Instruction& inst, int slot, const Payload& payload) const;
+
   /** Throws the KernelError of a fault at run time (an offset out of bounds, a bad index). */
   [[noreturn]] void runtime_fault(const Instruction& inst, std::string what, std::string hint) const;
 
@@ -150,6 +167,7 @@ class Machine {
   std::vector<std::pair<StorageId, int64_t>> scratch_hbm_;  // HBM scratch tensors' offsets in one block
   int64_t scratch_hbm_bytes_ = 0;
   std::vector<ByteRange> scratch_hbm_used_;  // bytes of each HBM scratch tensor that accesses can reach
+  std::vector<uint8_t> shared_;              // per storage: shared_hbm scratch of the launch (share_scratch)
   std::vector<int64_t> regs_;
   std::vector<float> scalar_acc_;
   std::vector<float> vector_acc_;

@@ -665,6 +665,10 @@ void execute(Machine& m, const Instruction& inst, size_t& pc) {
       return;
     }
     case Opcode::device_print: return exec_device_print(m, inst);
+    case Opcode::core_barrier:
+    case Opcode::sendrecv:
+      // Executors stop at these and the launch completes them (runtime/launch.hpp).
+      internal_check(false, "a meeting instruction reached the reference semantics");
   }
 }
 

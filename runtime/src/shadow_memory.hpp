@@ -96,6 +96,7 @@ class ShadowMemory {
   /** The scratch tensors whose live range begins at instruction `index` hold garbage. */
   void begin_instruction(const Machine& m, size_t index) {
     for (StorageId id : fresh_[index]) {
+      if (m.shares_scratch(id)) continue;  // the partners' writes may already be there
       forget(m, id);
       origin_of_[id] = -1;
     }
@@ -144,6 +145,30 @@ class ShadowMemory {
       default: break;
     }
     propagate(m, inst, v, accumulates);
+  }
+
+  /** A sendrecv's src leaves this core: throws a KernelError if it holds a value computed from
+   * never-written memory (the other core's shadow cannot follow it). */
+  void require_sent_valid(const Machine& m, const Instruction& inst, size_t index, int slot) {
+    index_ = index;
+    require_valid(inst, read(m, inst, k_.view(inst, slot)), "is sent to another core");
+  }
+
+  /** A sendrecv's dst (instruction `index`) received the other core's values, which are valid. */
+  void mark_received(Machine& m, const Instruction& inst, size_t index, int slot) {
+    index_ = index;
+    store(m, inst, slot, std::vector<uint8_t>(k_.view(inst, slot).num_elements(), 1), -1);
+  }
+
+  /** A meeting with the other instances of the launch completed: the HBM they share with this
+   * one (outputs, writable inputs, shared_hbm scratch) may hold their writes, which this shadow
+   * did not see, so it counts as written and valid, as for later SPMD instances' outputs. */
+  void partners_may_have_written(const Machine& m) {
+    for (StorageId id = 0; id < k_.storages.size(); ++id) {
+      const Storage& s = k_.storages[id];
+      if (!hbm_[id].empty() && (s.role != StorageRole::scratch || m.shares_scratch(id)))
+        hbm_[id].assign(0, s.total_bytes(), true);
+    }
   }
 
   /** Throws a KernelError if a kernel output holds a value computed from never-written memory. */
@@ -215,7 +240,7 @@ class ShadowMemory {
   }
 
   /** Validity of the elements of `ap`; a first read of never-written bytes becomes an origin. */
-  View read(Machine& m, const Instruction& inst, const AccessPattern& ap) {
+  View read(const Machine& m, const Instruction& inst, const AccessPattern& ap) {
     View v{m.resolve(inst, ap), {}, -1};
     const int64_t size = dtype_size(ap.dtype);
     v.valid.assign(v.e.size(), 1);

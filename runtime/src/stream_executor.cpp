@@ -1,6 +1,7 @@
 #include <charconv>
 #include <cstdlib>
 #include <string_view>
+#include <utility>
 
 #include "machine.hpp"
 #include "native_dispatch.hpp"
@@ -51,6 +52,11 @@ struct StreamExecutor::Impl {
   std::vector<std::vector<uint32_t>> barrier_positions;  // [stream][barrier ordinal] -> op position
   std::vector<int32_t> barrier_ordinal;                  // instruction index -> barrier ordinal (or -1)
   int64_t native_count = 0, interpreted_count = 0;
+  // The run in progress (between begin and finish): its memories, each stream's next op and
+  // completed count, and the meeting instruction it stopped at (-1: none).
+  std::unique_ptr<Machine::Run> bound;
+  std::vector<uint32_t> pos, done;
+  int64_t stopped_at = -1;
 
   Impl(std::shared_ptr<const jit::DeviceProgram> p, ExecutorKind k, std::shared_ptr<const jit::NativeCode> code,
        StreamOrder o, uint64_t seed, int64_t delayed_instruction)
@@ -80,11 +86,30 @@ struct StreamExecutor::Impl {
     }
   }
 
-  void run() {
+  void begin(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs,
+             SharedScratch* shared) {
+    bound.reset();  // a run abandoned by an error gives its memories back first
+    bound = machine.bind(inputs, outputs, fill_outputs);
+    if (shared) machine.share_scratch(*shared);
+    pos.assign(program->streams.size(), 0);
+    done.assign(program->streams.size(), 0);
+    stopped_at = -1;
+    native_count = interpreted_count = 0;
+  }
+
+  /** Every stream moves past the barrier of the instruction at `ir`, with the counts restarted. */
+  void continue_after(uint32_t ir) {
+    const int32_t target = barrier_ordinal[ir];
+    internal_check(target >= 0, "control flow continues at an instruction without a barrier");
+    for (size_t s = 0; s < pos.size(); ++s) pos[s] = barrier_positions[s][target] + 1;
+    std::fill(done.begin(), done.end(), 0);
+  }
+
+  /** Runs until the program ends (-1) or every stream waits at a meeting instruction (its index). */
+  int64_t advance() {
     const auto& streams = program->streams;
     const size_t n = streams.size();
-    std::vector<uint32_t> pos(n, 0), done(n, 0);
-    native_count = interpreted_count = 0;
+    if (stopped_at >= 0) continue_after(uint32_t(std::exchange(stopped_at, -1)));
     for (;;) {
       // 1. The best ready instruction among the stream heads.
       int best = -1, delayed_stream = -1;
@@ -127,19 +152,23 @@ struct StreamExecutor::Impl {
         ++pos[best];
         continue;
       }
-      if (!any_left) return;
+      if (!any_left) return -1;
       internal_check(all_at_barrier, "device program deadlocked: no stream can make progress");
-      // 2. Every stream waits at the same barrier: run its control instruction once, then move all
-      //    streams to where control continues, with the semaphore counts restarted.
+      // 2. Every stream waits at the same barrier. A meeting: stop, the launch goes on from here.
+      //    A loop: run its control instruction once, then move all streams to where control
+      //    continues, with the semaphore counts restarted.
       const uint32_t ir = streams[0].ops[pos[0]].ir_index;
-      size_t pc = ir;
       machine.begin_instruction(ir);
+      if (is_meeting(program->kernel.instructions[ir].opcode)) return stopped_at = ir;
+      size_t pc = ir;
       reference::execute(machine, program->kernel.instructions[ir], pc);
-      const int32_t target = barrier_ordinal[pc];
-      internal_check(target >= 0, "control flow continues at an instruction without a barrier");
-      for (size_t s = 0; s < n; ++s) pos[s] = barrier_positions[s][target] + 1;
-      std::fill(done.begin(), done.end(), 0);
+      continue_after(uint32_t(pc));
     }
+  }
+
+  const Instruction& stopped_instruction() const {
+    internal_check(stopped_at >= 0, "the run is not stopped at a meeting instruction");
+    return program->kernel.instructions[size_t(stopped_at)];
   }
 };
 
@@ -151,9 +180,24 @@ StreamExecutor::StreamExecutor(std::shared_ptr<const jit::DeviceProgram> program
 StreamExecutor::~StreamExecutor() = default;
 
 void StreamExecutor::run(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs) {
-  const auto run = impl_->machine.bind(inputs, outputs, fill_outputs);
-  impl_->run();
+  InstanceRun* self[] = {this};
+  run_launch(self, inputs, outputs, fill_outputs);
 }
+
+const Kernel& StreamExecutor::launched_kernel() const { return impl_->program->kernel; }
+void StreamExecutor::begin(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs,
+                           SharedScratch* shared) {
+  impl_->begin(inputs, outputs, fill_outputs, shared);
+}
+int64_t StreamExecutor::advance() { return impl_->advance(); }
+Payload StreamExecutor::read_operand(int slot) const {
+  return impl_->machine.read_payload(impl_->stopped_instruction(), slot);
+}
+void StreamExecutor::write_operand(int slot, const Payload& payload) {
+  impl_->machine.write_payload(impl_->stopped_instruction(), slot, payload);
+}
+void StreamExecutor::finish() { impl_->bound.reset(); }
+void StreamExecutor::abandon() noexcept { impl_->bound.reset(); }
 
 size_t StreamExecutor::resident_bytes() const {
   size_t bytes = sizeof(Impl) + impl_->machine.resident_bytes() + impl_->barrier_ordinal.capacity() * sizeof(int32_t);

@@ -8,11 +8,13 @@
 // bandwidth, one data phase at a time.
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <optional>
 
 #include <fmt/format.h>
 
 #include "nikki/cost_model.hpp"
+#include "nikki/runtime/launch.hpp"
 #include "nikki/runtime/profile.hpp"
 
 namespace nikki::runtime {
@@ -44,7 +46,9 @@ class Replay {
     profile_.tensor_peak_flops_per_ns = 2.0 * t_.pe_array_rows * t_.pe_array_cols * t_.clock_ghz.tensor;
   }
 
-  Profile run() {
+  /** Replays until the program ends (-1) or every queue has drained at a meeting instruction (its
+   * index; drained_ns() is when). */
+  int64_t advance() {
     const auto& streams = p_.streams;
     for (;;) {
       int best = -1;
@@ -74,14 +78,41 @@ class Replay {
         issue(best, best_start);
         continue;
       }
-      if (!any_left) break;
+      if (!any_left) return -1;
       internal_check(all_at_barrier, "timing replay deadlocked");
+      const uint32_t ir = streams[0].ops[pos_[0]].ir_index;
+      if (is_meeting(k_.instructions[ir].opcode)) return ir;
       barrier();
     }
+  }
+
+  /** When the last queue drained. */
+  double drained_ns() const { return *std::max_element(free_.begin(), free_.end()); }
+
+  /** The meeting every queue waits at completed at `release_ns`: it enters the timeline (on the
+   * sync queue, from when the queues drained), and every queue goes on from then. */
+  void release(double release_ns) {
+    const uint32_t ir = p_.streams[0].ops[pos_[0]].ir_index;
+    const double now = drained_ns();
+    InstructionTiming it;
+    it.ir_index = ir;
+    it.queue = uint16_t(sync_queue());
+    it.start_ns = now;
+    it.end_ns = std::max(now, release_ns);
+    it.cause = WaitCause::meeting;
+    const int32_t index = int32_t(profile_.instructions.size());
+    profile_.instructions.push_back(it);
+    resume_after(ir, it.end_ns, WaitCause::meeting, index);
+  }
+
+  Profile finish() {
     for (const InstructionTiming& it : profile_.instructions) profile_.total_ns = std::max(profile_.total_ns, it.end_ns);
     sort_by_start();
     return std::move(profile_);
   }
+
+  const Kernel& kernel() const { return k_; }
+  const TargetConfig& target() const { return t_; }
 
  private:
   void issue(int s, double start) {
@@ -219,14 +250,28 @@ class Replay {
       counter += k_.rare(begin).step;
       if (counter < value(begin, begin.operands[2])) target = uint32_t(k_.rare(inst).jump);
     }
-    const int32_t ordinal = barrier_ordinal_[target];
+    resume_after(target, now, last < 0 ? WaitCause::none : WaitCause::barrier, last);
+  }
+
+  /** Every queue goes on after the barrier of instruction `ir` at time `now`, its next op
+   * following `cause` (instruction `last` of the profile). */
+  void resume_after(uint32_t ir, double now, WaitCause cause, int32_t last) {
+    const int32_t ordinal = barrier_ordinal_[ir];
+    internal_check(ordinal >= 0, "the replay continues at an instruction without a barrier");
     for (size_t s = 0; s < pos_.size(); ++s) {
       pos_[s] = barrier_positions_[s][ordinal] + 1;
       free_[s] = now;
       ends_[s].clear();
       issued_[s].clear();
-      prev_[s] = {last < 0 ? WaitCause::none : WaitCause::barrier, last};
+      prev_[s] = {cause, last};
     }
+  }
+
+  /** The stream of the sync engine, where meetings are shown. */
+  size_t sync_queue() const {
+    for (size_t s = 0; s < p_.streams.size(); ++s)
+      if (p_.streams[s].queue.kind == jit::QueueKind::sync) return s;
+    return 0;
   }
 
   const jit::DeviceProgram& p_;
@@ -247,7 +292,47 @@ class Replay {
 
 }  // namespace
 
-Profile estimate(const jit::DeviceProgram& program) { return Replay(program).run(); }
+Profile estimate(const jit::DeviceProgram& program) {
+  const jit::DeviceProgram* alone[] = {&program};  // a launch of one: its core_barriers wait for no one
+  return std::move(estimate_launch(alone).front());
+}
+
+std::vector<Profile> estimate_launch(std::span<const jit::DeviceProgram* const> programs) {
+  const size_t n = programs.size();
+  std::vector<std::unique_ptr<Replay>> replays;
+  for (const jit::DeviceProgram* p : programs) replays.push_back(std::make_unique<Replay>(*p));
+  std::vector<InstancePlace> places(n);
+  std::vector<uint8_t> running(n, 1);
+  for (size_t i = 0; i < n; ++i) places[i].kernel = &replays[i]->kernel();
+  for (;;) {
+    for (size_t i = 0; i < n; ++i)
+      if (running[i]) places[i].at = replays[i]->advance(), running[i] = 0;
+    if (std::all_of(places.begin(), places.end(), [](const InstancePlace& p) { return p.at < 0; })) break;
+    const std::vector<size_t> go = completed_meetings(places);
+    // A meeting completes when the last of its members has drained, plus a cross-core semaphore
+    // write (the DMA engines' fixed latency); a sendrecv then also moves its bytes.
+    std::vector<double> release(n, 0.0);
+    for (size_t i : go) {
+      const Replay& r = *replays[i];
+      double ready = r.drained_ns();
+      for (size_t m : meeting_partners(places, i)) ready = std::max(ready, replays[m]->drained_ns());
+      const Instruction& inst = r.kernel().instructions[size_t(places[i].at)];
+      release[i] = ready + r.target().dma_fixed_latency_ns;
+      if (inst.opcode == Opcode::sendrecv) {
+        const cost::DmaWork w = cost::dma_work(r.kernel(), inst);
+        release[i] += cost::dma_data_ns(r.target(), w.bytes, w.buffers);
+      }
+    }
+    for (size_t i : go) {
+      replays[i]->release(release[i]);
+      ++places[i].meetings;
+      running[i] = 1;
+    }
+  }
+  std::vector<Profile> out;
+  for (auto& r : replays) out.push_back(r->finish());
+  return out;
+}
 
 const char* wait_cause_name(WaitCause c) {
   switch (c) {
@@ -255,6 +340,7 @@ const char* wait_cause_name(WaitCause c) {
     case WaitCause::queue: return "queue";
     case WaitCause::semaphore: return "semaphore";
     case WaitCause::barrier: return "barrier";
+    case WaitCause::meeting: return "meeting";
     case WaitCause::port: return "port";
   }
   return "?";

@@ -88,6 +88,13 @@ Reference reference(const Case& c, const HostTensor& q, const HostTensor& k, con
   return r;
 }
 
+/** Sinks [H] of a call without attention sinks: -inf on every head. */
+HostTensor no_sinks(int64_t H) {
+  HostTensor sinks(DType::float32, {H});
+  for (int64_t h = 0; h < H; ++h) sinks.set(h, -INFINITY);
+  return sinks;
+}
+
 kernels::Params params_of(const Case& c) {
   kernels::Params p{{"causal", c.causal ? 1.0 : 0.0}};
   if (!std::isnan(c.scale)) p.set("scale", c.scale);
@@ -114,9 +121,10 @@ void run_forward_case(const Case& c, uint32_t seed) {
   HostTensor v = random_tensor(c.dtype, {c.B, c.Hkv, c.Skv, c.D}, seed + 2, -1.0f, 1.0f);
   // Scores of a few units make the softmax peaked enough to exercise the running maximum.
   for (int64_t i = 0; i < q.size(); ++i) q.set(i, q.get(i) * 3.0f);
+  HostTensor sinks = no_sinks(c.H);
   const kernels::KernelInfo info = kernels::flash_attention_info();
-  Kernel kernel = kernels::trace_library_kernel(info, {q.spec(), k.spec(), v.spec()}, params_of(c));
-  std::vector<HostTensor> got = run_kernel(std::move(kernel), {&q, &k, &v}, Mode::streams_native);
+  Kernel kernel = kernels::trace_library_kernel(info, {q.spec(), k.spec(), v.spec(), sinks.spec()}, params_of(c));
+  std::vector<HostTensor> got = run_kernel(std::move(kernel), {&q, &k, &v, &sinks}, Mode::streams_native);
   const Reference r = reference(c, q, k, v, nullptr);
   const Tolerance t = forward_tolerance(c.dtype);
   check_close("out", got[0], r.out, t.rtol, t.atol);
@@ -160,10 +168,12 @@ void run_backward_case(const Case& c, uint32_t seed) {
   HostTensor out(c.dtype, {c.B, c.H, c.S, c.D}), lse(DType::float32, {c.B, c.H, c.S});
   for (int64_t i = 0; i < out.size(); ++i) out.set(i, float(r.out[size_t(i)]));
   for (int64_t i = 0; i < lse.size(); ++i) lse.set(i, float(r.lse[size_t(i)]));
+  HostTensor sinks = no_sinks(c.H);
   const kernels::KernelInfo info = kernels::flash_attention_bwd_info();
-  Kernel kernel = kernels::trace_library_kernel(info, {q.spec(), k.spec(), v.spec(), out.spec(), lse.spec(), dout.spec()},
-                                                params_of(c));
-  std::vector<HostTensor> got = run_kernel(std::move(kernel), {&q, &k, &v, &out, &lse, &dout}, Mode::streams_native);
+  Kernel kernel = kernels::trace_library_kernel(
+      info, {q.spec(), k.spec(), v.spec(), sinks.spec(), out.spec(), lse.spec(), dout.spec()}, params_of(c));
+  std::vector<HostTensor> got =
+      run_kernel(std::move(kernel), {&q, &k, &v, &sinks, &out, &lse, &dout}, Mode::streams_native);
   // Gradients are sums over keys (dq) or queries (dk, dv) of terms that largely cancel (dS sums to
   // zero over each row), so errors scale with the size of the terms, not of the result: tolerances
   // are relative to the largest gradient element. float32: every product and sum is float32, 1e-4
@@ -217,42 +227,43 @@ bool contains(const std::string& text, const std::string& part) {
 TEST_CASE("flash_attention: shape, dtype and size mistakes are KernelErrors that say what to change") {
   const DType bf = DType::bfloat16, f32 = DType::float32;
   const TensorSpec q = spec({1, 4, 256, 64}, bf), kv = spec({1, 2, 256, 64}, bf);
-  CHECK(contains(attention_error("flash_attention", {spec({4, 256, 64}, bf), kv, kv}),
+  const TensorSpec sinks4 = spec({4}, f32), sinks1 = spec({1}, f32);
+  CHECK(contains(attention_error("flash_attention", {spec({4, 256, 64}, bf), kv, kv, sinks4}),
                  "flash_attention: q, k and v must be 4-D [batch, heads, seq, head_dim], got"));
-  CHECK(contains(attention_error("flash_attention", {q, spec({1, 2, 256, 32}, bf), kv}),
+  CHECK(contains(attention_error("flash_attention", {q, spec({1, 2, 256, 32}, bf), kv, sinks4}),
                  "must both be [B, Hkv, Skv, D] with q's B and D (q is [1, 4, 256, 64])"));
-  CHECK(contains(attention_error("flash_attention", {q, spec({1, 3, 256, 64}, bf), spec({1, 3, 256, 64}, bf)}),
+  CHECK(contains(attention_error("flash_attention", {q, spec({1, 3, 256, 64}, bf), spec({1, 3, 256, 64}, bf), sinks4}),
                  "q has 4 heads, which is not a multiple of the 3 kv heads"));
   const std::string big_head = attention_error(
-      "flash_attention", {spec({1, 1, 128, 256}, bf), spec({1, 1, 128, 256}, bf), spec({1, 1, 128, 256}, bf)});
+      "flash_attention", {spec({1, 1, 128, 256}, bf), spec({1, 1, 128, 256}, bf), spec({1, 1, 128, 256}, bf), sinks1});
   CHECK(contains(big_head, "head dim 256 is too large"));
   CHECK(contains(big_head, "split the heads, or use head_dim 64 or 128"));
   CHECK(contains(attention_error("flash_attention", {spec({1, 1, 128, 64}, DType::int8), spec({1, 1, 128, 64}, DType::int8),
-                                                     spec({1, 1, 128, 64}, DType::int8)}),
+                                                     spec({1, 1, 128, 64}, DType::int8), sinks1}),
                  "dtype int8 is not supported"));
-  CHECK(contains(attention_error("flash_attention", {q, spec({1, 2, 256, 64}, f32), kv}),
+  CHECK(contains(attention_error("flash_attention", {q, spec({1, 2, 256, 64}, f32), kv, sinks4}),
                  "q, k and v must have one dtype, got bfloat16, float32, bfloat16"));
   const TensorSpec long_kv = spec({1, 1, 200000, 128}, bf);
-  const std::string too_long = attention_error("flash_attention", {spec({1, 1, 128, 128}, bf), long_kv, long_kv});
+  const std::string too_long = attention_error("flash_attention", {spec({1, 1, 128, 128}, bf), long_kv, long_kv, sinks1});
   CHECK(contains(too_long, "K and V of one kv head (Skv = 200000, D = 128, bfloat16) do not fit in SBUF"));
   CHECK(contains(too_long, "split the keys across calls"));
 }
 
 TEST_CASE("flash_attention_bwd: saved tensors of the wrong shape or dtype are KernelErrors") {
   const DType bf = DType::bfloat16;
-  const TensorSpec q = spec({1, 2, 128, 64}, bf), kv = spec({1, 1, 128, 64}, bf);
-  CHECK(contains(attention_error("flash_attention_bwd", {q, kv, kv, spec({1, 2, 100, 64}, bf), spec({1, 2, 128}, DType::float32), q}),
+  const TensorSpec q = spec({1, 2, 128, 64}, bf), kv = spec({1, 1, 128, 64}, bf), sinks = spec({2}, DType::float32);
+  CHECK(contains(attention_error("flash_attention_bwd", {q, kv, kv, sinks, spec({1, 2, 100, 64}, bf), spec({1, 2, 128}, DType::float32), q}),
                  "must have q's shape and dtype [1, 2, 128, 64] bfloat16"));
-  CHECK(contains(attention_error("flash_attention_bwd", {q, kv, kv, q, spec({1, 2, 128}, bf), q}),
+  CHECK(contains(attention_error("flash_attention_bwd", {q, kv, kv, sinks, q, spec({1, 2, 128}, bf), q}),
                  "lse [1, 2, 128] bfloat16 must be float32 [B, H, S] = [1, 2, 128]"));
 }
 
 TEST_CASE("flash_attention: argument errors point at the line that called the kernel") {
   std::string message;
   try {
-    trace("k", [](Tensor q, Tensor k, Tensor v) { return kernels::flash_attention(q, k, v)[0]; },
+    trace("k", [](Tensor q, Tensor k, Tensor v, Tensor sinks) { return kernels::flash_attention(q, k, v, sinks)[0]; },
           spec({1, 4, 128, 64}, DType::bfloat16), spec({1, 3, 128, 64}, DType::bfloat16),
-          spec({1, 3, 128, 64}, DType::bfloat16));
+          spec({1, 3, 128, 64}, DType::bfloat16), spec({4}, DType::float32));
   } catch (const KernelError& e) {
     message = e.what();
   }
@@ -321,14 +332,14 @@ namespace {
 
 TEST_CASE("flash_attention: sliding-window mistakes are KernelErrors in the forward and the backward") {
   const DType bf = DType::bfloat16;
-  const TensorSpec q = spec({1, 1, 256, 64}, bf), short_kv = spec({1, 1, 128, 64}, bf);
+  const TensorSpec q = spec({1, 1, 256, 64}, bf), short_kv = spec({1, 1, 128, 64}, bf), sinks = spec({1}, DType::float32);
   const std::string fewer_keys =
-      attention_error("flash_attention", {q, short_kv, short_kv}, kernels::Params{{"window", 16.0}});
+      attention_error("flash_attention", {q, short_kv, short_kv, sinks}, kernels::Params{{"window", 16.0}});
   CHECK(contains(fewer_keys, "a sliding window needs at least as many keys as queries, got S = 256 queries and Skv = 128 keys"));
   CHECK(contains(fewer_keys, "pad the keys, or drop the window for this call"));
-  CHECK(contains(attention_error("flash_attention", {q, q, q}, kernels::Params{{"window", -1.0}}),
+  CHECK(contains(attention_error("flash_attention", {q, q, q, sinks}, kernels::Params{{"window", -1.0}}),
                  "window must be >= 0 (0: no sliding window), got -1"));
-  CHECK(contains(attention_error("flash_attention_bwd", {q, short_kv, short_kv, q, spec({1, 1, 256}, DType::float32), q},
+  CHECK(contains(attention_error("flash_attention_bwd", {q, short_kv, short_kv, sinks, q, spec({1, 1, 256}, DType::float32), q},
                                  kernels::Params{{"window", 16.0}}),
                  "flash_attention_bwd: a sliding window needs at least as many keys as queries"));
 }

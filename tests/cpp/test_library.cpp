@@ -133,10 +133,11 @@ TEST_CASE("library registry: an incomplete registration is reported by what it l
   k.backward.clear();
   k.doc = "Dimensions: x. Args: x. Returns: y. Notes: none.";
   k.examples.push_back({{}, {}, "no inputs"});
+  k.params.push_back({"tile", kernels::ParamKind::real, 128, "a tile size", /*tune_over=*/{128, 256}});
   const std::vector<std::string> missing = kernels::missing_registration(k, kernels::registry());
   CHECK(join(missing) ==
-        "doc section Pseudocode:, reference, draw (random cases), inputs of example 'no inputs', backward (or a "
-        "gradient note)");
+        "doc section Pseudocode:, reference, draw (random cases), inputs of example 'no inputs', tuned parameter "
+        "'tile' as an integer whose default 0 means 'choose', backward (or a gradient note)");
 }
 
 TEST_CASE("library registry: backward kernels follow the naming contract") {
@@ -183,19 +184,45 @@ TEST_CASE("library registry: unknown kernels and parameters are errors that name
   }
 }
 
-TEST_CASE("library kernels: every example matches its reference, on both executors and in both task orders") {
-  for (const KernelInfo& k : kernels::registry())
+// ctest runs every TEST_CASE as a test of its own: the kernels are dealt round-robin into parts so
+// that `ctest -j` spreads the library's checks over the cores. One TEST_CASE per part below.
+constexpr size_t kExampleParts = 4, kDrawnParts = 2;
+
+void check_examples(size_t part) {
+  const std::vector<KernelInfo>& all = kernels::registry();
+  for (size_t n = part; n < all.size(); n += kExampleParts) {
+    const KernelInfo& k = all[n];
     for (size_t i = 0; i < k.examples.size() && selected(k.name); ++i) check_case(k, k.examples[i], i + 1, /*exhaustive=*/true);
+  }
 }
 
-TEST_CASE("library kernels: randomly drawn cases match their reference") {
-  const int64_t n = drawn_cases();
-  for (const KernelInfo& k : kernels::registry())
-    for (int64_t seed = 1; seed <= n && selected(k.name); ++seed) {
+void check_drawn_cases(size_t part) {
+  const int64_t cases = drawn_cases();
+  const std::vector<KernelInfo>& all = kernels::registry();
+  for (size_t n = part; n < all.size(); n += kDrawnParts) {
+    const KernelInfo& k = all[n];
+    for (int64_t seed = 1; seed <= cases && selected(k.name); ++seed) {
       kernels::CaseRng rng{uint64_t(seed)};
       check_case(k, k.draw(rng), uint64_t(seed) + 1000, /*exhaustive=*/false);
     }
+  }
 }
+
+TEST_CASE("library kernels: every example matches its reference, on both executors and in both task orders (part 1 of 4)") {
+  check_examples(0);
+}
+TEST_CASE("library kernels: every example matches its reference, on both executors and in both task orders (part 2 of 4)") {
+  check_examples(1);
+}
+TEST_CASE("library kernels: every example matches its reference, on both executors and in both task orders (part 3 of 4)") {
+  check_examples(2);
+}
+TEST_CASE("library kernels: every example matches its reference, on both executors and in both task orders (part 4 of 4)") {
+  check_examples(3);
+}
+
+TEST_CASE("library kernels: randomly drawn cases match their reference (part 1 of 2)") { check_drawn_cases(0); }
+TEST_CASE("library kernels: randomly drawn cases match their reference (part 2 of 2)") { check_drawn_cases(1); }
 
 }  // namespace
 }  // namespace nikki::test

@@ -348,16 +348,22 @@ class Estimate(Entry):
         return np.array(1)
 
 
-def _flash_reference(q, k, v, causal=False, scale=None, window=0):
+def _flash_reference(q, k, v, sinks=None, causal=False, scale=None, window=0, softcap=0, prefix_len=0):
     q, k, v = (torch.from_numpy(_as_numpy(t).astype(np.float64)) for t in (q, k, v))
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
     s = q @ k.transpose(-1, -2) * (1 / math.sqrt(q.shape[-1]) if scale is None else scale)
-    if causal or window:
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -math.inf)  # torch's top-left mask
-    if window:  # a sliding window: key j visible from query i when i - window < j
-        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).tril(-int(window)), -math.inf)
-    return [torch.softmax(s, -1) @ v, torch.logsumexp(s, -1)]
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    if causal or window:  # query i sits at key position i + prefix_len (top-left aligned without a prefix)
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1 + int(prefix_len)), -math.inf)
+    if window:  # a sliding window: key j visible from query i when i + prefix_len - window < j
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).tril(int(prefix_len) - int(window)), -math.inf)
+    if sinks is not None:  # a sink logit per head joins the denominator
+        sink = torch.from_numpy(_as_numpy(sinks).astype(np.float64))[None, :, None, None]
+        s = torch.cat([s, sink.expand(*s.shape[:-1], 1)], -1)
+    p = torch.softmax(s, -1)
+    return [(p[..., :-1] if sinks is not None else p) @ v, torch.logsumexp(s, -1)]
 
 
 def _norm_stats(x, eps, centered):
@@ -509,7 +515,7 @@ TORCH_FUNCTIONS = [
     TorchFunction("flash_attention", lambda r: {"q": ("tensor", _t(r, 1, 2, 16, F)), "k": ("tensor", _t(r, 1, 1, 16, F)),
                                                 "v": ("tensor", _t(r, 1, 1, 16, F)), "causal": ("bool", False),
                                                 "scale": ("optional", 0.5)},
-                  ntorch.flash_attention, lambda q, k, v, causal, scale: _flash_reference(q, k, v, causal, scale)[0]),
+                  ntorch.flash_attention, lambda q, k, v, causal, scale: _flash_reference(q, k, v, causal=causal, scale=scale)[0]),
     TorchFunction("adamw_", lambda r: {"param": ("tensor", _t(r, F)), "grad": ("tensor", _t(r, F)),
                                        "exp_avg": ("tensor", _t(r, F)), "exp_avg_sq": ("tensor", _t(r, F).abs()),
                                        "step": ("int", 3), "lr": ("finite", 1e-2), "eps": ("finite", 1e-8),

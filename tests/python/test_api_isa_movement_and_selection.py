@@ -379,29 +379,3 @@ def test_double_row_matmul_rules():
         bf16.with_target("trn1")(st.astype(fp8), mv.astype(fp8))
 
 
-# --- core_barrier --------------------------------------------------------------------------------
-
-def test_core_barrier_alone_on_the_core_changes_nothing(rng):
-    @nki.jit
-    def kernel(a):
-        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=out, src=a)
-        nisa.core_barrier(out, (0, 1))
-        again = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=again, src=out)
-        return again
-
-    a = rng.standard_normal((16, 8), dtype=np.float32)
-    np.testing.assert_array_equal(kernel(a), a)
-
-
-def test_core_barrier_between_program_instances_is_not_supported():
-    @nki.jit
-    def kernel(a):
-        out = nl.ndarray(a.shape, a.dtype, buffer=nl.shared_hbm)
-        nisa.dma_copy(dst=out, src=a)
-        nisa.core_barrier(out, (0, 1))
-        return out
-
-    with pytest.raises(NotImplementedError, match=r"core_barrier between the 2 program instances"):
-        kernel[2](np.zeros((16, 8), np.float32))

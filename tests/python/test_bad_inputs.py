@@ -189,7 +189,7 @@ def test_numpy_scalars_are_values_of_their_kind():
 @pytest.mark.parametrize("call, fragment", [
     (lambda: nk.rmsnorm(np.ones((4, 8), np.float32), np.ones(8, np.float32), eps="1e-5"),
      "parameter 'eps' must be a finite number, got '1e-5'"),
-    (lambda: nk.flash_attention(q.numpy(), q.numpy(), q.numpy(), causal=1),
+    (lambda: nk.flash_attention(q.numpy(), q.numpy(), q.numpy(), np.full(2, -np.inf, np.float32), causal=1),
      "parameter 'causal' must be a bool"),
     (lambda: ntorch.rms_norm(torch.ones(2, 8), eps="1e-6"), "rms_norm: eps must be a finite number"),
     (lambda: ntorch.layer_norm(torch.ones(2, 8), 8, eps=None), "layer_norm: eps must be a finite number"),

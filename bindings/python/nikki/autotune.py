@@ -61,8 +61,9 @@ class Autotuned:
         fn = self.kernel.fn
         self.__name__ = getattr(fn, "__name__", "kernel")
         self.__doc__ = getattr(fn, "__doc__", None)
-        self._identity = hashlib.sha256(
-            (_source_of(fn) + repr(self.configs) + repr(target)).encode()).hexdigest()
+        identity = getattr(self.kernel, "cache_identity", None)
+        code = identity() if identity is not None else _source_of(fn)
+        self._identity = hashlib.sha256((code + repr(self.configs) + repr(target)).encode()).hexdigest()
 
     def __call__(self, *args, **kwargs):
         return self.kernel(*args, **kwargs, **self.best_config(*args, **kwargs))

@@ -22,7 +22,7 @@ from typing import Any, Sequence, Union, overload
 import numpy as np
 
 from . import _core
-from .arguments import EXACT_INT_LIMIT, argument_error, check_bool, check_int, check_real, is_bool, is_real
+from .arguments import EXACT_INT_LIMIT, argument_error, check_bool, check_int, check_real, is_bool, is_int, is_real
 from .dtypes import to_dtype
 from .errors import KernelCallError, KernelError, kernel_error_at, kernel_error_in_traceback, user_frame
 from .ops import act_func, alu_op
@@ -41,7 +41,7 @@ __all__ = [
     "tensor_copy_predicated", "select_reduce", "max8", "nc_find_index8", "tensor_partition_reduce",
     "register_alloc", "register_move", "register_load", "register_store", "get_nc_version",
     "get_nc_sub_version", "dma_transpose", "dma_compute", "nc_stream_shuffle", "nc_match_replace8", "range_select",
-    "nc_n_gather", "nonzero_with_count", "core_barrier",
+    "nc_n_gather", "nonzero_with_count", "core_barrier", "sendrecv",
 ]
 
 
@@ -112,6 +112,9 @@ class nc_version(enum.IntEnum):
 class dma_engine(enum.IntEnum):
     dma = 1
     gpsimd_dma = 2
+
+
+_DmaEngine = dma_engine  # the enum, for sendrecv whose `dma_engine` parameter shadows it
 
 
 # Annotations of the public signatures. An operator is an nl function (nl.add, nl.exp), a numpy
@@ -1701,17 +1704,74 @@ def nonzero_with_count(dst: NkiTensor | None = None, src: NkiTensor | None = Non
           name, offset=int(index_offset), fill_value=float(padding_val))
 
 
-def core_barrier(data: NkiTensor | None = None, cores: Sequence[int] = (0, 1), engine: engine = engine.unknown,
+def _launch_rank() -> tuple[int, int]:
+    """This program instance's rank in its launch (its grid coordinates in row-major order) and the
+    launch's number of instances: what core_barrier's cores and sendrecv's ranks number."""
+    ctx = current()
+    rank, instances = 0, 1
+    for size, index in zip(ctx.grid, ctx.program_ids):
+        rank, instances = rank * size + index, instances * size
+    return rank, instances
+
+
+def core_barrier(data: NkiTensor | None = None, cores: Sequence[int] | int = (0, 1), engine: engine = engine.unknown,
                  name: str | None = None) -> None:
-    """Waits until the NeuronCores `cores` have all reached this point, so that their writes to the
-    shared HBM tensor `data` are visible. A launch of one program instance is alone on nikki's
-    simulated core: nothing to wait for, the barrier has no effect. Instances of a grid run one
-    after another, so they cannot wait for each other: a barrier there raises NotImplementedError."""
+    """Waits until the NeuronCores `cores` have all reached this point, so that each sees the
+    others' writes to the shared HBM tensor `data` (which names what they synchronize on).
+
+    The cores are the program instances of the launch (``kernel[2]``, or NEURON_LOGICAL_NC_CONFIG=2:
+    instances 0 and 1), this one among them. nikki runs the instances in turn, each until its next
+    barrier or sendrecv, so each instance's n-th barrier meets the others' n-th; instances whose
+    barriers do not pair up (different counts) wait forever, a KernelError naming where each one
+    is. A core the launch does not have (a launch of one instance) is not waited for.
+
+    Limits: NeuronCore-v3 and later. Engine: the engine queues drain, then the cores exchange
+    semaphores (estimated as the DMA fixed latency after the last core arrives)."""
     _check_tensor(data, "data")
-    programs = math.prod(current().grid or (1,))
-    if programs > 1:
-        _not_implemented(f"core_barrier between the {programs} program instances of a launch (nikki runs "
-                         "them one after another)")
+    # nki-library passes `cores=(0)`, which is the int 0: one core.
+    listed: Any = (cores,) if is_int(cores) else cores
+    if not isinstance(listed, (tuple, list)) or not listed:
+        raise argument_error("nisa.core_barrier: cores", "a non-empty tuple of core numbers", cores)
+    members = [check_int(c, f"nisa.core_barrier: cores[{i}]", minimum=0) for i, c in enumerate(listed)]
+    if not isinstance(engine, _Engine):
+        raise argument_error("nisa.core_barrier: engine", "an nisa.engine", engine)
+    rank, _instances = _launch_rank()
+    if rank not in members:
+        raise kernel_error_at(user_frame(), f"nisa.core_barrier: cores={tuple(members)} leaves out this program "
+                              f"instance ({rank})", limit="a core waits at a barrier with the other cores it names",
+                              hint="name this instance among cores, e.g. cores=(0, 1)")
+    _emit(_core.Opcode.core_barrier, (data,), _Engine.sync, name, lanes=members)
+
+
+def sendrecv(src: NkiTensor, dst: NkiTensor, send_to_rank: int, recv_from_rank: int, pipe_id: int,
+             dma_engine: dma_engine = dma_engine.dma, name: str | None = None) -> None:
+    """Sends the SBUF tile `src` to the program instance `send_to_rank`, whose `dst` receives it,
+    while `dst` receives the `src` of instance `recv_from_rank` (ranks number the launch's program
+    instances: 0 and 1 for ``kernel[2]``).
+
+    As NKI pairs them, the n-th sendrecv of an instance meets the n-th of its partners: nikki runs
+    the instances in turn until each reaches its next sendrecv or core_barrier, then moves the
+    data. src and dst have the same dtype and size (the partner's dst receives this src's bytes);
+    ``pipe_id`` groups transfers on the hardware and changes nothing here, as every sendrecv
+    completes before its instance goes on; ``dma_engine`` has no effect.
+
+    Limits: NeuronCore-v3 and later; src and dst in SBUF. Cost (estimate): the DMA fixed latency
+    plus the bytes at the DMA bandwidth, after both partners arrive."""
+    src, dst = _check_tensor(src, "src"), _check_tensor(dst, "dst")
+    _rank, instances = _launch_rank()
+    ranks = [check_int(r, f"nisa.sendrecv: {what}", minimum=0) for r, what in
+             ((send_to_rank, "send_to_rank"), (recv_from_rank, "recv_from_rank"))]
+    for r, what in zip(ranks, ("send_to_rank", "recv_from_rank")):
+        if r >= instances:
+            raise kernel_error_at(user_frame(), f"nisa.sendrecv: {what}={r}, but the launch has {instances} program "
+                                  f"instance{'s' if instances > 1 else ''}",
+                                  limit=f"ranks are the launch's program instances, 0 to {instances - 1}",
+                                  hint="launch the kernel on two cores (kernel[2], or NEURON_LOGICAL_NC_CONFIG=2)"
+                                  if instances == 1 else "send to and receive from an instance of the launch")
+    pipe = check_int(pipe_id, "nisa.sendrecv: pipe_id", minimum=0)
+    if not isinstance(dma_engine, _DmaEngine):
+        raise argument_error("nisa.sendrecv: dma_engine", "an nisa.dma_engine", dma_engine)
+    _emit(_core.Opcode.sendrecv, (dst, src), _Engine.sync, name, lanes=[ranks[0], ranks[1], pipe])
 
 
 # --- NKI instructions nikki does not implement yet --------------------------------------------
@@ -1823,14 +1883,6 @@ def topk(val_dst: NkiTensor, idx_dst: NkiTensor, src: NkiTensor, n: int, name: s
     _not_implemented("nki.isa.topk")
 
 
-def sendrecv(src: NkiTensor, dst: NkiTensor, send_to_rank: int, recv_from_rank: int, pipe_id: int,
-             dma_engine: dma_engine = dma_engine.dma, name: str | None = None) -> None:
-    """Point-to-point transfer between the two NeuronCores of a logical core (NeuronCore-v3+).
-
-    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
-    _not_implemented("nki.isa.sendrecv")
-
-
 def tensor_copy_dynamic_src(src: NkiTensor, *, mask: LegacyMask = None, dtype: DTypeLike = None,
                             engine: engine = engine.unknown) -> None:
     """Beta 1: a copy from a source addressed at run time (removed in NKI 0.4; cost ``max(600, N)`` cycles).
@@ -1861,7 +1913,7 @@ def builtin_custom_op(function_name: str, lib_file_name: str, ulib_to_ucode_vers
 UNSUPPORTED = (
     "nc_matmul_mx", "activate2", "tensor_scalar_cumulative", "exponential", "quantize_mx", "dropout", "rng", "rand2",
     "set_rng_seed", "rand_set_state", "rand_get_state", "local_gather", "sequence_bounds", "topk",
-    "sendrecv", "tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "builtin_custom_op",
+    "tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "builtin_custom_op",
 )
 
 

@@ -96,6 +96,8 @@ class Compiled:
         self.output_bytes = [math.prod(shape) * dt.itemsize for shape, dt in output_specs]
         self.total_output_bytes = sum(self.output_bytes)
         self.output_numpy_dtypes = [numpy_dtype(dt) for _shape, dt in output_specs]
+        # Whether the instances meet (core_barrier, sendrecv): then they run, and are estimated, together.
+        self.meets = any(p.meets for p in programs)
 
     def text(self, locations: bool = True) -> str:
         return "\n".join(p.text(locations) for p in self.programs)
@@ -498,12 +500,19 @@ class Kernel:
             else:
                 outputs.append(np.empty(shape, dtype=np_dtype))
         out_ptrs = [o.data_ptr() if torch_out else o.__array_interface__["data"][0] for o in outputs]
-        # SPMD instances run in turn on the same shared_hbm outputs; only the first run fills
-        # them with the uninitialized-memory sentinels, later ones must keep earlier writes.
-        for index, program in enumerate(compiled.programs):
-            program.run(in_ptrs, out_ptrs, index == 0)
+        if compiled.meets:
+            # Instances that meet (core_barrier, sendrecv) run together, each on its own core.
+            _core.run_launch(compiled.programs, in_ptrs, out_ptrs)
             if len(compiled.programs) > 1:
-                program.release_executor()  # hold one simulated core at a time, not one per instance
+                for program in compiled.programs:
+                    program.release_executor()
+        else:
+            # SPMD instances run in turn on the same shared_hbm outputs; only the first run fills
+            # them with the uninitialized-memory sentinels, later ones must keep earlier writes.
+            for index, program in enumerate(compiled.programs):
+                program.run(in_ptrs, out_ptrs, index == 0)
+                if len(compiled.programs) > 1:
+                    program.release_executor()  # hold one simulated core at a time, not one per instance
         for original, copy in write_back:
             original[...] = copy
         results = [outputs[k] if kind == "output" else values[k] for kind, k in compiled.results]

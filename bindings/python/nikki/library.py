@@ -9,6 +9,7 @@ its body there.
 from __future__ import annotations
 
 import inspect
+import itertools
 import re
 
 from . import _core
@@ -46,6 +47,9 @@ class LibraryKernel(Kernel):
         # Inputs updated in place (a KV cache): written into the caller's arrays, not returned.
         self.updated_inputs = tuple(info["updated_inputs"])
         self._mutable = {self.inputs.index(name) for name in self.updated_inputs}
+        # Tiling parameters a call may leave to nikki (0 = choose): parameter -> candidate values.
+        self.tuning: dict = dict(info.get("tuning", {}))
+        self._autotuners: dict = {}  # the parameters left to choose -> their nikki.autotune
 
     def _doc(self) -> str:
         lines = [self.info["doc"]]
@@ -71,8 +75,62 @@ class LibraryKernel(Kernel):
     def __call__(self, *args, **kwargs):
         ctx = maybe_current()
         if ctx is None:
+            if self.tuning:
+                args, kwargs = self._with_tuned_params(args, kwargs)
             return super().__call__(*args, **kwargs)
         return self._inline(ctx, self._bind(args, kwargs))
+
+    # --- autotuning -------------------------------------------------------------------------
+    def _with_tuned_params(self, args, kwargs) -> tuple:
+        """(args, kwargs) of the call with each tuned parameter it leaves at 0 set to the value
+        estimated fastest for its shapes (``nikki.autotune`` over the registry's candidates, the
+        choice cached per shape key). Calls that set every tuned parameter pass unchanged."""
+        try:
+            free, call = self._free_tuned_params(args, kwargs)
+        except TypeError:
+            return args, kwargs  # a bad call: the launch reports it
+        if not free:
+            return args, kwargs
+        return (), {**call, **self._autotuner(free).best_config(**call)}
+
+    def _free_tuned_params(self, args, kwargs) -> tuple:
+        """The tuned parameters the call leaves at 0, and its other arguments as keywords."""
+        call = dict(self._signature.bind(*args, **kwargs).arguments)
+        free = tuple(n for n in self.tuning if type(call.get(n, 0)) is int and call.get(n, 0) == 0)
+        for n in free:
+            call.pop(n, None)
+        return free, call
+
+    def _autotuner(self, free: tuple):
+        from .autotune import Autotuned  # autotune estimates through this module's kernels
+
+        tuner = self._autotuners.get(free)
+        if tuner is None:
+            configs = [dict(zip(free, values)) for values in itertools.product(*(self.tuning[n] for n in free))]
+            tuner = self._autotuners[free] = Autotuned(self, configs)
+        return tuner
+
+    def autotune_table(self, *args, **kwargs) -> list:
+        """[(choice, estimated µs or None, error or None)] of the tiling choices considered for these
+        arguments (the tuned parameters the call leaves at 0), in the registry's order."""
+        return self._tuning_for(args, kwargs, "table")
+
+    def autotune_report(self, *args, **kwargs) -> str:
+        """The tiling choices considered for these arguments as text, the chosen one marked."""
+        return self._tuning_for(args, kwargs, "report")
+
+    def _tuning_for(self, args, kwargs, what: str):
+        if not self.tuning:
+            raise KernelError(f"kernel '{self.name}' has no tuned parameters", hint="it has no tiling choice to make")
+        free, call = self._free_tuned_params(args, kwargs)
+        if not free:
+            raise KernelError(f"kernel '{self.name}': every tuned parameter ({', '.join(self.tuning)}) is set "
+                              "in this call, so nothing is chosen", hint="leave them at 0 to let nikki choose")
+        return getattr(self._autotuner(free), what)(**call)
+
+    def cache_identity(self) -> str:
+        """What identifies this kernel's code in the disk cache (its C++ body is part of nikki's build)."""
+        return f"nikki library kernel {self.name}"
 
     # --- specialization ---------------------------------------------------------------------
     def param_values(self, values) -> dict:

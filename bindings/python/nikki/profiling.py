@@ -26,18 +26,23 @@ __all__ = ["Profile", "Explanation", "estimate", "profile", "benchmark", "Benchm
 
 
 class Profile:
-    """The estimated profile of one kernel launch (SPMD instances run one after another on one core).
+    """The estimated profile of one kernel launch (SPMD instances run one after another on one core;
+    instances that meet at core_barrier / sendrecv run in parallel, each on its own core).
 
     Attributes are estimates: ``total_ns`` / ``total_us``, per-engine busy time and utilization,
     DMA bytes and achieved bandwidth, TensorE FLOP utilization, per-instruction timelines.
     """
 
-    def __init__(self, kernel_name: str, target: str, programs, profiles):
+    def __init__(self, kernel_name: str, target: str, programs, profiles, concurrent: bool = False):
         self.kernel = kernel_name
         self.target = target
         self._programs = programs
         self._profiles = profiles
-        self.total_ns = float(sum(p.total_ns for p in profiles))
+        # Instances that meet run in parallel, each on its own core: the launch lasts as long as
+        # the longest; otherwise they run one after another on one core.
+        totals = [p.total_ns for p in profiles]
+        self.total_ns = float(max(totals, default=0.0) if concurrent else sum(totals))
+        self._concurrent = concurrent
         self.dma_bytes = int(sum(p.dma_bytes for p in profiles))
         self.matmul_flops = int(sum(p.matmul_flops for p in profiles))
         self._peak_flops_per_ns = profiles[0].tensor_peak_flops_per_ns if profiles else 0.0
@@ -47,9 +52,11 @@ class Profile:
     def of(cls, kernel_name: str, compiled) -> "Profile":
         """The estimated profile of a compiled launch: every SPMD instance's program, on the
         target the kernel was compiled for."""
-        profiles = [_core.estimate(p) for p in compiled.programs]
+        meets = compiled.meets
+        profiles = (_core.estimate_launch(compiled.programs) if meets
+                    else [_core.estimate(p) for p in compiled.programs])
         info = _core.target_info(compiled.programs[0].kernel.target)
-        return cls(kernel_name, f"{info['name']} ({info['core']})", compiled.programs, profiles)
+        return cls(kernel_name, f"{info['name']} ({info['core']})", compiled.programs, profiles, concurrent=meets)
 
     @property
     def total_us(self) -> float:
@@ -128,12 +135,13 @@ class Profile:
         return Explanation(parts)
 
     def instructions(self) -> list:
-        """(queue, opcode, start ns, end ns, source) for every instruction, instance after instance."""
+        """(queue, opcode, start ns, end ns, source) for every instruction, instance after instance
+        (each shifted by the instances before it, unless they run in parallel)."""
         rows: list = []
         offset = 0.0
         for prog, p in zip(self._programs, self._profiles):
             rows.extend((q, op, s + offset, e + offset, src) for q, op, s, e, src in p.instructions(prog))
-            offset += p.total_ns
+            offset += 0.0 if self._concurrent else p.total_ns
         return rows
 
     def summary(self, top: int = 8) -> str:
@@ -154,7 +162,7 @@ class Profile:
         """Writes a Chrome / Perfetto trace JSON (one track per engine and DMA queue)."""
         traces = [_core.profile_chrome_trace(p, prog) for prog, p in zip(self._programs, self._profiles)]
         with open(path, "w") as f:
-            f.write(traces[0] if len(traces) == 1 else _merge_traces(traces, self._profiles))
+            f.write(traces[0] if len(traces) == 1 else _merge_traces(traces, self._profiles, self._concurrent))
         return path
 
     def save_timeline(self, path: str) -> str:
@@ -211,8 +219,9 @@ class Explanation:
         return f"<nikki.Explanation: {self.limit}>"
 
 
-def _merge_traces(traces, profiles) -> str:
-    """Concatenates instance traces, shifting each by the instances before it."""
+def _merge_traces(traces, profiles, concurrent: bool = False) -> str:
+    """Concatenates instance traces (one process each), shifting each by the instances before it
+    unless they run in parallel."""
     import json
 
     merged = {"displayTimeUnit": "ns", "otherData": json.loads(traces[0])["otherData"], "traceEvents": []}
@@ -223,7 +232,7 @@ def _merge_traces(traces, profiles) -> str:
             if "ts" in ev:
                 ev["ts"] += offset_us
             merged["traceEvents"].append(ev)
-        offset_us += p.total_ns / 1000.0
+        offset_us += 0.0 if concurrent else p.total_ns / 1000.0
     return json.dumps(merged)
 
 

@@ -30,7 +30,7 @@ __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk"
            "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "rms_norm_quant", "fp8_matmul", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
            "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d", "avg_pool2d", "linear_recurrence",
-           "selective_scan", "paged_decode_attention"]
+           "selective_scan", "paged_decode_attention", "find_nonzero_indices", "moe_prefill"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -320,13 +320,13 @@ def _mm(a, b):
 def _register_matmul_autograd(op) -> None:
     # dA = dOut @ B^T and dB = A^T @ dOut are matmuls themselves: the op is its own backward.
     def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(*inputs)
+        ctx.save_for_backward(inputs[0], inputs[1])  # then the tiling choice (rows_per_block)
 
     def backward(ctx, grad):
         a, b = ctx.saved_tensors
         ga = _mm(grad, b.t()) if ctx.needs_input_grad[0] else None
         gb = _mm(a.t(), grad) if ctx.needs_input_grad[1] else None
-        return ga, gb
+        return ga, gb, None
 
     op.register_autograd(backward, setup_context=setup_context)
 
@@ -558,7 +558,7 @@ def selective_scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: tor
     kernel: u, delta, z [batch, dim, L], A [dim, N], B and C [batch, N, L] (or [batch, 1, N, L], one
     group), D and delta_bias [dim] or None, initial_state [batch, dim, N] or None (zeros).
     Returns y [batch, dim, L] in u's dtype, and the fp32 last state [batch, dim, N] too when
-    `return_last_state`. Forward only (no autograd)."""
+    `return_last_state`. Differentiable in every tensor argument (the selective_scan_bwd kernel)."""
     what = "nikki.torch.selective_scan"
     for name, t in (("u", u), ("delta", delta), ("A", A), ("B", B), ("C", C)):
         _tensor(t, f"{what}: {name}")
@@ -729,20 +729,35 @@ def fp8_matmul(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale:
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    scale: float | None = None, window: int = 0) -> torch.Tensor:
+                    scale: float | None = None, window: int = 0, sinks: torch.Tensor | None = None,
+                    softcap: float = 0.0, prefix_len: int = 0) -> torch.Tensor:
     """``F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale, enable_gqa=True)``
     with nikki's flash attention kernels: q [B, H, S, D], k and v [B, H_kv, S_kv, D] with H_kv
     dividing H (grouped-query attention). `window` > 0 is a sliding window (causal implied): key
-    j is visible from query i when i - window < j <= i."""
+    j is visible from query i when i + prefix_len - window < j <= i + prefix_len.
+
+    `sinks`: optional float32 [H] attention sink logits (GPT-OSS): each joins its head's softmax
+    denominator but weighs no value (None: no sinks). `softcap` > 0 soft-caps the scaled scores to
+    ``softcap * tanh(s / softcap)`` (Gemma 2). `prefix_len`: the first prefix_len rows of k and v
+    are a cached prefix before the S active keys (prefix caching), so query i sits at key position
+    i + prefix_len; it needs causal or a window. Differentiable in q, k, v and sinks."""
+    what = "nikki.torch.flash_attention"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _tensor(t, f"nikki.torch.flash_attention: {name}")
-    causal = check_bool(causal, "nikki.torch.flash_attention: causal")
-    _one_device("nikki.torch.flash_attention", (("q", q), ("k", k), ("v", v)))
+        _tensor(t, f"{what}: {name}")
+    causal = check_bool(causal, f"{what}: causal")
     if scale is not None:
-        scale = check_real(scale, "nikki.torch.flash_attention: scale", finite=True)
-    window = check_int(window, "nikki.torch.flash_attention: window", minimum=0)
-    out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(),
-                                              causal=causal, scale=scale, window=window)
+        scale = check_real(scale, f"{what}: scale", finite=True)
+    window = check_int(window, f"{what}: window", minimum=0)
+    softcap = check_real(softcap, f"{what}: softcap", finite=True)
+    prefix_len = check_int(prefix_len, f"{what}: prefix_len", minimum=0)
+    if sinks is not None:
+        _tensor(sinks, f"{what}: sinks")
+    _one_device(what, (("q", q), ("k", k), ("v", v), ("sinks", sinks)))
+    if sinks is None:
+        sinks = torch.full((q.shape[1] if q.dim() == 4 else 1,), -math.inf, dtype=torch.float32, device=q.device)
+    out, _lse = library_op("flash_attention")(q.contiguous(), k.contiguous(), v.contiguous(), sinks.contiguous(),
+                                              causal=causal, scale=scale, window=window, softcap=softcap,
+                                              prefix_len=prefix_len)
     return out
 
 
@@ -786,6 +801,89 @@ def output_projection(attn: torch.Tensor, w_o: torch.Tensor, bias: torch.Tensor 
                                            residual.contiguous())
 
 
+_QKV_NORMS = {None: 0, "rms": 1, "layer": 2}
+
+
+def qkv_projection(x: torch.Tensor, w_qkv: torch.Tensor, q_heads: int, kv_heads: int,
+                   bias: torch.Tensor | None = None, *, norm: str | None = None,
+                   norm_weight: torch.Tensor | None = None, norm_bias: torch.Tensor | None = None,
+                   eps: float = 1e-6, cos: torch.Tensor | None = None, sin: torch.Tensor | None = None,
+                   interleaved: bool = False, residual: torch.Tensor | None = None) -> tuple:
+    """An attention block's q/k/v projection in one kernel (nikki's qkv / add_qkv): with
+    `residual`, ``x = x + residual`` first; then ``norm(x) @ w_qkv + bias`` split into q
+    [B, q_heads, S, D], k and v [B, kv_heads, S, D] (flash_attention's layout), q and k rotated
+    like Hugging Face's ``apply_rotary_pos_emb`` when cos and sin are given.
+
+    x [B, S, H]; w_qkv [H, (q_heads + 2 kv_heads) * D], the q, k and v Linear weights transposed
+    side by side (``torch.cat([q_proj.weight, k_proj.weight, v_proj.weight]).T``); bias [I] or
+    None. `norm`: None, "rms" (``F.rms_norm`` with norm_weight) or "layer" (``F.layer_norm`` with
+    norm_weight and norm_bias); weights left None are ones and zeros. cos and sin: [S, r] shared by
+    the batch or [B, S, r] per sequence (decode: each sequence's own positions), r <= D even
+    (partial rotary rotates the first r dims); `interleaved` rotates pairs (2i, 2i + 1).
+
+    Returns (q, k, v), or (q, k, v, sum) with `residual` (sum is the next residual stream).
+    Differentiable in x, residual, w_qkv, bias, norm_weight and norm_bias."""
+    what = "nikki.torch.qkv_projection"
+    _tensor(x, f"{what}: x")
+    _tensor(w_qkv, f"{what}: w_qkv")
+    if x.dim() != 3:
+        raise argument_error(f"{what}: x", "a [B, S, H] tensor", x, got=f"shape {tuple(x.shape)}")
+    q_heads = check_int(q_heads, f"{what}: q_heads", minimum=1)
+    kv_heads = check_int(kv_heads, f"{what}: kv_heads", minimum=1)
+    if norm not in _QKV_NORMS:
+        raise argument_error(f"{what}: norm", 'None, "rms" or "layer"', norm)
+    h = x.shape[-1]
+    if w_qkv.dim() != 2 or w_qkv.shape[0] != h or w_qkv.shape[1] % (q_heads + 2 * kv_heads) != 0:
+        raise argument_error(f"{what}: w_qkv", f"a [H, (q_heads + 2 kv_heads) * D] tensor with H = {h} and "
+                             f"q_heads + 2 kv_heads = {q_heads + 2 * kv_heads}", w_qkv,
+                             got=f"shape {tuple(w_qkv.shape)}")
+    width = w_qkv.shape[1]
+    bias = _optional_tensor(bias, f"{what}: bias", (width,), "w_qkv's last dim")
+    norm_weight = _optional_tensor(norm_weight, f"{what}: norm_weight", (h,), "the last dim of x")
+    norm_bias = _optional_tensor(norm_bias, f"{what}: norm_bias", (h,), "the last dim of x")
+    if norm is None and (norm_weight is not None or norm_bias is not None):
+        raise argument_error(f"{what}: norm", '"rms" or "layer" when norm_weight or norm_bias is given', norm,
+                             hint="pass norm= the norm those weights belong to")
+    if norm == "rms" and norm_bias is not None:
+        raise argument_error(f"{what}: norm_bias", 'None with norm="rms"', norm_bias, got="a tensor",
+                             hint='RMSNorm has no bias; use norm="layer"')
+    if (cos is None) != (sin is None):
+        missing, given = ("sin", "cos") if sin is None else ("cos", "sin")
+        raise argument_error(f"{what}: {missing}", f"a tensor when {given} is given (rope takes both)", None,
+                             hint="pass both tables, or neither for no rope")
+    b, s = x.shape[:2]
+    for name, t in (("cos", cos), ("sin", sin)):
+        if t is not None:
+            _tensor(t, f"{what}: {name}")
+            if not (t.dim() in (2, 3) and t.shape[-2] == s and (t.dim() == 2 or t.shape[0] in (1, b))):
+                raise argument_error(f"{what}: {name}", f"a [S, r] or [B, S, r] tensor with B, S = {b}, {s} (x's)",
+                                     t, got=f"shape {tuple(t.shape)}", hint="slice the tables to the positions of x")
+    eps = check_real(eps, f"{what}: eps", finite=True)
+    interleaved = check_bool(interleaved, f"{what}: interleaved")
+    if residual is not None:
+        _tensor(residual, f"{what}: residual")
+        if residual.shape != x.shape or residual.dtype != x.dtype:
+            raise argument_error(f"{what}: residual", f"a {x.dtype} tensor of x's shape {tuple(x.shape)}", residual,
+                                 got=f"{residual.dtype} of shape {tuple(residual.shape)}")
+    _one_device(what, (("x", x), ("w_qkv", w_qkv), ("bias", bias), ("norm_weight", norm_weight),
+                       ("norm_bias", norm_bias), ("cos", cos), ("sin", sin), ("residual", residual)))
+    bias = x.new_zeros(width) if bias is None else bias
+    gamma = x.new_ones(h) if norm_weight is None else norm_weight
+    beta = x.new_zeros(h) if norm_bias is None else norm_bias
+    rope = cos is not None and sin is not None
+    if cos is None or sin is None:  # placeholders the kernel does not read
+        cos = sin = x.new_zeros(1, 2, dtype=torch.float32)
+    options = dict(q_heads=q_heads, kv_heads=kv_heads, norm=_QKV_NORMS[norm], eps=eps, rope=rope,
+                   interleaved=interleaved)
+    tensors = (w_qkv.contiguous(), bias.contiguous(), gamma.contiguous(), beta.contiguous(), cos.contiguous(),
+               sin.contiguous())
+    if residual is None:
+        q, k, v, _mean, _rstd = library_op("qkv")(x.contiguous(), *tensors, **options)
+        return q, k, v
+    q, k, v, total, _mean, _rstd = library_op("add_qkv")(x.contiguous(), residual.contiguous(), *tensors, **options)
+    return q, k, v, total
+
+
 def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
                   initial_state: torch.Tensor | None = None, activation: str | None = None) -> torch.Tensor:
     """The depthwise causal conv1d of Mamba and Hyena blocks with nikki's causal_conv1d kernel:
@@ -825,7 +923,7 @@ def conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
            padding: int = 0, dilation: int = 1, groups: int = 1, activation: str | None = None) -> torch.Tensor:
     """``F.conv1d(x, weight, bias, stride, padding, dilation, groups)`` with nikki's conv1d kernel,
     then `activation` (None, "silu" or "gelu", the erf form): x [B, C_in, L], weight
-    [C_out, C_in / groups, K]. Forward only (no autograd)."""
+    [C_out, C_in / groups, K]. Differentiable in x, weight and bias (the conv1d_bwd kernel)."""
     what = "nikki.torch.conv1d"
     _tensor(x, f"{what}: x")
     _tensor(weight, f"{what}: weight")
@@ -1029,3 +1127,54 @@ def avg_pool2d(input: torch.Tensor, kernel_size, stride=None, padding=0, ceil_mo
                       "scale the result: avg_pool2d(x, ...) * kernel area / divisor")
     return _pool_call("avg_pool2d", what, input, kernel_size, stride, padding,
                       count_include_pad=check_bool(count_include_pad, f"{what}: count_include_pad"))
+
+
+# --- mixture of experts ---------------------------------------------------------------------------
+
+def find_nonzero_indices(x: torch.Tensor, chunk_size: int = 0):
+    """The rows of the nonzero entries of each column of x [T, C] with nikki's find_nonzero_indices
+    kernel (nki-library's): returns (indices [C, T] int32, the rows t with x[t, c] != 0 in
+    increasing order, then -1; nonzero_counts [C] int32). x: float, int32 or bool (a routing
+    mask). `chunk_size`: rows compacted at a time, a multiple of 128 (0: the kernel chooses).
+    Not differentiable."""
+    what = "nikki.torch.find_nonzero_indices"
+    if isinstance(x, torch.Tensor) and x.dtype in (torch.bool, torch.int8, torch.uint8, torch.int16, torch.int64):
+        x = x.to(torch.int32)
+    _tensor(x, f"{what}: x", min_dim=2)
+    if x.dim() != 2:
+        raise argument_error(f"{what}: x", "a 2-D tensor [T, C]", x, got=f"a {x.dim()}-d tensor")
+    chunk_size = check_int(chunk_size, f"{what}: chunk_size", 0)
+    return library_op("find_nonzero_indices")(x.contiguous(), chunk_size=chunk_size)
+
+
+def moe_prefill(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, w_gate: torch.Tensor,
+                w_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu", block_size: int = 0):
+    """The experts of a mixture-of-experts layer with nikki's moe_prefill kernel (dropless,
+    blockwise; the routing metadata is built on the device): for x [..., H], the routing of
+    router_topk (expert_ids [..., k] integers, weights [..., k]) and stacked expert weights
+    w_gate, w_up [E, H, I], w_down [E, I, H], returns [..., H] = the sum over the slots j of
+    weights[..., j] * expert_{expert_ids[..., j]}(x). activation "silu", "gelu" or "gelu_tanh";
+    block_size 128, 256 or 512 tokens (0: the kernel chooses). Forward only (no gradient)."""
+    what = "nikki.torch.moe_prefill"
+    if isinstance(expert_ids, torch.Tensor) and expert_ids.is_floating_point():
+        raise argument_error(f"{what}: expert_ids", "an integer tensor", expert_ids, got=str(expert_ids.dtype))
+    if isinstance(expert_ids, torch.Tensor):
+        expert_ids = expert_ids.to(torch.int32)
+    for name, t in (("x", x), ("expert_ids", expert_ids), ("weights", weights), ("w_gate", w_gate), ("w_up", w_up),
+                    ("w_down", w_down)):
+        _tensor(t, f"{what}: {name}")
+    if activation not in _GATE_ACTIVATIONS:
+        raise argument_error(f"{what}: activation", f"one of {', '.join(map(repr, _GATE_ACTIVATIONS))}", activation)
+    if tuple(weights.shape) != tuple(expert_ids.shape) or tuple(expert_ids.shape[:-1]) != tuple(x.shape[:-1]):
+        raise argument_error(f"{what}: weights", "the shape of expert_ids, x's leading dims by k",
+                             weights, got=f"weights {tuple(weights.shape)}, expert_ids {tuple(expert_ids.shape)}")
+    block_size = check_int(block_size, f"{what}: block_size", 0)
+    _one_device(what, (("x", x), ("expert_ids", expert_ids), ("weights", weights), ("w_gate", w_gate),
+                       ("w_up", w_up), ("w_down", w_down)))
+    k = expert_ids.shape[-1]
+    out = library_op("moe_prefill")(x.reshape(-1, x.shape[-1]).contiguous(),
+                                    expert_ids.reshape(-1, k).contiguous(),
+                                    weights.reshape(-1, k).to(torch.float32).contiguous(), w_gate.contiguous(),
+                                    w_up.contiguous(), w_down.contiguous(),
+                                    activation=_GATE_ACTIVATIONS.index(activation), block_size=block_size)
+    return out.reshape(x.shape)

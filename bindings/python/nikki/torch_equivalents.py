@@ -22,35 +22,46 @@ def _scale(params, d):
     return None if s is None or math.isnan(s) else s
 
 
-def _window_mask(s, skv, window):
-    """Sliding window (causal implied): key j visible from query i when i - window < j <= i."""
-    i, j = torch.arange(s)[:, None], torch.arange(skv)[None]
-    return (j <= i) & (j > i - window)
+def _visible_keys(s, skv, params):
+    """flash_attention's mask: None without one, else where query i (at key position
+    i + prefix_len) sees key j: j <= i + prefix_len (causal), and j > i + prefix_len - window."""
+    window, prefix = int(params.get("window", 0)), int(params.get("prefix_len", 0))
+    if not (params.get("causal", 0) or window):
+        return None
+    i, j = torch.arange(s)[:, None] + prefix, torch.arange(skv)[None]
+    return (j <= i) & (j > i - window) if window else j <= i
 
 
-def _sdpa(q, k, v, params):
-    window = int(params.get("window", 0))
-    if window:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=_window_mask(q.shape[2], k.shape[2], window),
-                                              scale=_scale(params, q.shape[-1]), enable_gqa=True)
-    return F.scaled_dot_product_attention(q, k, v, is_causal=bool(params.get("causal", 0)),
-                                          scale=_scale(params, q.shape[-1]), enable_gqa=True)
-
-
-def _attention_lse(q, k, params):
-    group = q.shape[1] // k.shape[1]
+def _attention_logits(q, k, sinks, params):
+    """Scaled, soft-capped, masked scores [B, H, S, Skv] with each head's sink logit as a last
+    column: the softmax over it is flash_attention's."""
     scale = _scale(params, q.shape[-1]) or 1 / math.sqrt(q.shape[-1])
-    s = (q @ k.repeat_interleave(group, 1).transpose(-1, -2)) * scale
-    if params.get("window", 0):
-        s = s.masked_fill(~_window_mask(s.shape[-2], s.shape[-1], int(params["window"])), float("-inf"))
-    elif params.get("causal", 0):
-        s = s.masked_fill(~torch.ones(s.shape[-2:], dtype=torch.bool).tril(), float("-inf"))
-    return torch.logsumexp(s, -1)
+    s = (q @ k.repeat_interleave(q.shape[1] // k.shape[1], 1).transpose(-1, -2)) * scale
+    cap = params.get("softcap", 0)
+    if cap:
+        s = cap * torch.tanh(s / cap)
+    visible = _visible_keys(s.shape[-2], s.shape[-1], params)
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    return torch.cat([s, sinks.to(s.dtype)[None, :, None, None].expand(*s.shape[:-1], 1)], -1)
 
 
-def _attention_bwd(q, k, v, out, lse, grad_out, params):
-    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    return list(torch.autograd.grad(_sdpa(q, k, v, params), (q, k, v), grad_out))
+def _flash_attention(q, k, v, sinks, params):
+    """[out, lse]: PyTorch's fused SDPA when the call has no sink and no soft-cap (what the
+    benchmarks time), else a softmax over the scores and the sink column."""
+    if params.get("softcap", 0) == 0 and bool(torch.isneginf(sinks).all()):
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=_visible_keys(q.shape[2], k.shape[2], params),
+                                             scale=_scale(params, q.shape[-1]), enable_gqa=True)
+    else:
+        p = torch.softmax(_attention_logits(q, k, sinks, params), -1)[..., :-1]
+        out = p @ v.repeat_interleave(q.shape[1] // k.shape[1], 1)
+    return [out, torch.logsumexp(_attention_logits(q, k, sinks, params), -1)]
+
+
+def _attention_bwd(q, k, v, sinks, out, lse, grad_out, params):
+    q, k, v, sinks = (t.clone().requires_grad_() for t in (q, k, v, sinks))
+    return list(torch.autograd.grad(_flash_attention(q, k, v, sinks, params)[0], (q, k, v, sinks), grad_out,
+                                    allow_unused=True, materialize_grads=True))
 
 
 def _layernorm(x, gamma, beta, params):
@@ -205,6 +216,11 @@ def _conv1d(x, weight, bias, params):
     return F.silu(out) if activation == 1 else F.gelu(out) if activation == 2 else out
 
 
+def _conv1d_bwd(x, weight, bias, grad_out, params):
+    x, weight, bias = leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+    return list(torch.autograd.grad(_conv1d(x, weight, bias, params), leaves, grad_out))
+
+
 def _pool_window(params):
     """(kernel_size, stride, padding) of a pooling kernel's parameters (stride 0: the kernel)."""
     kernel = (int(params.get("kernel_h", 2)), int(params.get("kernel_w", 2)))
@@ -320,6 +336,15 @@ def _selective_scan(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, params):
     return [y, state]
 
 
+
+def _selective_scan_bwd(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, grad_y, grad_last_state, params):
+    leaves = [t.clone().requires_grad_() for t in (u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0)]
+    u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0 = leaves
+    y, last_state = _selective_scan(u, delta, A, Bm, Cm, Dskip, z, delta_bias, h0, params)
+    grads = torch.autograd.grad((y, last_state), leaves, (grad_y, grad_last_state), allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for g, t in zip(grads, leaves)]
+
+
 def _paged_decode_attention(q, k_cache, v_cache, k, v, block_table, lengths, sinks, params):
     """vLLM's paged cache: position j of sequence b is row j % block_size of block
     block_table[b, j // block_size]. The decode step over each sequence's blocks gathered in table
@@ -360,6 +385,85 @@ def _rmsnorm_quant_dynamic(x, gamma, params):
     return [_to_fp8_grid((y / scales[:, None]).clamp(-_E4M3_MAX, _E4M3_MAX)), scales]
 
 
+def _qkv_norm(x, gamma, beta, params):
+    """(x_norm, mean, rstd) of the rows of x [B, S, H] as the qkv kernels define them: norm 0 passes
+    x through (mean 0, rstd 1), 1 is F.rms_norm (mean 0), 2 is F.layer_norm."""
+    rows, norm, eps = x.reshape(-1, x.shape[-1]), int(params["norm"]), params["eps"]
+    zeros, ones = rows.new_zeros(rows.shape[0]), rows.new_ones(rows.shape[0])
+    if norm == 0:
+        return x, zeros, ones
+    if norm == 1:
+        return F.rms_norm(x, (x.shape[-1],), gamma, eps), zeros, torch.rsqrt(rows.pow(2).mean(-1) + eps)
+    return (F.layer_norm(x, (x.shape[-1],), gamma, beta, eps), rows.mean(-1),
+            torch.rsqrt(rows.var(-1, unbiased=False) + eps))
+
+
+def _qkv_heads(x, w_qkv, bias, gamma, beta, cos, sin, params):
+    """[q, k, v, mean, rstd]: F.linear on the normalized x, the heads split to [B, heads, S, D], q
+    and k rotated by Hugging Face's apply_rotary_pos_emb."""
+    hq, hkv = int(params["q_heads"]), int(params["kv_heads"])
+    b, s, _ = x.shape
+    normed, mean, rstd = _qkv_norm(x, gamma, beta, params)
+    d = w_qkv.shape[1] // (hq + 2 * hkv)
+    heads = F.linear(normed, w_qkv.T, bias).reshape(b, s, hq + 2 * hkv, d).transpose(1, 2)
+    q, k, v = heads.split([hq, hkv, hkv], dim=1)
+    if params["rope"]:
+        q, k = (_apply_rotary_pos_emb(t, cos, sin, params) for t in (q, k))
+    return [q, k, v, mean, rstd]
+
+
+def _add_qkv(x, residual, w_qkv, bias, gamma, beta, cos, sin, params):
+    total = x + residual
+    q, k, v, mean, rstd = _qkv_heads(total, w_qkv, bias, gamma, beta, cos, sin, params)
+    return [q, k, v, total, mean, rstd]
+
+
+def _qkv_bwd(x, w_qkv, gamma, beta, cos, sin, mean, rstd, grad_q, grad_k, grad_v, params, grad_sum=None):
+    """torch's autograd of _qkv_heads (bias zeros: its gradient does not depend on it); with
+    grad_sum (add_qkv's backward) the gradient reaching x is also grad_residual's."""
+    x, w_qkv, gamma, beta = (t.clone().requires_grad_() for t in (x, w_qkv, gamma, beta))
+    bias = x.new_zeros(w_qkv.shape[1], requires_grad=True)
+    q, k, v = _qkv_heads(x, w_qkv, bias, gamma, beta, cos, sin, params)[:3]
+    used = torch.autograd.grad((q, k, v), (x, w_qkv, bias, gamma, beta), (grad_q, grad_k, grad_v),
+                               allow_unused=True)
+    grads = [torch.zeros_like(t) if g is None else g for g, t in zip(used, (x, w_qkv, bias, gamma, beta))]
+    if grad_sum is None:
+        return grads
+    return [grads[0] + grad_sum, grads[0] + grad_sum, *grads[1:]]
+
+
+# --- mixture of experts ---------------------------------------------------------------------------
+
+def _find_nonzero_indices(x, params):
+    """Per column of x [T, C], torch.nonzero's rows, then -1; and their count."""
+    T, C = x.shape
+    indices = torch.full((C, T), -1, dtype=torch.int64)
+    counts = torch.zeros(C, dtype=torch.int64)
+    for c in range(C):
+        rows = torch.nonzero(x[:, c] != 0).reshape(-1)
+        indices[c, :rows.numel()] = rows
+        counts[c] = rows.numel()
+    return [indices, counts]
+
+
+def _moe_prefill(x, expert_ids, weights, w_gate, w_up, w_down, params):
+    """The loop over experts: each expert's gated MLP on the tokens routed to it, scaled by the
+    sum of the weights of the slots that name it (ids outside [0, E) route nowhere)."""
+    act = _GATE_ACTIVATIONS[int(params["activation"])]
+    num_experts = w_gate.shape[0]
+    ids = expert_ids.long()
+    out = torch.zeros_like(x)
+    for e in range(num_experts):
+        affinity = (weights * (ids == e)).sum(-1)
+        routed = (ids == e).any(-1)
+        if not routed.any():
+            continue
+        xe = x[routed]
+        y = (act(xe @ w_gate[e]) * (xe @ w_up[e])) @ w_down[e]
+        out[routed] += affinity[routed, None].to(y.dtype) * y
+    return [out]
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -368,7 +472,7 @@ TORCH = {
     "layernorm_bwd": _layernorm_bwd,
     "rmsnorm": _rmsnorm,
     "rmsnorm_bwd": _rmsnorm_bwd,
-    "flash_attention": lambda q, k, v, p: [_sdpa(q, k, v, p), _attention_lse(q, k, p)],
+    "flash_attention": _flash_attention,
     "flash_attention_bwd": _attention_bwd,
     "adamw": _adamw,
     "topk": _topk,
@@ -387,6 +491,7 @@ TORCH = {
     "causal_conv1d": lambda x, weight, bias, initial_state, p: [_causal_conv1d(x, weight, bias, initial_state, p)],
     "causal_conv1d_bwd": _causal_conv1d_bwd,
     "conv1d": lambda x, weight, bias, p: [_conv1d(x, weight, bias, p)],
+    "conv1d_bwd": _conv1d_bwd,
     "embedding": lambda weight, ids, p: [F.embedding(ids.long(), weight, padding_idx=_padding(p))],
     "embedding_bwd": _embedding_bwd,
     "gather_rows": lambda x, idx, p: [_gather_rows(x, idx, p)],
@@ -401,10 +506,19 @@ TORCH = {
     "linear_recurrence": lambda a, b, h0, p: [_linear_recurrence(a, b, h0, p)],
     "linear_recurrence_bwd": _linear_recurrence_bwd,
     "selective_scan": _selective_scan,
+    "selective_scan_bwd": _selective_scan_bwd,
     "paged_decode_attention": _paged_decode_attention,
     "rmsnorm_quant": _rmsnorm_quant,
     "rmsnorm_quant_dynamic": _rmsnorm_quant_dynamic,
     "fp8_matmul": lambda a, a_scale, b, b_scale, bias, p: [(a @ b) * a_scale[:, None] * b_scale[None, :] + bias],
+    "qkv": _qkv_heads,
+    "qkv_bwd": _qkv_bwd,
+    "add_qkv": _add_qkv,
+    "add_qkv_bwd": lambda total, w, gamma, beta, cos, sin, mean, rstd, gq, gk, gv, grad_sum, p: _qkv_bwd(
+        total, w, gamma, beta, cos, sin, mean, rstd, gq, gk, gv, p, grad_sum),
+    # mixture of experts
+    "find_nonzero_indices": _find_nonzero_indices,
+    "moe_prefill": _moe_prefill,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -170,7 +170,19 @@ struct RareAttributes {
   int32_t jump = -1;               // loop_begin -> its loop_end, loop_end -> its loop_begin
   std::string text;                // device_print prefix
   double fill_value = 0.0;         // range_select on_false_value, nonzero_with_count padding_val
-  std::vector<int32_t> lanes;      // nc_stream_shuffle: source partition of each quadrant lane (255: keep)
+  // nc_stream_shuffle: source partition of each quadrant lane (255: keep); core_barrier: the
+  // program instances that meet; sendrecv: {send_to_rank, recv_from_rank, pipe_id}
+  std::vector<int32_t> lanes;
+};
+
+/** @brief The partners of a sendrecv, which RareAttributes::lanes holds as {send_to, recv_from, pipe_id}. */
+struct SendRecvRanks {
+  int32_t send_to = 0;    // the program instance whose dst receives this instance's src
+  int32_t recv_from = 0;  // the program instance whose src this instance's dst receives
+  int32_t pipe_id = 0;
+  static SendRecvRanks of(const RareAttributes& a) {
+    return a.lanes.size() == 3 ? SendRecvRanks{a.lanes[0], a.lanes[1], a.lanes[2]} : SendRecvRanks{};
+  }
 };
 
 // --- instructions -------------------------------------------------------------------------------

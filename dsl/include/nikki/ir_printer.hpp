@@ -110,6 +110,16 @@ inline std::string attributes(const Kernel& k, const Instruction& inst) {
     if (use.shown == AttrShown::never) continue;
     if (use.shown == AttrShown::unless_default && attr_is_default(k, inst, use.attr)) continue;
     if (use.shown == AttrShown::when_reducing && inst.attrs.reduce_cmd == ReduceCmd::idle) continue;
+    if (use.shown == AttrShown::each_element) {
+      const std::vector<int32_t>& lanes = k.rare(inst).lanes;
+      std::string_view names = use.nki_name;
+      for (size_t e = 0; !names.empty(); ++e) {
+        const size_t comma = names.find(',');
+        s += fmt::format(" {}={}", names.substr(0, comma), e < lanes.size() ? fmt::to_string(lanes[e]) : "-");
+        names = comma == std::string_view::npos ? std::string_view() : names.substr(comma + 1);
+      }
+      continue;
+    }
     s += fmt::format(" {}={}", use.nki_name, attribute_value(k, inst, use.attr));
   }
   return s;

@@ -453,6 +453,26 @@ inline void nonzero_with_count(const Tensor& dst, const Tensor& src, int64_t ind
   e.tensor(0, dst).tensor(1, src).emit();
 }
 
+// --- where the program instances of a launch meet ---------------------------------------------
+
+/** @brief Waits until the program instances `cores` of the launch (this one among them) have all
+ * reached a core_barrier over the same cores, so that each sees the others' writes to shared HBM
+ * (`data` names what they synchronize on). Instances outside the launch are not waited for. */
+inline void core_barrier(const Tensor& data, const std::vector<int32_t>& cores, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::core_barrier, data, loc);
+  e.rare().lanes = cores;
+  e.engine(Engine::sync).tensor(0, data).emit();
+}
+
+/** @brief Sends src to program instance `send_to_rank`, whose dst receives it, and receives into dst
+ * the src of instance `recv_from_rank`; each instance's n-th sendrecv meets its partners' n-th. */
+inline void sendrecv(const Tensor& src, const Tensor& dst, int32_t send_to_rank, int32_t recv_from_rank,
+                     int32_t pipe_id = 0, Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::sendrecv, dst, loc);
+  e.rare().lanes = {send_to_rank, recv_from_rank, pipe_id};
+  e.engine(Engine::sync).tensor(0, dst).tensor(1, src).emit();
+}
+
 }  // namespace nikki::isa
 
 // --- registers and runtime loops ------------------------------------------------------------

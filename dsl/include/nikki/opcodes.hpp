@@ -59,8 +59,10 @@ enum class Opcode : uint8_t {
   loop_begin,
   loop_end,
   device_print,
+  core_barrier,
+  sendrecv,
 };
-inline constexpr int kNumOpcodes = static_cast<int>(Opcode::device_print) + 1;
+inline constexpr int kNumOpcodes = static_cast<int>(Opcode::sendrecv) + 1;
 
 /** @brief How an instruction uses an operand slot. */
 enum class Access : uint8_t { read, write, read_write };
@@ -154,6 +156,8 @@ enum class AttrShown : uint8_t {
   unless_default,  // only a value other than the attribute's default
   when_reducing,   // only when the instruction's reduce_cmd is not idle
   never,           // structure the text shows otherwise (a loop's jump target)
+  each_element,    // a lanes attribute whose elements are NKI parameters of their own, named in
+                   // order by the use's nki_name, comma separated (sendrecv's ranks)
 };
 
 /** @brief One attribute an opcode uses: which, its NKI parameter name, and when it is printed. */
@@ -171,7 +175,7 @@ struct OpcodeSpec {
   Engine default_engine;
   uint8_t num_slots;
   std::array<SlotSpec, kMaxSlots> slots;
-  bool is_control = false;  // register and loop instructions run on the sequencer
+  bool is_control = false;  // register, loop and meeting instructions run on the sequencer
   uint8_t num_attrs = 0;
   std::array<AttrUse, kMaxAttrUses> attrs{};  // in the order the text form prints them
   uint32_t attr_mask = 0;                     // attr_bit of every attribute in `attrs`
@@ -206,6 +210,7 @@ inline constexpr AttrUse Set(Attr a, std::string_view nki = {}) {
 }
 inline constexpr AttrUse Reducing(Attr a) { return {a, attr_spec(a).name, AttrShown::when_reducing}; }
 inline constexpr AttrUse Hidden(Attr a) { return {a, attr_spec(a).name, AttrShown::never}; }
+inline constexpr AttrUse Each(Attr a, std::string_view nki_names) { return {a, nki_names, AttrShown::each_element}; }
 }  // namespace detail
 
 inline constexpr std::array<OpcodeSpec, kNumOpcodes> kOpcodeSpecs = [] {
@@ -285,11 +290,18 @@ inline constexpr std::array<OpcodeSpec, kNumOpcodes> kOpcodeSpecs = [] {
       {A(step), Hidden(jump)});
   set(Opcode::loop_end, {"loop_end", Engine::sync, 0, {}, true}, {Hidden(jump)});
   set(Opcode::device_print, {"device_print", Engine::sync, 1, {R("src")}, true}, {A(text, "prefix")});
+  // Where the program instances of a launch meet (runtime/launch.hpp): every queue drains, and the
+  // launch resumes the instance once its partners have arrived (sendrecv: with the partner's data).
+  set(Opcode::core_barrier, {"core_barrier", Engine::sync, 1, {RO("data")}, true}, {A(lanes, "cores")});
+  set(Opcode::sendrecv, {"sendrecv", Engine::sync, 2, {W("dst"), R("src")}, true},
+      {Each(lanes, "send_to_rank,recv_from_rank,pipe_id")});
   return t;
 }();
 
 inline constexpr const OpcodeSpec& opcode_spec(Opcode op) { return kOpcodeSpecs[static_cast<int>(op)]; }
 inline constexpr std::string_view opcode_name(Opcode op) { return opcode_spec(op).name; }
+/** @brief Whether program instances of a launch meet at this instruction (core_barrier, sendrecv). */
+inline constexpr bool is_meeting(Opcode op) { return op == Opcode::core_barrier || op == Opcode::sendrecv; }
 
 /** @brief The attribute named `name` (its AttrSpec name), or nullopt. */
 inline constexpr std::optional<Attr> find_attr(std::string_view name) {

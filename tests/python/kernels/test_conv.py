@@ -1,4 +1,4 @@
-"""nikki.kernels.causal_conv1d / causal_conv1d_bwd and nikki.torch.causal_conv1d against PyTorch:
+"""nikki.kernels.causal_conv1d / causal_conv1d_bwd, conv1d / conv1d_bwd and their nikki.torch wrappers against PyTorch:
 F.conv1d with groups=C on x left-padded with K - 1 tokens (zeros or the initial state), then SiLU,
 computed in float64 on the same (dtype-rounded) inputs; gradients from torch.autograd.
 
@@ -10,6 +10,7 @@ and bias gradients' (sums of B * L products, each rounded) like sqrt(B * L).
 
 import linecache
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -84,6 +85,15 @@ def test_state_tokens_before_the_last_k_minus_1_get_no_gradient():
     torch.testing.assert_close(grad_state[..., 6], (w[:, 0] + w[:, 1])[None], rtol=1e-6, atol=1e-6)
 
 
+def _assert_same_gradients(out, want, leaves, generator):
+    """The gradients of a random weighting of `out` and of `want` with respect to `leaves` agree."""
+    weights = torch.randn(out.shape, generator=generator)
+    got = torch.autograd.grad((out * weights).sum(), leaves)
+    expected = torch.autograd.grad((want * weights).sum(), leaves)
+    for a, e in zip(got, expected):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("activation", [None, "silu"])
 def test_torch_wrapper_matches_conv1d_with_autograd(bias, activation):
@@ -95,12 +105,7 @@ def test_torch_wrapper_matches_conv1d_with_autograd(bias, activation):
     want = F.conv1d(F.pad(x, (3, 0)), w, b, groups=96)
     want = F.silu(want) if activation else want
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
-    weights = torch.randn(out.shape, generator=g)
-    leaves = [t for t in (x, w, b) if t is not None]
-    got = torch.autograd.grad((out * weights).sum(), leaves)
-    expected = torch.autograd.grad((want * weights).sum(), leaves)
-    for a, e in zip(got, expected):
-        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    _assert_same_gradients(out, want, [t for t in (x, w, b) if t is not None], g)
 
 
 def test_torch_wrapper_initial_state_gradient():
@@ -198,3 +203,114 @@ def test_conv1d_argument_errors():
         K.conv1d(x, torch.zeros(4, 8, 3), b, activation=3)
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.conv1d: activation must be None, \"silu\" or \"gelu\""):
         nt.conv1d(x, torch.zeros(4, 8, 3), activation="relu")
+
+
+# --- conv1d_bwd -------------------------------------------------------------------------------------
+# Against torch.autograd of F.conv1d (then the activation) in float64 on the same dtype-rounded
+# inputs. The kernel's sums are fp32 (rounded once); with an activation g = grad_out * act'(z) is
+# rounded to the dtype first, as autograd in that dtype does. Errors are judged against the largest
+# gradient of each output: a sum of many products is exact to a few roundings of its magnitude.
+
+def _close_to_peak(got, ref, dtype, what):
+    rtol = {torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 5e-3}[dtype]
+    assert got.dtype == dtype and got.shape == ref.shape, what
+    peak = max(1.0, float(ref.abs().max()))
+    torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=rtol * peak, msg=lambda m: f"{what}: {m}")
+
+
+def _conv1d_grads(x, w, b, grad_out, **params):
+    leaves = [t.double().requires_grad_() for t in (x, w, b)]
+    return torch.autograd.grad(_conv1d_reference(*leaves, **params), leaves, grad_out.double())
+
+
+def _check_conv1d_bwd(x_shape, w_shape, params, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w, b = (torch.randn(s, generator=g).to(dtype) for s in (x_shape, w_shape, w_shape[:1]))
+    out_shape = F.conv1d(x.float(), w.float(), None, params.get("stride", 1), params.get("padding", 0),
+                         params.get("dilation", 1), params.get("groups", 1)).shape
+    grad_out = torch.randn(out_shape, generator=g).to(dtype)
+    got = K.conv1d_bwd(x, w, b, grad_out, **params)
+    want = _conv1d_grads(x, w, b, grad_out, **params)
+    for name, a, e in zip(("grad_x", "grad_weight", "grad_bias"), got, want):
+        _close_to_peak(a, e, dtype, f"{name} of x {x_shape}, weight {w_shape}, {params}")
+
+
+@pytest.mark.parametrize("x_shape, w_shape, params", [
+    ((2, 130, 300), (70, 130, 3), {"padding": 1, "activation": 1}),              # channel and length tails
+    ((1, 64, 100), (32, 64, 1), {}),                                             # pointwise
+    ((1, 40, 257), (20, 20, 5), {"stride": 2, "dilation": 2, "groups": 2, "padding": 3, "activation": 2}),
+    ((2, 16, 50), (16, 1, 4), {"groups": 16, "padding": 2}),                     # depthwise
+    ((2, 24, 61), (24, 1, 3), {"groups": 24, "stride": 5, "padding": 1, "activation": 1}),  # stride > K
+    ((1, 10, 90), (7, 10, 2), {"stride": 7, "dilation": 3}),                     # stride > span: gaps
+    ((1, 8, 200), (8, 8, 64), {"activation": 1}),                                # K = 64
+    ((1, 300, 130), (210, 100, 7), {"groups": 3, "stride": 3, "padding": 6, "dilation": 3}),
+    ((1, 20, 2500), (140, 20, 3), {"padding": 1}),                               # several chunks
+    ((1, 260, 70), (129, 260, 2), {"padding": 1, "dilation": 5}),                # C_in, C_out tails past 128
+])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv1d_backward_matches_autograd(x_shape, w_shape, params, dtype):
+    _check_conv1d_bwd(x_shape, w_shape, params, dtype, seed=7)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_conv1d_backward_on_drawn_shapes(seed):
+    # Any geometry: channels (with and without tails), groups up to depthwise, strides past the
+    # filter, dilations, paddings past the filter, either activation, in fp32 and bf16.
+    r = np.random.default_rng(seed)
+    groups = int(r.choice([1, 2, 3, 0]))
+    cig, cog = int(r.integers(1, 150)), int(r.integers(1, 150))
+    if groups == 0:  # depthwise
+        groups, cig, cog = int(r.integers(2, 40)), 1, 1
+    taps, stride, dilation = int(r.integers(1, 8)), int(r.integers(1, 9)), int(r.integers(1, 4))
+    padding = int(r.integers(0, taps + 2))
+    length = max(int(r.integers(1, 700)), dilation * (taps - 1) + 1 - 2 * padding)
+    params = {"stride": stride, "padding": padding, "dilation": dilation, "groups": groups,
+              "activation": int(r.integers(0, 3))}
+    dtype = torch.float32 if seed % 2 else torch.bfloat16
+    _check_conv1d_bwd((int(r.integers(1, 3)), cig * groups, length), (cog * groups, cig, taps), params, dtype, seed)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("activation", [None, "silu", "gelu"])
+def test_torch_conv1d_wrapper_is_differentiable(bias, activation):
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 48, 90, generator=g, requires_grad=True)
+    w = torch.randn(24, 16, 3, generator=g, requires_grad=True)
+    b = torch.randn(24, generator=g, requires_grad=True) if bias else None
+    out = nt.conv1d(x, w, b, stride=2, padding=1, groups=3, activation=activation)
+    want = F.conv1d(x, w, b, stride=2, padding=1, groups=3)
+    want = F.silu(want) if activation == "silu" else F.gelu(want) if activation == "gelu" else want
+    _assert_same_gradients(out, want, [t for t in (x, w, b) if t is not None], g)
+
+
+def test_torch_conv1d_trains_under_torch_compile():
+    # A strided conv layer under torch.compile(fullgraph=True): one custom op forward, the backward
+    # kernel in autograd; the gradients match eager torch.
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 12, 64, generator=g, requires_grad=True)
+    w = torch.randn(20, 12, 5, generator=g, requires_grad=True)
+    b = torch.randn(20, generator=g, requires_grad=True)
+
+    def loss(conv):
+        return conv(x, w, b).pow(2).mean()
+
+    compiled = torch.compile(lambda x, w, b: nt.conv1d(x, w, b, stride=2, padding=2, dilation=2, activation="silu"),
+                             fullgraph=True)
+    got = torch.autograd.grad(loss(compiled), (x, w, b))
+    expected = torch.autograd.grad(loss(lambda x, w, b: F.silu(F.conv1d(x, w, b, 2, 2, 2))), (x, w, b))
+    for a, e in zip(got, expected):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+
+def test_conv1d_backward_argument_errors():
+    x, w, b = torch.zeros(1, 8, 32), torch.zeros(4, 8, 3), torch.zeros(4)
+    with pytest.raises(nikki.KernelError, match=r"conv1d_bwd: grad_out must be conv1d's out, \[1, 4, 15\] float32 "
+                                                r"\(L_out from L, stride, padding, dilation and K\), got "
+                                                r"\[1, 4, 30\] float32") as err:
+        K.conv1d_bwd(x, w, b, torch.zeros(1, 4, 30), stride=2)
+    assert err.value.file == __file__ and "K.conv1d_bwd(" in linecache.getline(__file__, err.value.line)
+    with pytest.raises(nikki.KernelError, match=r"conv1d_bwd: grad_out must be conv1d's out, \[1, 4, 30\] float32 "
+                                                r".* got \[1, 4, 30\] bfloat16"):
+        K.conv1d_bwd(x, w, b, torch.zeros(1, 4, 30, dtype=torch.bfloat16))
+    with pytest.raises(nikki.KernelError, match=r"conv1d_bwd: groups = 3 does not divide x's 8 input channels"):
+        K.conv1d_bwd(x, torch.zeros(4, 2, 3), b, torch.zeros(1, 4, 30), groups=3)

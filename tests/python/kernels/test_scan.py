@@ -350,6 +350,101 @@ def test_a_mamba_mixer_with_nikki_ops_matches_plain_torch():
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
 
 
+
+# --- selective_scan_bwd -------------------------------------------------------------------------
+# Against torch.autograd through the float64 token loop above, on the same dtype-rounded inputs.
+# The kernel's sums are fp32 and each gradient is rounded once to its dtype; sums over channels
+# (grad_Bm, grad_Cm) and over time (grad_A, grad_Dskip, grad_delta_bias) are judged against the
+# largest gradient of each output.
+
+_SCAN_GRADS = ("grad_u", "grad_delta", "grad_A", "grad_Bm", "grad_Cm", "grad_Dskip", "grad_z", "grad_delta_bias",
+               "grad_h0")
+
+
+def _scan_inputs_with_options(batch, dim, steps, states, dtype, g, softplus, gate):
+    x = _mamba_inputs(batch, dim, steps, states, dtype, g, softplus)
+    x["D"] = torch.randn(dim, generator=g)
+    x["z"] = torch.randn(batch, dim, steps, generator=g).to(dtype)
+    x["delta_bias"] = 0.5 * torch.randn(dim, generator=g) if softplus else 0.01 * torch.randn(dim, generator=g).abs()
+    x["h0"] = torch.randn(batch, dim, states, generator=g)
+    return x
+
+
+def _check_selective_scan_bwd(shape, dtype, softplus, gate, seed):
+    batch, dim, steps, states = shape
+    g = torch.Generator().manual_seed(seed)
+    x = _scan_inputs_with_options(batch, dim, steps, states, dtype, g, softplus, gate)
+    grad_y = torch.randn(batch, dim, steps, generator=g).to(dtype)
+    grad_last = torch.randn(batch, dim, states, generator=g)
+    order = ("u", "delta", "A", "Bm", "Cm", "D", "z", "delta_bias", "h0")
+    got = K.selective_scan_bwd(*(x[k] for k in order), grad_y, grad_last, delta_softplus=softplus, gate=gate)
+    leaves = {k: x[k].double().requires_grad_() for k in order}
+    y, last = _selective_reference(leaves["u"], leaves["delta"], leaves["A"], leaves["Bm"], leaves["Cm"], leaves["D"],
+                                   leaves["z"] if gate else None, leaves["delta_bias"], softplus, leaves["h0"])
+    want = torch.autograd.grad((y, last), list(leaves.values()), (grad_y.double(), grad_last.double()),
+                               allow_unused=True)
+    rtol = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+    for name, a, e, k in zip(_SCAN_GRADS, got, want, order):
+        e = torch.zeros_like(leaves[k]) if e is None else e
+        assert a.dtype == x[k].dtype and a.shape == x[k].shape, name
+        tol = rtol[a.dtype]
+        peak = max(1e-3, float(e.abs().max()))
+        torch.testing.assert_close(a.double(), e, rtol=tol, atol=tol * peak,
+                                   msg=lambda m: f"{name} of {shape} {dtype} softplus={softplus} gate={gate}: {m}")
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (2, 130, 600, 16), (1, 64, 1100, 4), (1, 20, 77, 64),
+                                   (2, 200, 513, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("softplus,gate", [(True, True), (False, False)])
+def test_selective_scan_backward_matches_autograd_through_the_loop(shape, dtype, softplus, gate):
+    _check_selective_scan_bwd(shape, dtype, softplus, gate, seed=hash((shape, softplus)) % 2**31)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_selective_scan_backward_on_drawn_shapes(seed):
+    r = np.random.default_rng(seed)
+    shape = (int(r.integers(1, 3)), int(r.integers(1, 200)), int(r.integers(1, 700)), int(r.integers(1, 65)))
+    dtype = torch.float32 if seed % 2 else torch.bfloat16
+    _check_selective_scan_bwd(shape, dtype, bool(r.integers(0, 2)), bool(r.integers(0, 2)), seed)
+
+
+@pytest.mark.parametrize("optional", [False, True])
+def test_torch_selective_scan_is_differentiable(optional):
+    g = torch.Generator().manual_seed(12)
+    x = _scan_inputs_with_options(2, 70, 150, 8, torch.float32, g, True, True)
+    names = ("u", "delta", "A", "Bm", "Cm") + (("D", "z", "delta_bias", "h0") if optional else ())
+    leaves = {k: x[k].clone().requires_grad_() for k in names}
+    extra = {k: leaves.get(k) for k in ("D", "z", "delta_bias", "h0")}
+    y, last = nt.selective_scan(leaves["u"], leaves["delta"], leaves["A"], leaves["Bm"], leaves["Cm"], extra["D"],
+                                extra["z"], extra["delta_bias"], True, return_last_state=True,
+                                initial_state=extra["h0"])
+    weights, state_weights = torch.randn(y.shape, generator=g), torch.randn(last.shape, generator=g)
+    got = torch.autograd.grad((y * weights).sum() + (last * state_weights).sum(), list(leaves.values()))
+    doubles = {k: v.detach().double().requires_grad_() for k, v in leaves.items()}
+    dx = {k: doubles.get(k) for k in ("D", "z", "delta_bias", "h0")}
+    ref_y, ref_last = _selective_reference(doubles["u"], doubles["delta"], doubles["A"], doubles["Bm"], doubles["Cm"],
+                                           dx["D"], dx["z"], dx["delta_bias"], True, dx["h0"])
+    want = torch.autograd.grad((ref_y * weights.double()).sum() + (ref_last * state_weights.double()).sum(),
+                               list(doubles.values()))
+    for name, a, e in zip(names, got, want):
+        peak = float(e.abs().max())
+        torch.testing.assert_close(a.double(), e, rtol=1e-4, atol=1e-4 * peak, msg=lambda m: f"{name}: {m}")
+
+
+def test_selective_scan_backward_argument_errors():
+    u, A, Bm, D, h0 = torch.zeros(1, 8, 16), torch.zeros(8, 4), torch.zeros(1, 4, 16), torch.zeros(8), torch.zeros(1, 8, 4)
+    with pytest.raises(nikki.KernelError, match=r"selective_scan_bwd: grad_y must be y's \[1, 8, 16\] float32, got "
+                                                r"\[1, 8, 16\] bfloat16") as err:
+        K.selective_scan_bwd(u, u, A, Bm, Bm, D, u, D, h0, u.bfloat16(), h0)
+    assert err.value.file == __file__ and "K.selective_scan_bwd(" in linecache.getline(__file__, err.value.line)
+    with pytest.raises(nikki.KernelError, match=r"selective_scan_bwd: grad_last_state must be last_state's "
+                                                r"\[1, 8, 4\] float32, got \[1, 8, 5\] float32"):
+        K.selective_scan_bwd(u, u, A, Bm, Bm, D, u, D, h0, u, torch.zeros(1, 8, 5))
+    with pytest.raises(nikki.KernelError, match=r"selective_scan_bwd: 'h0' must be \[1, 8, 4\]"):
+        K.selective_scan_bwd(u, u, A, Bm, Bm, D, u, D, torch.zeros(1, 8, 5), u, h0)
+
+
 def test_selective_scan_argument_errors_name_the_argument_and_the_limit():
     u, A, Bm = torch.zeros(1, 8, 16), torch.zeros(8, 4), torch.zeros(1, 4, 16)
     D, h0 = torch.zeros(8), torch.zeros(1, 8, 4)

@@ -53,7 +53,7 @@ def test_window_mistakes_are_kernel_errors_at_the_call():
     q, kv = torch.zeros(1, 1, 64, 32), torch.zeros(1, 1, 32, 32)
     with pytest.raises(nikki.KernelError, match=r"flash_attention: a sliding window needs at least as many keys as "
                                                 r"queries, got S = 64 queries and Skv = 32 keys") as err:
-        K.flash_attention(q, kv, kv, window=8)
+        K.flash_attention(q, kv, kv, torch.full((1,), float("-inf")), window=8)
     assert err.value.file == __file__ and "K.flash_attention(" in linecache.getline(__file__, err.value.line)
     with pytest.raises(nikki.KernelError, match=r"flash_attention: window must be >= 0 \(0: no sliding window\), got -3"):
-        K.flash_attention(q, q, q, window=-3)
+        K.flash_attention(q, q, q, torch.full((1,), float("-inf")), window=-3)

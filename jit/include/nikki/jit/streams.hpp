@@ -8,7 +8,9 @@
 // time while the program-order meaning of the kernel is kept.
 //
 // Runtime loops become barriers in every stream: at a barrier all queues have drained, the
-// control instruction (loop_begin / loop_end) runs once, and the counts restart from zero.
+// control instruction (loop_begin / loop_end) runs once, and the counts restart from zero. The
+// instructions where the program instances of a launch meet (core_barrier, sendrecv) are barriers
+// too: the executor stops there until the launch lets the instance go on.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +23,7 @@
 namespace nikki::jit {
 
 /** @brief Version of the device-program file format (docs/device-program.md). */
-inline constexpr uint32_t kDeviceProgramVersion = 4;
+inline constexpr uint32_t kDeviceProgramVersion = 5;
 
 /** @brief The in-order queues of one NeuronCore. */
 enum class QueueKind : uint8_t { tensor, vector, scalar, gpsimd, sync, dma };
@@ -44,7 +46,7 @@ struct SemaphoreWait {
   friend bool operator==(const SemaphoreWait&, const SemaphoreWait&) = default;
 };
 
-/** @brief An entry of a stream: an instruction of the kernel, or a barrier for a control instruction. */
+/** @brief An entry of a stream: an instruction of the kernel, or a barrier for a loop or meeting instruction. */
 struct StreamOp {
   enum class Kind : uint8_t { instruction, barrier };
   Kind kind = Kind::instruction;

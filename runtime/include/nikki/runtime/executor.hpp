@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "nikki/jit/streams.hpp"
+#include "nikki/runtime/launch.hpp"
 
 namespace nikki::jit {
 class NativeCode;
@@ -47,7 +48,7 @@ std::pair<StreamOrder, uint64_t> stream_order_from_env();
  * Kernel::outputs). Results equal the program-order interpreter's bit for bit for every kernel
  * that does not read uninitialized memory.
  */
-class StreamExecutor {
+class StreamExecutor : public InstanceRun {
  public:
   /** `delayed_instruction` (a testing hook) runs that instruction only when nothing else is ready,
    * to show that whatever depends on it waits for it. */
@@ -55,12 +56,23 @@ class StreamExecutor {
                  std::shared_ptr<const jit::NativeCode> native = nullptr,
                  StreamOrder order = StreamOrder::latest_first, uint64_t seed = 1,
                  int64_t delayed_instruction = -1);
-  ~StreamExecutor();
+  ~StreamExecutor() override;
   StreamExecutor(const StreamExecutor&) = delete;
   StreamExecutor& operator=(const StreamExecutor&) = delete;
 
-  /** @brief One run; `fill_outputs=false` keeps the outputs' contents (SPMD instances after the first). */
+  /** @brief One run, as a launch of this program alone; `fill_outputs=false` keeps the outputs'
+   * contents (SPMD instances after the first). */
   void run(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs = true);
+
+  // InstanceRun: a run that stops where the program instances of a launch meet (launch.hpp).
+  const Kernel& launched_kernel() const override;
+  void begin(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs,
+             SharedScratch* shared) override;
+  int64_t advance() override;
+  Payload read_operand(int slot) const override;
+  void write_operand(int slot, const Payload& payload) override;
+  void finish() override;
+  void abandon() noexcept override;
 
   /** @brief Bytes this executor holds between runs. SBUF, PSUM and scratch are borrowed from a
    * process-wide pool for the length of each run, so they are not part of it. */

@@ -8,6 +8,7 @@
 #include <span>
 
 #include "nikki/ir.hpp"
+#include "nikki/runtime/launch.hpp"
 
 namespace nikki::runtime {
 
@@ -16,7 +17,7 @@ namespace nikki::runtime {
  * are passed as pointers to dense row-major data in the order of Kernel::inputs and
  * Kernel::outputs. SBUF and PSUM are arrays owned by the interpreter.
  */
-class Interpreter {
+class Interpreter : public InstanceRun {
  public:
   /**
    * @brief `kernel` must have passed jit::verify and jit::allocate, and must outlive this object.
@@ -25,7 +26,7 @@ class Interpreter {
    * throws a KernelError naming the line that read it and the line that allocated the tensor.
    */
   explicit Interpreter(const Kernel& kernel, bool sanitize = false);
-  ~Interpreter();
+  ~Interpreter() override;
   Interpreter(const Interpreter&) = delete;
   Interpreter& operator=(const Interpreter&) = delete;
 
@@ -35,6 +36,18 @@ class Interpreter {
    * (runtime offsets out of bounds) and, when sanitizing, for uses of uninitialized memory.
    */
   void run(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs = true);
+
+  // InstanceRun: a run that stops where the program instances of a launch meet (launch.hpp);
+  // run() is a launch of this kernel alone.
+  const Kernel& launched_kernel() const override;
+  void begin(std::span<void* const> inputs, std::span<void* const> outputs, bool fill_outputs,
+             SharedScratch* shared) override;
+  int64_t advance() override;
+  Payload read_operand(int slot) const override;
+  void write_operand(int slot, const Payload& payload) override;
+  void met() override;
+  void finish() override;
+  void abandon() noexcept override;
 
   /** @brief Bytes this interpreter holds between runs (SBUF, PSUM and the sanitizer's shadow
    * exist only while a run lasts). */

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@ enum class WaitCause : uint8_t {
   queue,          // its queue's previous instruction (in-order engine)
   semaphore,      // an instruction of another queue it waits for
   barrier,        // a loop barrier: every queue drained
+  meeting,        // core_barrier / sendrecv: the other program instances of the launch
   port,           // NeuronCore-v2's shared SBUF/PSUM port, held by another engine
 };
 
@@ -76,7 +78,18 @@ struct Profile {
  *
  * Needs no data: runtime loops run their trip count when it is known at compile time (immediate
  * bounds, or registers set from immediates); a loop bound read from a tensor is a KernelError.
+ * The program runs as a launch of one instance (see estimate_launch).
  */
 Profile estimate(const jit::DeviceProgram& program);
+
+/**
+ * @brief The estimated profiles of one launch whose program instances meet (core_barrier,
+ * sendrecv; runtime/launch.hpp): each instance on a NeuronCore of its own, replayed as estimate()
+ * does, in parallel with the others. A meeting ends when its last member's queues have drained,
+ * plus the DMA engines' fixed latency for the cross-core semaphore write (a sendrecv also moves
+ * its bytes at the DMA bandwidth); it appears on the sync queue from the instance's arrival.
+ * profile[i].total_ns is when instance i ends; the launch takes the longest of them.
+ */
+std::vector<Profile> estimate_launch(std::span<const jit::DeviceProgram* const> programs);
 
 }  // namespace nikki::runtime

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "nikki/kernels/attention/attention_reference.hpp"
 #include "nikki/kernels/toolkit/registration.hpp"
 #include "nikki/kernels/toolkit/argument_check.hpp"
 #include "nikki/kernels/toolkit/tiling.hpp"
@@ -103,8 +105,8 @@ inline void copy_transposed_rows(const Tensor& dst, const Tensor& src, int64_t t
 }
 
 /**
- * @brief Causal mask of one block of scores: entry (i, j) of `block` (rows q0.., keys lo..) keeps
- * its value when key lo + j <= query q0 + i, and becomes `masked` otherwise.
+ * @brief Causal mask of one block of scores: entry (i, j) of `block` (rows at key positions q0..,
+ * keys lo..) keeps its value when key lo + j <= position q0 + i, and becomes `masked` otherwise.
  */
 inline void mask_after_diagonal(const Tensor& block, int64_t q0, int64_t lo, double masked) {
   const int64_t w = block.shape()[1];
@@ -112,22 +114,72 @@ inline void mask_after_diagonal(const Tensor& block, int64_t q0, int64_t lo, dou
 }
 
 /**
- * @brief Sliding-window mask of one block of scores: entry (i, j) of `block` (rows q0.., keys
- * lo..) keeps its value when key lo + j > query q0 + i - window, and becomes `masked` otherwise.
+ * @brief Sliding-window mask of one block of scores: entry (i, j) of `block` (rows at key
+ * positions q0.., keys lo..) keeps its value when key lo + j > position q0 + i - window, and
+ * becomes `masked` otherwise.
  */
 inline void mask_before_window(const Tensor& block, int64_t q0, int64_t lo, int64_t window, double masked) {
   const int64_t w = block.shape()[1];
   isa::affine_select(block, {{1, w}}, -1, block, masked, nl::greater_equal, window - 1 - q0 + lo);
 }
 
-/** @brief Checks a sliding window against the problem: every query must see a key. */
-inline void check_window(const ArgumentCheck& check, const Dims& d, int64_t window) {
+using reference::AttentionOptions;
+
+/** @brief The smallest soft-cap taken: below it every capped score is within 1e-6 of 0, and the
+ *  masked scores (-1e30 / softcap before the cap's scale) would leave fp32. */
+inline constexpr double kMinSoftcap = 1e-6;
+/** @brief The largest soft-cap taken (twice it must stay an fp32 number). */
+inline constexpr double kMaxSoftcap = 1e30;
+
+/**
+ * @brief Checks flash attention's options (the forward's and the backward's) against the problem
+ * and returns them, causal when a window implies it: window >= 0; 0 <= prefix <= Skv, and a
+ * prefix needs a mask to offset; with a window, a key per query after the prefix (every query
+ * then sees one); softcap 0 or in [1e-6, 1e30].
+ */
+inline AttentionOptions check_options(const ArgumentCheck& check, const Dims& d, bool causal, int64_t window,
+                                      int64_t prefix, double softcap) {
   if (window < 0) check.fail("window must be >= 0 (0: no sliding window), got " + std::to_string(window));
-  if (window > 0 && d.Skv < d.S)
-    check.fail("a sliding window needs at least as many keys as queries, got S = " + std::to_string(d.S) +
-                   " queries and Skv = " + std::to_string(d.Skv) + " keys",
-               "with a window, query i sees keys i - window < j <= i: queries past the last key would see none",
+  if (prefix < 0) check.fail("prefix_len must be >= 0 (0: no cached prefix), got " + std::to_string(prefix));
+  if (prefix > d.Skv)
+    check.fail("prefix_len = " + std::to_string(prefix) + " is longer than the Skv = " + std::to_string(d.Skv) + " keys",
+               "the first prefix_len rows of k and v are the cached prefix, the rest the active keys",
+               "pass k and v with the prefix's rows first, then those of the S queries");
+  if (prefix > 0 && !causal && window == 0)
+    check.fail("prefix_len = " + std::to_string(prefix) + " offsets the causal mask, but the call is not causal",
+               "without a mask every query sees every key, so a prefix changes nothing",
+               "pass causal=True (query i then sees keys j <= i + prefix_len), or prefix_len=0");
+  if (window > 0 && d.Skv < prefix + d.S)
+    check.fail(prefix == 0 ? "a sliding window needs at least as many keys as queries, got S = " + std::to_string(d.S) +
+                                 " queries and Skv = " + std::to_string(d.Skv) + " keys"
+                           : "a sliding window needs a key per query after the prefix, got prefix_len = " +
+                                 std::to_string(prefix) + ", S = " + std::to_string(d.S) + " queries and Skv = " +
+                                 std::to_string(d.Skv) + " keys",
+               "with a window, query i sees keys i + prefix_len - window < j <= i + prefix_len: Skv >= prefix_len + S, "
+               "or queries past the last key would see none",
                "pad the keys, or drop the window for this call");
+  if (!(softcap == 0 || (softcap >= kMinSoftcap && softcap <= kMaxSoftcap)))
+    check.fail("softcap must be 0 (no soft-capping) or a number in [1e-06, 1e+30], got " + fmt::format("{}", softcap),
+               "scores s become softcap * tanh(s / softcap); Gemma 2 uses 50");
+  return {causal || window > 0, window, prefix, softcap};
+}
+
+/** @brief Checks attention sinks: float32 [H], one logit per query head (-inf: none). `limit`
+ *  says how a caller passes no sink. */
+inline void check_sinks(const ArgumentCheck& check, const Tensor& sinks, int64_t H, const std::string& limit) {
+  if (sinks.ndim() != 1 || sinks.shape()[0] != H || sinks.dtype() != DType::float32)
+    check.fail("sinks must be float32 [" + std::to_string(H) + "] (one logit per query head), got " +
+                   std::string(dtype_name(sinks.dtype())) + sinks.shape().str(),
+               limit);
+}
+
+/** @brief Sinks [H]: twice a standard normal logit on about two heads in three, -inf (none) on
+ *  the others. */
+inline RefTensor random_sinks(int64_t H, CaseRng& r) {
+  RefTensor sinks(Shape{H});
+  for (int64_t h = 0; h < H; ++h)
+    sinks[h] = r.uniform(0, 2) == 0 ? -INFINITY : round_to(DType::float32, 2 * r.normal());
+  return sinks;
 }
 
 }  // namespace nikki::kernels::attention

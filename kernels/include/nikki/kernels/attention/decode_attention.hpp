@@ -123,15 +123,6 @@ inline std::vector<ParamSpec> decode_params() {
 /** @brief The gradient note of both decode kernels. */
 inline constexpr const char* kDecodeGradient = "not differentiable (inference: it updates the KV cache in place)";
 
-/** @brief Sinks [H]: twice a standard normal logit on about two heads in three, -inf (none) on
- *  the others. */
-inline RefTensor random_sinks(int64_t H, CaseRng& r) {
-  RefTensor sinks(Shape{H});
-  for (int64_t h = 0; h < H; ++h)
-    sinks[h] = r.uniform(0, 2) == 0 ? -INFINITY : round_to(DType::float32, 2 * r.normal());
-  return sinks;
-}
-
 /** @brief A drawn case's options of both decode kernels: a window up to S, an explicit scale. */
 inline void draw_decode_options(ExampleCase& c, int64_t S, CaseRng& r) {
   if (r.coin(0.3)) c.params.set("window", double(r.uniform(1, S)));

@@ -99,10 +99,7 @@ inline void check_decode_common(const ArgumentCheck& check, DecodeDims& d, const
                    std::string(dtype_name(lengths.dtype())) + lengths.shape().str(),
                "lengths are runtime values the kernel loads as int32",
                "pass lengths.to(torch.int32) with one entry per sequence");
-  if (sinks.ndim() != 1 || sinks.shape()[0] != d.H || sinks.dtype() != DType::float32)
-    check.fail("sinks must be float32 [" + std::to_string(d.H) + "] (one logit per query head), got " +
-                   std::string(dtype_name(sinks.dtype())) + sinks.shape().str(),
-               "pass -inf for heads without a sink (nikki.torch.decode_attention does when sinks is None)");
+  check_sinks(check, sinks, d.H, "pass -inf for heads without a sink (nikki.torch.decode_attention does when sinks is None)");
   if (window < 0) check.fail("window must be >= 0 (0: no sliding window), got " + std::to_string(window));
 }
 

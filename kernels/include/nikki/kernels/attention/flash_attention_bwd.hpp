@@ -24,30 +24,61 @@ namespace nikki::kernels {
 
 inline constexpr const char* flash_attention_bwd_doc = R"(Backward of flash_attention (FlashAttention-2).
 
-Dimensions: q [B, H, S, D], k, v [B, Hkv, Skv, D], out [B, H, S, D], lse [B, H, S],
-            grad_out [B, H, S, D] -> grad_q [B, H, S, D], grad_k, grad_v [B, Hkv, Skv, D].
-Args:       q, k, v, causal, scale, window: as given to the forward; out and lse: the forward's outputs;
-            grad_out: the gradient of the loss with respect to out.
-Returns:    grad_q, grad_k, grad_v in q's dtype. Grouped query attention sums grad_k and grad_v
-            over the query heads that share a kv head. Keys no query sees (causal, Skv > S) get 0.
+Dimensions: q [B, H, S, D], k, v [B, Hkv, Skv, D], sinks [H], out [B, H, S, D], lse [B, H, S],
+            grad_out [B, H, S, D] -> grad_q [B, H, S, D], grad_k, grad_v [B, Hkv, Skv, D],
+            grad_sinks [H].
+Args:       q, k, v, sinks, causal, scale, window, softcap, prefix_len: as given to the forward;
+            out and lse: the forward's outputs; grad_out: the gradient of the loss with respect to out.
+Returns:    grad_q, grad_k, grad_v in q's dtype, grad_sinks float32. Grouped query attention sums
+            grad_k and grad_v over the query heads that share a kv head. Keys no query sees
+            (causal with Skv > prefix_len + S, or a prefix's keys before every window) get 0; so
+            does a -inf sink.
 Notes:      Key groups of 512 (256 for float32) are the outer loop: their grad_k and grad_v
             accumulate in PSUM over every query tile, while grad_q accumulates in SBUF in float32
             (when all query tiles of a kv head do not fit in SBUF, they are processed in passes and
-            grad_k / grad_v accumulate in SBUF across passes). P is recomputed from lse; dS is
-            rounded to the input dtype for its three matmuls; everything accumulates in float32.
-Pseudocode: p = exp(scale * q @ k.T - lse) (0 where masked); di = sum(grad_out * out, axis=-1)
-            dp = grad_out @ v.T; ds = p * (dp - di)
-            grad_v = p.T @ grad_out; grad_q = scale * ds @ k; grad_k = scale * ds.T @ q)";
+            grad_k / grad_v accumulate in SBUF across passes). P is recomputed from lse (which
+            holds the sink); dS is rounded to the input dtype for its three matmuls; everything
+            accumulates in float32. With a soft-cap the tanh of the scores is recomputed too, and
+            dS carries its derivative 1 - tanh^2. grad_sinks sums -p_sink * Di over the batch and
+            the queries, p_sink = exp(sink - lse), in float32.
+Pseudocode: s = scale * q @ k.T; t = tanh(s / softcap) and s = softcap * t if softcap
+            p = exp(s - lse) (0 where masked); di = sum(grad_out * out, axis=-1)
+            dp = grad_out @ v.T; ds = p * (dp - di) * (1 - t^2 if softcap else 1)
+            grad_v = p.T @ grad_out; grad_q = scale * ds @ k; grad_k = scale * ds.T @ q
+            grad_sinks[h] = -sum over b, i of exp(sinks[h] - lse[b, h, i]) * di[b, h, i])";
 
 namespace attention {
 
 /** The backward's maths on one query tile and one key group, a task (one engine) per call. */
 struct BackwardMath {
   double scale;
+  double softcap = 0;  // > 0: the scores are capped (see the forward)
 
   /** p = exp(scale * s - lse), from the scores in PSUM and -lse. */
   void probabilities(const Tensor& p, const Tensor& s, const Tensor& neg_lse) const {
     isa::activation(p, nl::exp, s, {.bias = neg_lse, .scale = scale});
+  }
+  /** With a soft-cap: t = tanh(scale * s / softcap) out of PSUM, then p = exp(softcap * t - lse). */
+  void capped_scores(const Tensor& t, const Tensor& s) const {
+    isa::activation(t, nl::tanh, s, {.scale = scale / softcap});
+  }
+  void capped_probabilities(const Tensor& p, const Tensor& t, const Tensor& neg_lse) const {
+    isa::activation(p, nl::exp, t, {.bias = neg_lse, .scale = softcap});
+  }
+  /** The cap's derivative folded into p: t2 = t * t (GpSimd or Vector), then pd = (1 - t2) p. */
+  static void square(const Tensor& t2, const Tensor& t, Engine engine) {
+    isa::tensor_tensor(t2, t, t, nl::multiply, engine);
+  }
+  static void cap_derivative(const Tensor& pd, const Tensor& t2, const Tensor& p) {
+    isa::scalar_tensor_tensor(pd, t2, nl::subtract, 1.0, nl::multiply, p, /*reverse0=*/true);
+  }
+  /** The sink's gradient of a query tile, added to the head's column of sums:
+   *  sum += exp(sink - lse) * (-Di), the exp on the Scalar engine, the product-sum on Vector. */
+  static void sink_probability(const Tensor& p_sink, const Tensor& sink, const Tensor& neg_lse) {
+    isa::activation(p_sink, nl::exp, sink, {.bias = neg_lse});
+  }
+  static void add_sink_gradient(const Tensor& sum, const Tensor& p_sink, const Tensor& neg_di) {
+    isa::scalar_tensor_tensor(sum, p_sink, nl::multiply, neg_di, nl::add, sum);
   }
   /** dp - Di, out of PSUM, on `engine` (Vector or Scalar). */
   static void dp_minus_di(const Tensor& dst, const Tensor& dp, const Tensor& neg_di, Engine engine) {
@@ -70,10 +101,11 @@ struct BackwardMath {
 
 }  // namespace attention
 
-/** @brief (grad_q, grad_k, grad_v) of flash_attention; see flash_attention_bwd_doc. */
-inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                                               const Tensor& lse, const Tensor& dout, bool causal = false,
-                                               std::optional<double> scale_opt = std::nullopt, int64_t window = 0,
+/** @brief (grad_q, grad_k, grad_v, grad_sinks) of flash_attention; see flash_attention_bwd_doc. */
+inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& sinks,
+                                               const Tensor& o, const Tensor& lse, const Tensor& dout,
+                                               bool causal = false, std::optional<double> scale_opt = std::nullopt,
+                                               int64_t window = 0, double softcap = 0, int64_t prefix_len = 0,
                                                Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
@@ -82,8 +114,10 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   using toolkit::Ring;
   const ArgumentCheck check("flash_attention_bwd", q, loc);
   const attention::Dims d = attention::check_qkv(check, q, k, v);
-  attention::check_window(check, d, window);
-  causal = causal || window > 0;  // the window's keys end at the query
+  attention::check_sinks(check, sinks, d.H, "the forward's sinks (-inf for heads without one)");
+  const attention::AttentionOptions opt = attention::check_options(check, d, causal, window, prefix_len, softcap);
+  causal = opt.causal;
+  const int64_t prefix = opt.prefix;  // query i sits at key position i + prefix
   for (const Tensor* t : {&o, &dout})
     if (t->shape() != q.shape() || t->dtype() != q.dtype())
       check.fail(t->name() + " " + t->shape().str() + " " + std::string(dtype_name(t->dtype())) +
@@ -96,7 +130,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   const DType dt = d.dtype;
   const int64_t es = dtype_size(dt);
   const double scale = scale_opt.value_or(1.0 / std::sqrt(double(D)));
-  const attention::BackwardMath m{scale};
+  const attention::BackwardMath m{scale, softcap};
   const int64_t bank_bytes = ts.psum_bank_fmax_bytes;
   // Key groups: the scores and dP of a group fill one PSUM bank each.
   const int64_t Wg = std::min<int64_t>(ts.psum_bank_fmax, (bank_bytes / (P * es)) / 2 * P);
@@ -106,6 +140,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   Tensor dq = nl::ndarray({d.B, d.H, S, D}, dt, nl::shared_hbm, "grad_q");
   Tensor dk = nl::ndarray({d.B, d.Hkv, Skv, D}, dt, nl::shared_hbm, "grad_k");
   Tensor dv = nl::ndarray({d.B, d.Hkv, Skv, D}, dt, nl::shared_hbm, "grad_v");
+  Tensor dsinks = nl::ndarray({d.H}, nl::float32, nl::shared_hbm, "grad_sinks");
 
   // --- PSUM: scores + dP (two slots), the grad_k / grad_v accumulators of a key group, dQ
   // partial products, and the rest for transposes.
@@ -127,7 +162,8 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   const int64_t sbuf = ts.sbuf_fmax_bytes;
   const int64_t per_tile = 2 * P * es + 2 * D * es + 2 * 4 + D * 4;  // Q^T|dO^T, Q, dO, stats, dQ sum
   const int64_t working = kKv * (nkg * D * es + 2 * Wg * es + nkg * 2 * D * es) + kRows * (D * es + D * 4) +
-                          3 * kWork * Wg * es + kWork * nkg * P * es + 4 * D * es + 2 * 2 * nkg * D * es + 64;
+                          3 * kWork * Wg * es + kWork * nkg * P * es + 4 * D * es + 2 * 2 * nkg * D * es + 64 +
+                          (softcap > 0 ? kWork * Wg * 4 : 0) + 2 * d.H * 4 + kRows * 4;
   const int64_t kv_acc = 2 * nkt * D * 4;  // grad_k / grad_v sums across passes
   const int64_t total_tiles = d.G * ceil_div(S, P);
   int64_t per_pass = (sbuf - working) / (2 * per_tile);
@@ -154,11 +190,20 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   Ring dqo_ring(nl::ndarray({P, 4, D}, dt, nl::sbuf, "grad_q_tile"));
   Ring kvo_ring(nl::ndarray({P, 4, 2, D}, dt, nl::sbuf, "grad_kv_tile"));
   Tensor zero = nl::ndarray({P, 1}, nl::float32, nl::sbuf, "zero");
+  // With a soft-cap: tanh of the scores, then (1 - tanh^2) p in its place.
+  std::optional<Arena> cap_ar;
+  if (softcap > 0) cap_ar.emplace(nl::ndarray({P, kWork * Wg}, nl::float32, nl::sbuf, "capped_scores"));
+  // Every query head's sink logit on every partition, and per partition the sums of its gradient.
+  const Tensor sink_cols = nl::ndarray({P, d.H}, nl::float32, nl::sbuf, "sinks");
+  const Tensor sink_sums = nl::ndarray({P, d.H}, nl::float32, nl::sbuf, "grad_sinks_sum");
+  Ring psink_ring(nl::ndarray({P, kRows, 1}, nl::float32, nl::sbuf, "sink_probability"));
 
   toolkit::TaskScheduler sch;
   const auto all = nl::all;
   const Engine vector = Engine::vector, scalar = Engine::scalar, gpsimd = Engine::gpsimd;
   sch.add([&] { isa::memset(zero, 0.0, isa::gpsimd_engine); });
+  sch.add([&] { isa::dma_copy(sink_cols, sinks.reshape({1, d.H}).broadcast(0, P)); });
+  sch.add([&] { isa::memset(sink_sums, 0.0, isa::gpsimd_engine); });
   // A PSUM -> SBUF copy, scaled, on the Vector or the Scalar engine: whichever finishes first.
   auto scaled_copy = [&](const Tensor& dst, const Tensor& src, double factor) {
     sch.add_any({[&] { isa::tensor_scalar(dst, src, nl::multiply, factor, {.engine = isa::vector_engine}); },
@@ -168,7 +213,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
   // Rows of key tile t that some query sees (the rest get zero gradients).
   auto valid_rows = [&](int64_t t) {
     const int64_t wk = std::min(P, Skv - t * P);
-    return causal ? std::clamp<int64_t>(S - t * P, 0, wk) : wk;
+    return causal ? std::clamp<int64_t>(S + prefix - t * P, 0, wk) : wk;
   };
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t g = 0; g < d.Hkv; ++g) {
@@ -180,7 +225,7 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
       for (int64_t h = g * d.G; h < (g + 1) * d.G; ++h)
         for (int64_t q0 = 0; q0 < S; q0 += P) {
           const int64_t pq = std::min(P, S - q0);
-          tiles.push_back(QTile{h, q0, pq, causal ? std::min(ngroups - 1, (q0 + pq - 1) / Wg) : ngroups - 1});
+          tiles.push_back(QTile{h, q0, pq, causal ? std::min(ngroups - 1, (q0 + prefix + pq - 1) / Wg) : ngroups - 1});
         }
       Tensor kacc, vacc;  // grad_k / grad_v sums across passes
       std::vector<bool> summed(size_t(nkt), false);
@@ -210,6 +255,9 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
           sch.add([&] { m.negate(neg_lse, zero(first(pq), all)); });
           sch.add([&] { m.out_product(prod, don(first(pq), i, all), orow); });
           sch.add([&] { m.neg_row_sum(neg_di, prod); });
+          const Tensor p_sink = psink_ring.next()(first(pq), all);
+          sch.add([&] { m.sink_probability(p_sink, sink_cols(first(pq), nl::ds(h, 1)), neg_lse); });
+          sch.add([&] { m.add_sink_gradient(sink_sums(first(pq), nl::ds(h, 1)), p_sink, neg_di); });
           const Tensor tq = t_ring.next();
           sch.add([&] {
             isa::nc_transpose(tq(first(D), 0, first(pq)), qn(first(pq), i, all));
@@ -223,12 +271,13 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
         for (int64_t j = 0; j < ngroups; ++j) {
           const int64_t g0 = j * Wg, wg = std::min(Wg, Skv - g0), ntile = ceil_div(wg, P);
           std::vector<int64_t> visible;
-          for (int64_t t = p0; t < p1; ++t)
+          for (int64_t t = p0; t < p1; ++t) {
             // Causal: the tile's last query reaches the group; window: the group reaches the
             // tile's first query's window.
-            if ((!causal || tiles[size_t(t)].q0 + tiles[size_t(t)].pq - 1 >= g0) &&
-                (window == 0 || g0 + wg - 1 > tiles[size_t(t)].q0 - window))
+            const int64_t qpos = tiles[size_t(t)].q0 + prefix;
+            if ((!causal || qpos + tiles[size_t(t)].pq - 1 >= g0) && (window == 0 || g0 + wg - 1 > qpos - window))
               visible.push_back(t);
+          }
           if (visible.empty()) continue;
 
           // Key group: K rows (the dQ matmul's moving operand), K^T and V^T.
@@ -268,8 +317,11 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
           for (int64_t ti : visible) {
             QTile& qt = tiles[size_t(ti)];
             if (!qt.prepared) prepare(qt);
-            const int64_t q0 = qt.q0, pq = qt.pq, i = qt.slot;
-            const int64_t wkv = causal ? std::min(wg, q0 + pq - g0) : wg, nb = ceil_div(wkv, P);
+            const int64_t q0 = qt.q0, pq = qt.pq, i = qt.slot, qpos = q0 + prefix;
+            // Causal: the keys up to the tile's last query, rounded up to whole key tiles (the
+            // mask zeroes P past the diagonal), so that the first query tile to reach a key tile
+            // writes all its rows of the grad_k / grad_v sums: later ones accumulate onto them.
+            const int64_t wkv = causal ? std::min(wg, ceil_div(qpos + pq - g0, P) * P) : wg, nb = ceil_div(wkv, P);
             const Tensor neg_lse = stats(first(pq), i, nl::ds(0, 1)), neg_di = stats(first(pq), i, nl::ds(1, 1));
             // Scores and dP = dO V^T.
             const Tensor sdp = sdp_ring.next();
@@ -279,17 +331,31 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
                 isa::nc_matmul(sdp(first(pq), r, nl::ds(0, wkv)), qdoT(all, i, r, first(pq)), kvT(all, kv, r, nl::ds(0, wkv)),
                                {.accumulate = false});
             });
-            // P = exp(scale * s - lse), 0 after the diagonal.
+            // P = exp(scale * s - lse) (with a cap, from the recomputed tanh), 0 where masked.
             const Tensor p = p_ar.next(wkv)(first(pq), all);
-            sch.add([&] { m.probabilities(p, s, neg_lse); });
-            const int64_t lo = std::max(q0, g0), hi = g0 + wkv;
-            if (causal && hi - 1 > q0) sch.add([&] { attention::mask_after_diagonal(p(all, nl::ds(lo - g0, hi - lo)), q0, lo, 0.0); });
-            if (window > 0 && g0 <= q0 + pq - 1 - window)
-              sch.add([&] { attention::mask_before_window(p, q0, g0, window, 0.0); });
-            // dS = P * (dP - Di).
+            Tensor capped;
+            if (softcap > 0) {
+              capped = cap_ar->next(wkv)(first(pq), all);
+              sch.add([&] { m.capped_scores(capped, s); });
+              sch.add([&] { m.capped_probabilities(p, capped, neg_lse); });
+            } else {
+              sch.add([&] { m.probabilities(p, s, neg_lse); });
+            }
+            const int64_t lo = std::max(qpos, g0), hi = g0 + wkv;
+            if (causal && hi - 1 > qpos)
+              sch.add([&] { attention::mask_after_diagonal(p(all, nl::ds(lo - g0, hi - lo)), qpos, lo, 0.0); });
+            const int64_t wend = std::min(hi, qpos + pq - window);  // keys some query's window starts after
+            if (window > 0 && g0 < wend)
+              sch.add([&] { attention::mask_before_window(p(all, nl::ds(0, wend - g0)), qpos, g0, window, 0.0); });
+            // dS = P * (dP - Di), with a cap times 1 - tanh^2.
             const Tensor dpm = dpm_ar.next(wkv)(first(pq), all), dS = ds_ar.next(wkv)(first(pq), all);
             sch.add_any({[&] { m.dp_minus_di(dpm, dp, neg_di, vector); }, [&] { m.dp_minus_di(dpm, dp, neg_di, scalar); }});
-            sch.add_any({[&] { m.dscores(dS, p, dpm, gpsimd); }, [&] { m.dscores(dS, p, dpm, vector); }});
+            if (softcap > 0) {
+              sch.add_any({[&] { m.square(capped, capped, gpsimd); }, [&] { m.square(capped, capped, vector); }});
+              sch.add([&] { m.cap_derivative(capped, capped, p); });
+            }
+            const Tensor pd = softcap > 0 ? capped : p;
+            sch.add_any({[&] { m.dscores(dS, pd, dpm, gpsimd); }, [&] { m.dscores(dS, pd, dpm, vector); }});
             // grad_v += P^T dO and grad_k += dS^T Q, per key tile.
             for (int64_t r = 0; r < 2; ++r)
               sch.add([&] {
@@ -382,13 +448,17 @@ inline std::vector<Tensor> flash_attention_bwd(const Tensor& q, const Tensor& k,
         }
       }
     }
+  // grad_sinks: the per-partition sums of every head summed over the partitions.
+  const Tensor sink_grad = nl::ndarray({1, d.H}, nl::float32, nl::sbuf, "grad_sinks_row");
+  sch.add([&] { isa::tensor_partition_reduce(sink_grad, nl::add, sink_sums); });
+  sch.add([&] { isa::dma_copy(dsinks.reshape({1, d.H}), sink_grad); });
   sch.run();
-  return {dq, dk, dv};
+  return {dq, dk, dv, dsinks};
 }
 
 namespace attention {
 
-/** @brief Inputs q, k, v, out, lse, grad_out of one attention problem. */
+/** @brief Inputs q, k, v, sinks, out, lse, grad_out of one attention problem. */
 inline std::vector<TensorSpec> backward_problem(const std::vector<TensorSpec>& qkv) {
   std::vector<TensorSpec> specs = qkv;
   const Shape& q = qkv[0].shape;
@@ -398,64 +468,67 @@ inline std::vector<TensorSpec> backward_problem(const std::vector<TensorSpec>& q
   return specs;
 }
 
-/** @brief Backward inputs: random q, k, v and grad_out, with out (rounded to q's dtype) and lse
- *  (fp32) from the forward's reference, as the forward kernel gives them. */
+/** @brief Backward inputs: q, k, v and sinks as the forward's examples draw them, random
+ *  grad_out, with out (rounded to q's dtype) and lse (fp32) from the forward's reference, as the
+ *  forward kernel gives them. */
 inline std::vector<RefTensor> backward_inputs(const ExampleCase& c, CaseRng& r) {
-  std::vector<RefTensor> in;
-  for (size_t i = 0; i < 3; ++i) in.push_back(random_input(c.inputs[i], r));
-  const std::optional<double> scale =
-      c.params.find("scale") && !std::isnan(*c.params.find("scale")) ? c.params.find("scale") : std::nullopt;
-  std::vector<RefTensor> f =
-      reference::attention_forward(in[0], in[1], in[2], c.params.find("causal").value_or(0) != 0, scale,
-                                   int64_t(c.params.find("window").value_or(0)));
-  for (double& x : f[0].data) x = round_to(c.inputs[3].dtype, x);
+  std::vector<RefTensor> in = forward_inputs(c, r);
+  const std::vector<ParamSpec> specs = flash_params();
+  const ParamValues p{specs, c.params};
+  std::vector<RefTensor> f = reference::attention_forward(in[0], in[1], in[2], in[3], p.optional_real("scale"), options_of(p));
+  for (double& x : f[0].data) x = round_to(c.inputs[4].dtype, x);
   for (double& x : f[1].data) x = round_to(DType::float32, x);
   in.push_back(f[0]);
   in.push_back(f[1]);
-  in.push_back(random_input(c.inputs[5], r));
+  in.push_back(random_input(c.inputs[6], r));
   return in;
 }
 
 }  // namespace attention
 
 inline KernelInfo flash_attention_bwd_info() {
+  const DType f32 = DType::float32, bf16 = DType::bfloat16;
   auto problem = [](int64_t H, int64_t Hkv, int64_t S, int64_t Skv, int64_t D, DType t) {
     return attention::backward_problem(attention::problem(1, H, Hkv, S, Skv, D, t));
   };
   return KernelInfo{
       .name = "flash_attention_bwd",
-      .summary = "gradients of flash_attention with respect to q, k and v",
+      .summary = "gradients of flash_attention with respect to q, k, v and the sinks",
       .doc = flash_attention_bwd_doc,
-      .inputs = {"q", "k", "v", "out", "lse", "grad_out"},
-      .outputs = {"grad_q", "grad_k", "grad_v"},
-      .params = {{"causal", ParamKind::boolean, 0, "mask keys after the query (top-left aligned)"},
-                 {"scale", ParamKind::optional_real, 0, "score multiplier; default 1 / sqrt(head_dim)"},
-                 {"window", ParamKind::integer, 0, "sliding window: query i sees keys i - window < j <= i (0: none)"}},
+      .inputs = {"q", "k", "v", "sinks", "out", "lse", "grad_out"},
+      .outputs = {"grad_q", "grad_k", "grad_v", "grad_sinks"},
+      .params = attention::flash_params(),
       .dtypes = {DType::float32, DType::bfloat16, DType::float16},
       .backward = "",
       .saved_outputs = {},
       .body =
           [](const KernelCall& c) {
             return flash_attention_bwd(c.inputs[0], c.inputs[1], c.inputs[2], c.inputs[3], c.inputs[4], c.inputs[5],
-                                       c.flag("causal"), c.optional_real("scale"), c.integer("window"));
+                                       c.inputs[6], c.flag("causal"), c.optional_real("scale"), c.integer("window"),
+                                       c.real("softcap"), c.integer("prefix_len"));
           },
       .reference =
           [](const std::vector<RefTensor>& in, const ParamValues& p) {
-            return reference::attention_backward(in[0], in[1], in[2], in[3], in[5], p.flag("causal"),
-                                                 p.optional_real("scale"), p.integer("window"));
+            return reference::attention_backward(in[0], in[1], in[2], in[3], in[4], in[6], p.optional_real("scale"),
+                                                 attention::options_of(p));
           },
       .make_inputs = attention::backward_inputs,
-      .examples = {{problem(2, 1, 200, 330, 64, DType::float32), {}, "grouped query heads, tails"},
-                   {problem(1, 1, 330, 200, 128, DType::bfloat16), Params{{"causal", 1.0}},
-                    "causal, fewer keys than queries"},
-                   {problem(1, 1, 129, 129, 96, DType::float32), Params{{"causal", 1.0}, {"scale", 0.3}},
+      .examples = {{problem(2, 1, 200, 330, 64, f32), {}, "grouped query heads, tails"},
+                   {problem(1, 1, 330, 200, 128, bf16), Params{{"causal", 1.0}}, "causal, fewer keys than queries"},
+                   {problem(1, 1, 129, 129, 96, f32), Params{{"causal", 1.0}, {"scale", 0.3}},
                     "odd head dim, explicit scale"},
-                   {problem(4, 2, 333, 333, 128, DType::float32), Params{{"causal", 1.0}},
-                    "grouped query heads, causal, tails"},
-                   {problem(2, 1, 300, 300, 100, DType::bfloat16), {},
+                   {problem(4, 2, 333, 333, 128, f32), Params{{"causal", 1.0}}, "grouped query heads, causal, tails"},
+                   {problem(2, 1, 300, 300, 100, bf16), {},
                     "head dim 100: grad_k / grad_v blocks packed so none crosses a PSUM bank"},
-                   {problem(2, 1, 700, 750, 64, DType::bfloat16), Params{{"window", 200.0}},
-                    "sliding window: key groups before it skipped, both edges masked"}},
+                   {problem(2, 1, 700, 750, 64, bf16), Params{{"window", 200.0}},
+                    "sliding window: key groups before it skipped, both edges masked"},
+                   {problem(4, 2, 300, 300, 80, f32), Params{{"causal", 1.0}, {"softcap", 5.0}},
+                    "soft-cap 5 over scores far past it: dS carries 1 - tanh^2"},
+                   {problem(2, 2, 260, 460, 128, bf16), Params{{"causal", 1.0}, {"prefix_len", 200.0}},
+                    "a cached prefix of 200 keys (not a multiple of 128), causal"},
+                   {problem(4, 1, 200, 530, 64, f32),
+                    Params{{"window", 150.0}, {"prefix_len", 330.0}, {"softcap", 20.0}, {"scale", 0.2}},
+                    "prefix, window and soft-cap: keys before every window get zero gradients"}},
       .draw =
           [](CaseRng& r) {
             ExampleCase c = attention::draw_problem(r);

@@ -123,6 +123,27 @@ inline void transpose_into(const ArgumentCheck& check, const Tensor& dst, const 
   sch.run();
 }
 
+/**
+ * @brief sums [N] = the column sums of rows [M, N] (HBM), in fp32 on the Tensor engine and rounded
+ * once: ones^T @ rows, with the ones [M, 1] K-major (matmul's stationary operand as it loads).
+ */
+inline void column_sums(const Tensor& sums, const Tensor& rows, Loc loc) {
+  namespace nl = nikki::nl;
+  namespace isa = nikki::isa;
+  const int64_t P = nl::tile_size().pmax, M = rows.shape()[0], N = rows.shape()[1];
+  const DType dt = rows.dtype();
+  Tensor ones = nl::ndarray({M, 1}, dt, nl::hbm, "ones");
+  {
+    const int64_t cols = ceil_div(M, P);
+    Tensor ones_tile = nl::ndarray({P, cols}, dt, nl::sbuf, "ones_tile");
+    isa::memset(ones_tile, 1.0, isa::gpsimd_engine);
+    if (const int64_t full = M / P; full > 0)
+      isa::dma_copy(ones(nl::ds(0, full * P), 0).reshape({P, full}), ones_tile(nl::all, nl::ds(0, full)));
+    if (M % P > 0) isa::dma_copy(ones(nl::ds(M / P * P, M % P), nl::all), ones_tile(nl::ds(0, M % P), nl::ds(0, 1)));
+  }
+  matmul(ones, rows, MatmulOptions{.a_transposed = true, .out = sums.reshape({1, N})}, loc);
+}
+
 }  // namespace attention
 
 /** @brief out = attn @ w_o + bias + residual; see output_projection_doc. */
@@ -151,7 +172,7 @@ inline std::vector<Tensor> output_projection_bwd(const Tensor& attn, const Tenso
   namespace isa = nikki::isa;
   const ArgumentCheck check("output_projection_bwd", attn, loc);
   const auto [M, K, N] = attention::check_projection(check, attn, w_o);
-  const int64_t B = attn.shape()[0], S = attn.shape()[1], P = nl::tile_size().pmax;
+  const int64_t B = attn.shape()[0], S = attn.shape()[1];
   const DType dt = attn.dtype();
   check.require(grad_out.shape() == Shape{B, S, N} && grad_out.dtype() == dt,
                 "grad_out must be [" + std::to_string(B) + ", " + std::to_string(S) + ", " + std::to_string(N) + "] " +
@@ -168,17 +189,7 @@ inline std::vector<Tensor> output_projection_bwd(const Tensor& attn, const Tenso
   Tensor w_t = nl::ndarray({N, K}, dt, nl::hbm, "w_o_transposed");
   attention::transpose_into(check, w_t, w_o);
   matmul(attn.reshape({M, K}), g2, MatmulOptions{.a_transposed = true, .out = grad_w_o}, loc);
-  // Column sums as ones^T @ grad_out, with the ones K-major [M, 1].
-  Tensor ones = nl::ndarray({M, 1}, dt, nl::hbm, "ones");
-  {
-    const int64_t cols = ceil_div(M, P);
-    Tensor ones_tile = nl::ndarray({P, cols}, dt, nl::sbuf, "ones_tile");
-    isa::memset(ones_tile, 1.0, isa::gpsimd_engine);
-    if (const int64_t full = M / P; full > 0)
-      isa::dma_copy(ones(nl::ds(0, full * P), 0).reshape({P, full}), ones_tile(nl::all, nl::ds(0, full)));
-    if (M % P > 0) isa::dma_copy(ones(nl::ds(M / P * P, M % P), nl::all), ones_tile(nl::ds(0, M % P), nl::ds(0, 1)));
-  }
-  matmul(ones, g2, MatmulOptions{.a_transposed = true, .out = grad_bias.reshape({1, N})}, loc);
+  attention::column_sums(grad_bias, g2, loc);
   matmul(g2, w_t, MatmulOptions{.out = grad_attn.reshape({M, K})}, loc);
   return {grad_attn, grad_w_o, grad_bias, grad_residual};
 }

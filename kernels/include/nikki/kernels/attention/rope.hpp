@@ -93,15 +93,13 @@ struct RopeMath {
   }
 };
 
-/** @brief Checks the rope kernels' arguments; returns r (the rotated dims). */
-inline int64_t check_rope(const ArgumentCheck& check, const Tensor& x, const Tensor& cos, const Tensor& sin,
-                          const std::string& x_name) {
-  check.require(x.ndim() == 4, x_name + " must be 4-D [batch, heads, seq, head_dim], got " + x.shape().str(),
-                "apply the kernel to q or k in the [B, H, S, D] layout");
-  const int64_t B = x.shape()[0], S = x.shape()[2], D = x.shape()[3];
+/**
+ * @brief Checks rotary tables for heads of `D` dims at S positions of B sequences (`against`
+ * names what they must match in the errors, e.g. "x [1, 2, 8, 16]"); returns r (the rotated dims).
+ */
+inline int64_t check_rope_tables(const ArgumentCheck& check, const Tensor& cos, const Tensor& sin, int64_t B, int64_t S,
+                                 int64_t D, const std::string& against) {
   auto is_float = [](DType t) { return t == DType::float32 || t == DType::bfloat16 || t == DType::float16; };
-  check.require(is_float(x.dtype()), x_name + " must be float32, bfloat16 or float16, got " +
-                                         std::string(dtype_name(x.dtype())));
   check.require(cos.ndim() == 2 || cos.ndim() == 3,
                 "cos must be [S, r] or [B, S, r], got " + cos.shape().str(),
                 "pass the rotary embedding's cos (one row per position)");
@@ -109,7 +107,7 @@ inline int64_t check_rope(const ArgumentCheck& check, const Tensor& x, const Ten
   const bool shapes_ok = cos.shape()[size_t(cos.ndim() - 2)] == S &&
                          (cos.ndim() == 2 || cos.shape()[0] == B || cos.shape()[0] == 1);
   check.require(shapes_ok,
-                "cos " + cos.shape().str() + " does not match " + x_name + " " + x.shape().str() +
+                "cos " + cos.shape().str() + " does not match " + against +
                     ": it must be [S, r], [B, S, r] or [1, S, r] with S = " + std::to_string(S) + " and B = " +
                     std::to_string(B),
                 "slice the tables to the positions of x");
@@ -124,25 +122,42 @@ inline int64_t check_rope(const ArgumentCheck& check, const Tensor& x, const Ten
   return r;
 }
 
-/** @brief rope (backward = false) or its backward on x (the incoming gradient for the backward). */
-inline Tensor rope_apply(const ArgumentCheck& check, const Tensor& x, const Tensor& cos, const Tensor& sin,
-                         bool interleaved, bool backward) {
+/** @brief Checks the rope kernels' arguments; returns r (the rotated dims). */
+inline int64_t check_rope(const ArgumentCheck& check, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                          const std::string& x_name) {
+  check.require(x.ndim() == 4, x_name + " must be 4-D [batch, heads, seq, head_dim], got " + x.shape().str(),
+                "apply the kernel to q or k in the [B, H, S, D] layout");
+  auto is_float = [](DType t) { return t == DType::float32 || t == DType::bfloat16 || t == DType::float16; };
+  check.require(is_float(x.dtype()), x_name + " must be float32, bfloat16 or float16, got " +
+                                         std::string(dtype_name(x.dtype())));
+  return check_rope_tables(check, cos, sin, x.shape()[0], x.shape()[2], x.shape()[3], x_name + " " + x.shape().str());
+}
+
+/**
+ * @brief rope (backward = false) or its backward of x [B, H, S, D] (the incoming gradient for the
+ * backward) into `out`, an HBM view of x's shape and dtype: a new tensor, or the heads of a wider
+ * one (the fused q/k/v projection's rows, viewed as [B, H, S, D]). The arguments are checked.
+ */
+inline void rope_into(const ArgumentCheck& check, const Tensor& out, const Tensor& x, const Tensor& cos,
+                      const Tensor& sin, bool interleaved, bool backward) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using toolkit::first;
   const int64_t r = check_rope(check, x, cos, sin, backward ? "grad_out" : "x");
+  internal_check(out.shape() == x.shape() && out.dtype() == x.dtype(), "rope_into: out must match x");
   const int64_t S = x.shape()[2], D = x.shape()[3];
   const int64_t P = nl::tile_size().pmax;
   const bool per_batch = cos.ndim() == 3 && cos.shape()[0] > 1;
   // Tables shared by the batch: every sequence of every batch is alike, so the kernel sees
-  // [1, B * H, S, D] and short sequences (decode) pack across the batch as well as the heads.
-  const int64_t B = per_batch ? x.shape()[0] : 1, H = x.shape()[1] * (per_batch ? 1 : x.shape()[0]);
+  // [1, B * H, S, D] and short sequences (decode) pack across the batch as well as the heads
+  // (when both views merge the batch into the heads; a strided out keeps its batches apart).
+  const bool merged = !per_batch && x.is_contiguous() && out.is_contiguous();
+  const int64_t B = merged ? 1 : x.shape()[0], H = x.shape()[1] * (merged ? x.shape()[0] : 1);
   const DType dt = x.dtype(), table_dt = cos.dtype();
   // Products in x's dtype when the tables have it (torch's roundings of the formula), else fp32.
   const DType cd = table_dt == dt ? dt : DType::float32;
   const int64_t es = dtype_size(dt), ces = dtype_size(cd), tes = dtype_size(table_dt);
-  Tensor out = nl::ndarray(x.shape(), dt, nl::shared_hbm, backward ? "grad_x" : "out");
-  const Tensor x_seqs = x.reshape({B, H, S, D}), out_seqs = out.reshape({B, H, S, D});
+  const Tensor x_seqs = merged ? x.reshape({B, H, S, D}) : x, out_seqs = merged ? out.reshape({B, H, S, D}) : out;
 
   // x tiles four deep (load, two computing, store); the products two deep; the tables (cos, sin,
   // T) two deep, so the next block's tables load while the current block finishes.
@@ -175,8 +190,13 @@ inline Tensor rope_apply(const ArgumentCheck& check, const Tensor& x, const Tens
   const auto all = nl::all;
   // HBM rows of a tile: positions [r0, r0 + p * g) of head h (g per partition), or the whole
   // sequences of heads h0 .. h0 + heads - 1 (one position per partition).
+  // (A strided view's heads do not merge with its positions: it keeps them as [heads, S, 1, D],
+  // the same elements in the same order.)
   auto rows = [&](const Tensor& t, int64_t b, int64_t h0, int64_t heads, const toolkit::RowTile& rt) {
-    if (heads_per_tile > 1) return t(b, nl::ds(h0, heads), all, all).reshape({heads * S, 1, D});
+    if (heads_per_tile > 1) {
+      const Tensor seqs = t(b, nl::ds(h0, heads), all, all);
+      return seqs.is_contiguous() ? seqs.reshape({heads * S, 1, D}) : seqs.expand_dim(2);
+    }
     return t(b, h0, nl::ds(rt.r0, rt.p * rt.g), all).reshape_dim(0, {rt.p, rt.g});
   };
   auto table_rows = [&](const Tensor& table, int64_t b) {
@@ -225,14 +245,21 @@ inline Tensor rope_apply(const ArgumentCheck& check, const Tensor& x, const Tens
     }
   }
   sch.run();
+}
+
+/** @brief rope (backward = false) or its backward of x into a new output. */
+inline Tensor rope_apply(const ArgumentCheck& check, const Tensor& x, const Tensor& cos, const Tensor& sin,
+                         bool interleaved, bool backward) {
+  Tensor out = nl::ndarray(x.shape(), x.dtype(), nl::shared_hbm, backward ? "grad_x" : "out");
+  rope_into(check, out, x, cos, sin, interleaved, backward);
   return out;
 }
 
-/** @brief rope's test inputs: x normal, cos and sin of real rotary angles (positions from a
- *  random offset, frequencies 10000^(-2i/r)), duplicated per pair as the model builds them. */
-inline std::vector<RefTensor> rope_inputs(const ExampleCase& c, CaseRng& rng, bool interleaved, size_t table_at) {
-  std::vector<RefTensor> in;
-  for (const TensorSpec& s : c.inputs) in.push_back(random_input(s, rng));
+/** @brief Fills in[table_at] and in[table_at + 1] (cos and sin, [S, r] or [B, S, r]) with real
+ *  rotary angles: positions from a random offset (each sequence of a 3-D table at others),
+ *  frequencies 10000^(-2i/r), duplicated per pair as the model builds them. */
+inline void fill_rotary_tables(std::vector<RefTensor>& in, const ExampleCase& c, CaseRng& rng, bool interleaved,
+                               size_t table_at) {
   const Shape& ts = c.inputs[table_at].shape;
   const int64_t r = ts[ts.rank() - 1], S = ts[ts.rank() - 2], rows = ts.num_elements() / r;
   const double offset = double(rng.uniform(0, 2000));
@@ -245,6 +272,13 @@ inline std::vector<RefTensor> rope_inputs(const ExampleCase& c, CaseRng& rng, bo
       in[table_at + 1][row * r + i] = round_to(c.inputs[table_at + 1].dtype, std::sin(angle));
     }
   }
+}
+
+/** @brief rope's test inputs: x normal, cos and sin of real rotary angles (fill_rotary_tables). */
+inline std::vector<RefTensor> rope_inputs(const ExampleCase& c, CaseRng& rng, bool interleaved, size_t table_at) {
+  std::vector<RefTensor> in;
+  for (const TensorSpec& s : c.inputs) in.push_back(random_input(s, rng));
+  fill_rotary_tables(in, c, rng, interleaved, table_at);
   return in;
 }
 

@@ -20,13 +20,13 @@ inline std::pair<int64_t, double> rotate_partner(int64_t i, int64_t r, bool inte
 
 /**
  * @brief rope(x) = x * cos + rotate(x) * sin on the first r dims of x [B, H, S, D], the rest
- * passed through; cos and sin are [S, r] or [B, S, r]. `backward`: the gradient of that map for
+ * passed through; cos and sin are [S, r], [B, S, r] or [1, S, r]. `backward`: the gradient of that map for
  * the incoming gradient x, g * cos + rotate^T(g * sin) (rotate^T = -rotate).
  */
 inline RefTensor rope(const RefTensor& x, const RefTensor& cos, const RefTensor& sin, bool interleaved, bool backward) {
   const int64_t B = x.shape[0], H = x.shape[1], S = x.shape[2], D = x.shape[3];
   const int64_t r = cos.shape[cos.shape.rank() - 1];
-  const bool per_batch = cos.shape.rank() == 3;
+  const bool per_batch = cos.shape.rank() == 3 && cos.shape[0] > 1;  // [1, S, r] is shared
   RefTensor out(x.shape);
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < H; ++h)

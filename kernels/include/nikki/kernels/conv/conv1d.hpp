@@ -1,5 +1,5 @@
 // General conv1d (torch.nn.functional.conv1d: stride, padding, dilation, groups) with bias and a
-// fused SiLU or GELU, forward only, on the Tensor engine as a sum over taps of matmuls.
+// fused SiLU or GELU, on the Tensor engine as a sum over taps of matmuls.
 //
 // Input channels go on partitions (the contraction), time along the free dim. For each tap k the
 // transposed weights W[:, :, k]^T [C_in, C_out] are a stationary, and the moving operand is the
@@ -37,7 +37,7 @@ Notes:      For each group, C_in on partitions in tiles of 128: out[:, piece] = 
             (depthwise) use few PE rows: correct but slow, causal_conv1d is the depthwise kernel.
             The transposed weights of one output tile take C_in / groups * K elements per
             partition, twice: beyond ~37000 (bf16; half that in fp32) SBUF is too small and the
-            call fails with a KernelError. Forward only.
+            call fails with a KernelError. conv1d_bwd is its backward.
 Pseudocode: out[b, o, t] = act(bias[o] + sum_{i, k} weight[o, i, k] * x_pad[b, g(o) * C_in / groups + i,
                                                                      t * stride + k * dilation])
             (x_pad: x with `padding` zeros on both ends; g(o) = o / (C_out / groups)))";
@@ -98,6 +98,79 @@ inline nl::Op conv_activation(int64_t activation) {
   return activation == 1 ? nl::silu : activation == 2 ? nl::gelu : nl::copy;
 }
 
+/** A block of output-channel tiles of one group: tiles [first_tile, first_tile + tiles) of a
+ *  partition's worth of channels each. */
+struct OutputBlock {
+  int64_t group, first_tile, tiles;
+  /** The first output channel of the block's tile j. */
+  int64_t first_channel(const Conv1dShape& s, int64_t j) const {
+    return group * s.cog + (first_tile + j) * nl::tile_size().pmax;
+  }
+  /** The channels of tile j (a whole tile, or the group's tail). */
+  int64_t rows(const Conv1dShape& s, int64_t j) const {
+    return std::min(nl::tile_size().pmax, s.cog - (first_tile + j) * nl::tile_size().pmax);
+  }
+};
+
+/** Input channels of a group's tile i (a whole tile, or the tail). */
+inline int64_t input_rows(const Conv1dShape& s, int64_t i) {
+  return std::min(nl::tile_size().pmax, s.cig - i * nl::tile_size().pmax);
+}
+
+/**
+ * Records the transposition of a block's weights into wT ([128, input tiles, K, block columns]:
+ * W[:, :, k]^T with input channels on partitions, one TensorE transpose per input tile, tap and
+ * output tile, each copied out on VectorE or ScalarE) and the load of its biases as fp32 columns
+ * (bias_cols [128, block tiles]).
+ */
+inline void transpose_weights(toolkit::TaskScheduler& sch, toolkit::Ring& raw_ring, toolkit::Ring& transposes,
+                              const Tensor& wT, const Tensor& bias_cols, const Tensor& weight, const Tensor& bias,
+                              const Conv1dShape& s, const OutputBlock& block) {
+  using toolkit::first;
+  const int64_t P = wT.shape()[0], nci = wT.shape()[1];
+  for (int64_t j = 0; j < block.tiles; ++j) {
+    const int64_t co0 = block.first_channel(s, j), pco = block.rows(s, j);
+    sch.add([&] { isa::dma_copy(bias_cols(first(pco), nl::ds(j, 1)), bias(nl::ds(co0, pco)).reshape({pco, 1})); });
+    for (int64_t i = 0; i < nci; ++i) {
+      const int64_t pci = input_rows(s, i);
+      const Tensor raw = raw_ring.next()(first(pco), first(pci), nl::all);
+      sch.add([&] { isa::dma_copy(raw, weight(nl::ds(co0, pco), nl::ds(i * P, pci), nl::all)); });
+      for (int64_t k = 0; k < s.K; ++k) {
+        const Tensor tp = transposes.next()(first(pci), first(pco));
+        const Tensor dst = wT(first(pci), i, k, nl::ds(j * P, pco));
+        sch.add([&] { isa::nc_transpose(tp, raw(nl::all, nl::all, k), Engine::tensor); });
+        sch.add_any({[&] { mlp::copy_from_psum(dst, tp, Engine::vector); },
+                     [&] { mlp::copy_from_psum(dst, tp, Engine::scalar); }});
+      }
+    }
+  }
+}
+
+/** Records the loads of a group's input window for the outputs of `chunk` into xw ([128, input
+ *  tiles, window]): x_pad from column chunk.c0 * stride, zeros in the padding. */
+inline void load_window(toolkit::TaskScheduler& sch, const Tensor& xw, const Tensor& x, const Conv1dShape& s,
+                        const reference::Conv1dGeometry& g, int64_t b, int64_t grp,
+                        const toolkit::ColumnChunk& chunk) {
+  const int64_t span = (s.K - 1) * g.dilation + 1, width = (chunk.width - 1) * g.stride + span;
+  for (int64_t i = 0; i < xw.shape()[1]; ++i)
+    load_tokens(sch, xw(toolkit::first(input_rows(s, i)), i, nl::ds(0, width)), x, nullptr, b,
+                grp * s.cig + i * nl::tile_size().pmax, chunk.c0 * g.stride - g.padding);
+}
+
+/** ps ([p, n] PSUM) = the pre-activation sums of output tile j of a block for the n outputs from
+ *  j0 of a chunk: one matmul per input tile and tap, accumulated. */
+inline void conv_taps(const Tensor& ps, const Tensor& wT, const Tensor& xw, const Conv1dShape& s,
+                      const reference::Conv1dGeometry& g, int64_t j, int64_t j0) {
+  using toolkit::first;
+  const int64_t pco = ps.shape()[0], n = ps.shape()[1], P = wT.shape()[0];
+  for (int64_t i = 0; i < wT.shape()[1]; ++i)
+    for (int64_t k = 0; k < s.K; ++k) {
+      const int64_t c = j0 * g.stride + k * g.dilation, pci = input_rows(s, i);
+      isa::nc_matmul(ps, wT(first(pci), i, k, nl::ds(j * P, pco)),
+                     xw(first(pci), i, Slice{c, c + (n - 1) * g.stride + 1, g.stride}), {.accumulate = i > 0 || k > 0});
+    }
+}
+
 }  // namespace conv
 
 /** @brief out = act(conv1d(x, weight) + bias); see conv1d_doc. */
@@ -138,49 +211,20 @@ inline Tensor conv1d(const Tensor& x, const Tensor& weight, const Tensor& bias, 
   const std::vector<toolkit::ColumnChunk> chunks = toolkit::column_chunks(s.Lout, Wo, piece);
   for (int64_t grp = 0; grp < g.groups; ++grp)
     for (int64_t cb0 = 0; cb0 < nco; cb0 += cob) {
-      const int64_t cbn = std::min(cob, nco - cb0);
+      const conv::OutputBlock block{grp, cb0, std::min(cob, nco - cb0)};
       const Tensor wT = w_ring.next(), bias_cols = bias_ring.next();
-      const auto co_first = [&](int64_t j) { return grp * s.cog + (cb0 + j) * P; };
-      const auto co_rows = [&](int64_t j) { return std::min(P, s.cog - (cb0 + j) * P); };
-      const auto ci_rows = [&](int64_t i) { return std::min(P, s.cig - i * P); };
-      // The block's weights, transposed to [C_in tile, tap, C_out] on the Tensor engine.
-      for (int64_t j = 0; j < cbn; ++j) {
-        const int64_t co0 = co_first(j), pco = co_rows(j);
-        sch.add([&] { isa::dma_copy(bias_cols(first(pco), nl::ds(j, 1)), bias(nl::ds(co0, pco)).reshape({pco, 1})); });
-        for (int64_t i = 0; i < nci; ++i) {
-          const int64_t pci = ci_rows(i);
-          const Tensor raw = raw_ring.next()(first(pco), first(pci), nl::all);
-          sch.add([&] { isa::dma_copy(raw, weight(nl::ds(co0, pco), nl::ds(i * P, pci), nl::all)); });
-          for (int64_t k = 0; k < s.K; ++k) {
-            const Tensor tp = transpose_ring.next()(first(pci), first(pco));
-            const Tensor dst = wT(first(pci), i, k, nl::ds(j * P, pco));
-            sch.add([&] { isa::nc_transpose(tp, raw(nl::all, nl::all, k), Engine::tensor); });
-            sch.add_any({[&] { mlp::copy_from_psum(dst, tp, Engine::vector); },
-                         [&] { mlp::copy_from_psum(dst, tp, Engine::scalar); }});
-          }
-        }
-      }
+      conv::transpose_weights(sch, raw_ring, transpose_ring, wT, bias_cols, weight, bias, s, block);
       for (int64_t b = 0; b < s.B; ++b)
         for (const toolkit::ColumnChunk& chunk : chunks) {
           const Tensor xw = x_ring.next();
-          for (int64_t i = 0; i < nci; ++i)
-            conv::load_tokens(sch, xw(first(ci_rows(i)), i, nl::ds(0, window(chunk.width))), x, nullptr, b,
-                              grp * s.cig + i * P, chunk.c0 * g.stride - g.padding);
-          for (int64_t j = 0; j < cbn; ++j) {
-            const int64_t co0 = co_first(j), pco = co_rows(j);
+          conv::load_window(sch, xw, x, s, g, b, grp, chunk);
+          for (int64_t j = 0; j < block.tiles; ++j) {
+            const int64_t co0 = block.first_channel(s, j), pco = block.rows(s, j);
             const Tensor o = out_ring.next()(first(pco), nl::ds(0, chunk.width));
             for (int64_t j0 = 0; j0 < chunk.width; j0 += piece) {
               const int64_t n = std::min(piece, chunk.width - j0);
               const Tensor ps = psum_ring.next()(first(pco), nl::ds(0, n));
-              sch.add([&] {
-                for (int64_t i = 0; i < nci; ++i)
-                  for (int64_t k = 0; k < s.K; ++k) {
-                    const int64_t c = j0 * g.stride + k * g.dilation;
-                    isa::nc_matmul(ps, wT(first(ci_rows(i)), i, k, nl::ds(j * P, pco)),
-                                   xw(first(ci_rows(i)), i, Slice{c, c + (n - 1) * g.stride + 1, g.stride}),
-                                   {.accumulate = i > 0 || k > 0});
-                  }
-              });
+              sch.add([&] { conv::conv_taps(ps, wT, xw, s, g, j, j0); });
               const Tensor bias_col = bias_cols(first(pco), nl::ds(j, 1));
               sch.add([&] { isa::activation(o(nl::all, nl::ds(j0, n)), act, ps, {.bias = bias_col}); });
             }
@@ -239,7 +283,7 @@ inline Tolerance conv1d_tolerance(const ExampleCase& c) {
 inline KernelInfo conv1d_info() {
   return KernelInfo{
       .name = "conv1d",
-      .summary = "conv1d with stride, padding, dilation, groups, bias and a fused SiLU or GELU (forward only)",
+      .summary = "conv1d with stride, padding, dilation, groups, bias and a fused SiLU or GELU",
       .doc = conv1d_doc,
       .inputs = {"x", "weight", "bias"},
       .outputs = {"out"},
@@ -249,8 +293,8 @@ inline KernelInfo conv1d_info() {
                  {"groups", ParamKind::integer, 1, "channel groups convolved separately"},
                  {"activation", ParamKind::integer, 0, "0: none, 1: SiLU, 2: GELU (erf)"}},
       .dtypes = {DType::float32, DType::bfloat16, DType::float16},
-      .backward = "",
-      .gradient = "forward only: no backward kernel yet (nikki.torch.conv1d is not differentiable)",
+      .backward = "conv1d_bwd",
+      .gradient = "",
       .saved_outputs = {},
       .body =
           [](const KernelCall& c) {

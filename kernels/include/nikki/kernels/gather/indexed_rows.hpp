@@ -184,6 +184,30 @@ inline void gather_into(toolkit::TaskScheduler& sch, toolkit::Budget& budget, co
   }
 }
 
+/**
+ * @brief Records the copy of `filled` ([P, Z], every element one value: cleared, or set to a
+ * padding value) over the whole of the HBM tensor `out`: blocks of consecutive elements viewed as
+ * [P, Z] (disjoint extents, so the transfers are independent), then [P, cols] and a tail of
+ * fewer than P elements.
+ */
+inline void fill_from(toolkit::TaskScheduler& sch, const Tensor& out, const Tensor& filled) {
+  const auto all = nl::all;
+  const int64_t P = filled.shape()[0], total = out.size();
+  const Tensor flat = out.reshape({total});
+  const int64_t Z = filled.shape()[1], block = P * Z, blocks = total / block;
+  for (int64_t b = 0; b < blocks; ++b)
+    sch.add([&] { isa::dma_copy(flat(nl::ds(b * block, block)).reshape({P, Z}), filled); });
+  const int64_t rest = blocks * block, rest_cols = (total - rest) / P, tail = (total - rest) % P;
+  if (rest_cols > 0)
+    sch.add([&] {
+      isa::dma_copy(flat(nl::ds(rest, P * rest_cols)).reshape({P, rest_cols}), filled(all, nl::ds(0, rest_cols)));
+    });
+  if (tail > 0)
+    sch.add([&] {
+      isa::dma_copy(flat(nl::ds(rest + P * rest_cols, tail)).reshape({tail, 1}), filled(first(tail), nl::ds(0, 1)));
+    });
+}
+
 /** @brief What scatter_into adds: rows [N, H] at index [N], each times scale[n] when given. */
 struct ScatterSource {
   Tensor rows;
@@ -224,22 +248,8 @@ inline void scatter_into(toolkit::TaskScheduler& sch, toolkit::Budget& budget, c
   toolkit::Ring psum_ring = budget.psum_ring({P, bank}, nl::float32, kPsum, "combined_psum");
   const TileDuplicates dup{R};
 
-  // out = 0, in blocks of consecutive elements viewed as [P, Z] (disjoint extents, so the
-  // transfers are independent), then [P, cols] and a tail of fewer than P elements.
   sch.add_any({[&] { isa::memset(zeros, 0.0, isa::gpsimd_engine); }, [&] { isa::memset(zeros, 0.0, isa::vector_engine); }});
-  const Tensor flat = out.reshape({total});
-  const int64_t Z = zeros.shape()[1], block = P * Z, blocks = total / block;
-  for (int64_t b = 0; b < blocks; ++b)
-    sch.add([&] { isa::dma_copy(flat(nl::ds(b * block, block)).reshape({P, Z}), zeros); });
-  const int64_t rest = blocks * block, rest_cols = (total - rest) / P, tail = (total - rest) % P;
-  if (rest_cols > 0)
-    sch.add([&] {
-      isa::dma_copy(flat(nl::ds(rest, P * rest_cols)).reshape({P, rest_cols}), zeros(all, nl::ds(0, rest_cols)));
-    });
-  if (tail > 0)
-    sch.add([&] {
-      isa::dma_copy(flat(nl::ds(rest + P * rest_cols, tail)).reshape({tail, 1}), zeros(first(tail), nl::ds(0, 1)));
-    });
+  fill_from(sch, out, zeros);
 
   for (const toolkit::RowTile& rt : toolkit::row_tiles(N, P)) {
     const int64_t p = rt.p;

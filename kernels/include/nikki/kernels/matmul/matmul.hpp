@@ -23,8 +23,10 @@ Args:       a, b: HBM tensors of one dtype that nc_matmul accepts (bfloat16, flo
 Returns:    out, a's dtype (the C++ function takes an optional out_dtype).
 Notes:      TensorE contracts over the partition dim, so a's tiles are transposed on chip
             (nc_transpose into PSUM, copied to SBUF) once per row block and reused for every
-            column tile of the output. Row blocks of up to 4 x 128 rows accumulate 4 output tiles
-            [128, 512] at once in fp32 PSUM banks while b streams through in multi-tile chunks
+            column tile of the output. Row blocks of up to 4 x 128 rows (rows_per_block; from
+            Python, the fastest of 2, 3 or 4 by estimated time for the call's shapes and dtype,
+            chosen once per shape and cached) accumulate their output tiles [128, 512] at once
+            in fp32 PSUM banks while b streams through in multi-tile chunks
             (one DMA per chunk), prefetched ahead of the matmuls that read them. The next block's
             transposes overwrite the transposed block k tile by k tile as the current block's
             last column tile has read them, so TensorE never waits for a block to be prepared.
@@ -118,6 +120,11 @@ struct MatmulOptions {
    *  neither. */
   std::optional<Tensor> row_scale, col_scale;
   std::optional<Tensor> out;       // an HBM view [M, N] to write instead of a new output tensor
+  /** Row tiles of 128 per block (1-4), or 0 for the default, 4. Fewer rows per block means more
+   *  passes over b but a smaller transposed block, which for long K may avoid splitting K into
+   *  blocks summed through HBM: which is faster depends on the shape (nikki.kernels.matmul picks
+   *  it by estimated time). */
+  int64_t rows_per_block = 0;
 };
 
 /** @brief out = a @ b (+ bias + residual); see matmul_doc and MatmulOptions. */
@@ -165,7 +172,11 @@ inline Tensor matmul(const Tensor& a, const Tensor& b, const MatmulOptions& opti
 
   // Row tiles per block, each with its own accumulation bank; the other banks take the transposes.
   // More rows per block means fewer passes over b, the dominant DMA traffic.
-  const int64_t TM = std::max<int64_t>(1, std::min<int64_t>({4, MT, ts.psum_num_banks - 2}));
+  check.require(options.rows_per_block >= 0 && options.rows_per_block <= 4,
+                "rows_per_block is " + std::to_string(options.rows_per_block) + ", not 0 (default) or 1-4",
+                "pass a number of 128-row tiles per block from 1 to 4, or 0");
+  const int64_t rows_wanted = options.rows_per_block == 0 ? 4 : options.rows_per_block;
+  const int64_t TM = std::max<int64_t>(1, std::min<int64_t>({rows_wanted, MT, ts.psum_num_banks - 2}));
   const int64_t nn_max = std::min(N, TNW);
   // b streams in chunks of KC k tiles, one DMA each: ~4 KiB per partition amortizes the DMA's
   // fixed cost while keeping the prefetched chunks small.
@@ -464,12 +475,18 @@ inline KernelInfo matmul_info() {
       .doc = matmul_doc,
       .inputs = {"a", "b"},
       .outputs = {"out"},
-      .params = {},
+      .params = {{"rows_per_block", ParamKind::integer, 0,
+                  "128-row tiles per block, 1-4 (0: the fastest by estimated time from Python, else 4)",
+                  /*tune_over=*/{2, 3, 4}}},
       .dtypes = {DType::float32, DType::bfloat16, DType::float16},
       .backward = "",
       .gradient = "grad_a = grad_out @ b^T and grad_b = a^T @ grad_out, by matmul itself (nikki.torch)",
       .saved_outputs = {},
-      .body = [](const KernelCall& c) { return std::vector<Tensor>{matmul(c.inputs[0], c.inputs[1])}; },
+      .body =
+          [](const KernelCall& c) {
+            return std::vector<Tensor>{
+                matmul(c.inputs[0], c.inputs[1], MatmulOptions{.rows_per_block = c.integer("rows_per_block")})};
+          },
       .reference = [](const std::vector<RefTensor>& in,
                       const ParamValues&) { return std::vector<RefTensor>{reference::matmul(in[0], in[1])}; },
       .make_inputs = {},

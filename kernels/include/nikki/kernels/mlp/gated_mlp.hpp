@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "nikki/kernels/mlp/gated_blocks.hpp"
 #include "nikki/kernels/mlp/gated_mlp_reference.hpp"
-#include "nikki/kernels/mlp/transposed_rows.hpp"
 #include "nikki/kernels/toolkit/argument_check.hpp"
 #include "nikki/kernels/toolkit/buffers.hpp"
 #include "nikki/kernels/toolkit/registration.hpp"
@@ -49,15 +49,6 @@ Pseudocode: for each block B of <= 512 tokens:
 
 namespace mlp {
 
-/** The gate's activation on ScalarE for a GateActivation. */
-inline nl::Op activation_op(reference::GateActivation act) {
-  switch (act) {
-    case reference::GateActivation::gelu: return nl::gelu;
-    case reference::GateActivation::gelu_tanh: return nl::gelu_apprx_tanh;
-    default: return nl::silu;
-  }
-}
-
 /** Checks the MLP's operands; returns {T, H, I}. */
 inline std::vector<int64_t> check_operands(const ArgumentCheck& check, const std::vector<Tensor>& in,
                                            const std::vector<std::string>& names) {
@@ -89,139 +80,41 @@ inline std::vector<int64_t> check_operands(const ArgumentCheck& check, const std
 inline Tensor gated_mlp(const std::vector<Tensor>& in, reference::GateActivation act, Loc loc = Loc::current()) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
-  using toolkit::first;
   const ArgumentCheck check("gated_mlp", in.at(0), loc);
   const std::vector<std::string> names{"x", "w_gate", "w_up", "w_down", "b_gate", "b_up", "b_down"};
   const std::vector<int64_t> dims = mlp::check_operands(check, in, names);
   const Tensor &x = in[0], &w_gate = in[1], &w_up = in[2], &w_down = in[3];
   const Tensor &b_gate = in[4], &b_up = in[5], &b_down = in[6];
   const int64_t T = dims[0], H = dims[1], I = dims[2];
-  const nl::TileSize ts = nl::tile_size();
-  const int64_t P = ts.pmax, bank = ts.psum_bank_fmax;  // 128 partitions, 512 fp32 per bank
-  const DType dt = x.dtype();
-  const int64_t es = dtype_size(dt);
-  const int64_t nH = ceil_div(H, P), nI = ceil_div(I, P);
-  const int64_t tpb = ts.psum_bank_fmax_bytes / (P * es);  // 128-wide transposes per PSUM bank
-  const nl::Op act_op = mlp::activation_op(act);
-  Tensor out = nl::ndarray({T, H}, dt, nl::shared_hbm, "out");
+  const int64_t P = nl::tile_size().pmax;
+  Tensor out = nl::ndarray({T, H}, x.dtype(), nl::shared_hbm, "out");
 
-  // --- SBUF: x^T and h^T of a block of tokens stay resident (the weights stream past them); the
-  // block is the widest that fits with the streaming tiles. A weight slab spans as many PSUM
-  // banks of columns as leave the accumulators of the block's tiles in four banks: one bank for
-  // four tiles of tokens (prefill), four (2048 columns, 4 KiB runs at bf16) for one (decode).
-  constexpr int64_t kSlabBanks = 16, kRows = 2, kWork = 2, kGates = 5, kUps = 2, kBiases = 4;
-  auto spans_for = [&](int64_t block) { return std::max<int64_t>(1, 4 / ceil_div(block, P)); };
-  auto footprint = [&](int64_t block) {
-    const int64_t spans = spans_for(block), slabs = std::max<int64_t>(4, kSlabBanks / spans);
-    return (nH + nI) * block * es + (slabs + kBiases) * spans * bank * es + kRows * H * es +
-           (kGates + kUps) * bank * 4 + 2 * kWork * bank * es;
-  };
+  // The block is the widest (up to four tiles of tokens) whose x^T and h^T fit with the
+  // streaming tiles.
   toolkit::Budget budget(check);
-  const int64_t max_block = std::min(4 * P, ceil_div(T, P) * P);
-  std::optional<int64_t> fit;
-  for (int64_t block = max_block; block >= P && !fit; block -= P)
-    if (budget.fits(footprint(block))) fit = block;
-  if (!fit)
-    check.fail("x^T and h^T of 128 tokens (H = " + std::to_string(H) + ", I = " + std::to_string(I) + ", " +
-                   std::string(dtype_name(dt)) + ") do not fit in SBUF",
-               "a block of tokens keeps x^T [H, 128] and h^T [I, 128] on chip: " +
-                   std::to_string(footprint(P) / 1024) + " KiB per partition needed, " +
-                   std::to_string(budget.sbuf_capacity() / 1024) + " KiB available",
-               "split I into parts and sum their outputs (the down projection is linear in h)");
-  const int64_t TB = *fit, spans = spans_for(TB), CW = spans * bank;
-  Tensor xT = budget.sbuf({P, nH, TB}, dt, "x_T");
-  Tensor hT = budget.sbuf({P, nI, TB}, dt, "h_T");
-  toolkit::Ring slab_ring = budget.sbuf_ring({P, CW}, dt, std::max<int64_t>(4, kSlabBanks / spans), "weight_slab");
-  toolkit::Ring row_ring = budget.sbuf_ring({P, H}, dt, kRows, "x_rows");
-  toolkit::Ring bias_ring = budget.sbuf_ring({P, CW}, dt, kBiases, "bias_rows");
-  toolkit::Ring gate_ring = budget.sbuf_ring({P, bank}, nl::float32, kGates, "gate");
-  toolkit::Ring up_ring = budget.sbuf_ring({P, bank}, nl::float32, kUps, "up");
-  toolkit::Ring h_ring = budget.sbuf_ring({P, bank}, dt, kWork, "h");
-  toolkit::Ring o_ring = budget.sbuf_ring({P, bank}, dt, kWork, "out_tile");
-  // --- PSUM (8 banks): six fp32 accumulators [128, 512] and two banks of transposes.
-  toolkit::Ring acc_ring = budget.psum_ring({P, bank}, nl::float32, 6, "accumulator");
-  toolkit::Ring tr_ring = budget.psum_ring({P, tpb, P}, dt, 2, "transposes");
-
+  mlp::GatedBlocks blocks(budget, check, H, I, x.dtype(), act, std::min(4 * P, ceil_div(T, P) * P), P, true);
   toolkit::TaskScheduler sch;
-  const auto all = nl::all;
-  const Engine vector = Engine::vector, gpsimd = Engine::gpsimd;
-  auto bias_rows = [&](const Tensor& bias, int64_t c0, int64_t w) {
-    const Tensor b = bias_ring.next()(all, nl::ds(0, w));
-    sch.add([&] { isa::dma_copy(b, bias(nl::ds(c0, w)).expand_dim(0).broadcast(0, P)); });
-    return b;
-  };
-
+  const int64_t TB = blocks.block();
   for (int64_t b0 = 0; b0 < T; b0 += TB) {
-    const int64_t nb = std::min(TB, T - b0);
-    const std::vector<toolkit::RowTile> tiles = toolkit::row_tiles(nb, P);
-    // x^T of the block: rows -> TensorE transposes (a bank at a time) -> x^T.
-    for (const toolkit::RowTile& rt : tiles) {
-      const int64_t pt = rt.p, t0 = rt.r0;
-      const Tensor rows = row_ring.next()(first(pt), all);
-      sch.add([&] { isa::dma_copy(rows, x(nl::ds(b0 + t0, pt), all)); });
-      mlp::transpose_rows(sch, tr_ring, xT(all, all, nl::ds(t0, pt)), rows);
-    }
-    // accs[i * spans + s] = sum over k of stationary_T[k, tile i]^T @ weight[k, c0 + 512 s ...]:
-    // the weight's rows stream in slabs of w columns, each read by every tile of the block.
-    auto accumulate = [&](const Tensor& weight, const Tensor& stationary_T, int64_t K, int64_t c0, int64_t w) {
-      std::vector<Tensor> accs;
-      for (size_t i = 0; i < tiles.size(); ++i)
-        for (int64_t s = 0; s < spans; ++s) accs.push_back(acc_ring.next());
-      for (int64_t k = 0; k < ceil_div(K, P); ++k) {
-        const int64_t pk = std::min(P, K - k * P);
-        const Tensor slab = slab_ring.next()(first(pk), nl::ds(0, w));
-        sch.add([&] { isa::dma_copy(slab, weight(nl::ds(k * P, pk), nl::ds(c0, w))); });
-        sch.add([&] {
-          for (size_t i = 0; i < tiles.size(); ++i)
-            for (int64_t s = 0; s * bank < w; ++s) {
-              const int64_t ws = std::min(bank, w - s * bank);
-              isa::nc_matmul(accs[i * spans + s](first(tiles[i].p), nl::ds(0, ws)),
-                             stationary_T(first(pk), k, nl::ds(tiles[i].r0, tiles[i].p)), slab(nl::all, nl::ds(s * bank, ws)),
-                             {.accumulate = k > 0});
-            }
-        });
-      }
-      return accs;
+    const std::vector<toolkit::RowTile> tiles = toolkit::row_tiles(std::min(TB, T - b0), P);
+    mlp::GatedBlocks::Io io{
+        .load_rows =
+            [&](const Tensor& rows, size_t i) {
+              sch.add([&] { isa::dma_copy(rows, x(nl::ds(b0 + tiles[i].r0, tiles[i].p), nl::all)); });
+            },
+        .w_gate = mlp::static_blocks(w_gate),
+        .w_up = mlp::static_blocks(w_up),
+        .w_down = mlp::static_blocks(w_down),
+        .b_gate = b_gate,
+        .b_up = b_up,
+        .b_down = b_down,
+        .leave_psum = {},
+        .store =
+            [&](const Tensor& o, size_t i, int64_t c0) {
+              sch.add([&] { isa::dma_copy(out(nl::ds(b0 + tiles[i].r0, tiles[i].p), nl::ds(c0, o.shape()[1])), o); });
+            },
     };
-    // Gate and up, a slab's columns of I at a time; h^T by TensorE transposes.
-    for (int64_t c0 = 0; c0 < I; c0 += CW) {
-      const int64_t w = std::min(CW, I - c0);
-      const Tensor bg = bias_rows(b_gate, c0, w), bu = bias_rows(b_up, c0, w);
-      const std::vector<Tensor> g_acc = accumulate(w_gate, xT, H, c0, w);
-      std::vector<Tensor> gates(g_acc.size());
-      for (size_t i = 0; i < tiles.size(); ++i)
-        for (int64_t s = 0; s * bank < w; ++s) {
-          const int64_t pt = tiles[i].p, ws = std::min(bank, w - s * bank);
-          const Tensor g = gate_ring.next()(first(pt), nl::ds(0, ws)), acc = g_acc[i * spans + s](first(pt), nl::ds(0, ws));
-          sch.add([&] { isa::tensor_tensor(g, acc, bg(first(pt), nl::ds(s * bank, ws)), nl::add); });
-          sch.add([&] { isa::activation(g, act_op, g); });
-          gates[i * spans + s] = g;
-        }
-      const std::vector<Tensor> u_acc = accumulate(w_up, xT, H, c0, w);
-      for (size_t i = 0; i < tiles.size(); ++i)
-        for (int64_t s = 0; s * bank < w; ++s) {
-          const int64_t pt = tiles[i].p, t0 = tiles[i].r0, ws = std::min(bank, w - s * bank);
-          const Tensor u = up_ring.next()(first(pt), nl::ds(0, ws)), h = h_ring.next()(first(pt), nl::ds(0, ws));
-          const Tensor acc = u_acc[i * spans + s](first(pt), nl::ds(0, ws)), gate = gates[i * spans + s];
-          sch.add([&] { isa::tensor_tensor(u, acc, bu(first(pt), nl::ds(s * bank, ws)), nl::add); });
-          sch.add_any({[&] { isa::tensor_tensor(h, gate, u, nl::multiply, gpsimd); },
-                       [&] { isa::tensor_tensor(h, gate, u, nl::multiply, vector); }});
-          mlp::transpose_rows(sch, tr_ring, hT(all, nl::ds((c0 + s * bank) / P, ceil_div(ws, P)), nl::ds(t0, pt)), h);
-        }
-    }
-    // Down, a slab's columns of H at a time, b_down added on the way out of PSUM.
-    for (int64_t c0 = 0; c0 < H; c0 += CW) {
-      const int64_t w = std::min(CW, H - c0);
-      const Tensor bd = bias_rows(b_down, c0, w);
-      const std::vector<Tensor> accs = accumulate(w_down, hT, I, c0, w);
-      for (size_t i = 0; i < tiles.size(); ++i)
-        for (int64_t s = 0; s * bank < w; ++s) {
-          const int64_t pt = tiles[i].p, t0 = tiles[i].r0, ws = std::min(bank, w - s * bank);
-          const Tensor o = o_ring.next()(first(pt), nl::ds(0, ws)), acc = accs[i * spans + s](first(pt), nl::ds(0, ws));
-          sch.add([&] { isa::tensor_tensor(o, acc, bd(first(pt), nl::ds(s * bank, ws)), nl::add); });
-          sch.add([&] { isa::dma_copy(out(nl::ds(b0 + t0, pt), nl::ds(c0 + s * bank, ws)), o); });
-        }
-    }
+    blocks.run(sch, tiles, io);
   }
   sch.run();
   return out;

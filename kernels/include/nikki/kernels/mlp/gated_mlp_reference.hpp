@@ -25,6 +25,23 @@ inline double gate_activation(GateActivation act, double g) {
   return 0;
 }
 
+/** @brief act'(g), the derivative of gate_activation. */
+inline double gate_activation_slope(GateActivation act, double g) {
+  switch (act) {
+    case GateActivation::silu: {
+      const double s = 1 / (1 + std::exp(-g));
+      return s * (1 + g * (1 - s));
+    }
+    case GateActivation::gelu:
+      return 0.5 * std::erfc(-g / std::numbers::sqrt2) + g * std::exp(-0.5 * g * g) / std::sqrt(2 * std::numbers::pi);
+    case GateActivation::gelu_tanh: {
+      const double c = std::sqrt(2 / std::numbers::pi), t = std::tanh(c * (g + 0.044715 * g * g * g));
+      return 0.5 * (1 + t) + 0.5 * g * (1 - t * t) * c * (1 + 3 * 0.044715 * g * g);
+    }
+  }
+  return 0;
+}
+
 /** @brief out = (act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down, for x [T, H],
  *  w_gate, w_up [H, I], w_down [I, H], b_gate, b_up [I], b_down [H]. */
 inline RefTensor gated_mlp(const RefTensor& x, const RefTensor& w_gate, const RefTensor& w_up, const RefTensor& w_down,

@@ -140,6 +140,12 @@ class ColumnSums {
   Tensor cols_, rows_, last_;
 };
 
+/** @brief Where the backward writes its row gradients when the caller gives them (HBM views
+ *  [R, H] of its own outputs, e.g. a [B, S, H] output's rows); new outputs otherwise. */
+struct BackwardInto {
+  std::optional<Tensor> grad_x, grad_residual;
+};
+
 /**
  * @brief The backward of layernorm / rmsnorm: {grad_x, grad_gamma, grad_beta} (layernorm) or
  * {grad_x, grad_gamma} (rmsnorm). With grad_sum (the backward of a residual add fused before
@@ -149,7 +155,8 @@ class ColumnSums {
  */
 inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& gamma, const std::optional<Tensor>& mean,
                                     const Tensor& rstd, const Tensor& dy, Loc loc,
-                                    const std::optional<Tensor>& grad_sum = std::nullopt) {
+                                    const std::optional<Tensor>& grad_sum = std::nullopt,
+                                    const BackwardInto& into = {}) {
   const ArgumentCheck check((grad_sum ? std::string("add_") : std::string()) + kind_name(kind) + "_bwd", x, loc);
   if (grad_sum)
     check.require(grad_sum->shape() == x.shape() && grad_sum->dtype() == x.dtype(),
@@ -171,9 +178,9 @@ inline std::vector<Tensor> backward(Kind kind, const Tensor& x, const Tensor& ga
   const DType xd = x.dtype(), dd = dy.dtype(), gd = gamma.dtype();
   const BackwardMath math{kind, H};
 
-  Tensor grad_x = nl::ndarray({R, H}, xd, nl::shared_hbm, "grad_x");
+  Tensor grad_x = into.grad_x ? *into.grad_x : nl::ndarray({R, H}, xd, nl::shared_hbm, "grad_x");
   std::optional<Tensor> grad_residual;
-  if (grad_sum) grad_residual = nl::ndarray({R, H}, xd, nl::shared_hbm, "grad_residual");
+  if (grad_sum) grad_residual = into.grad_residual ? *into.grad_residual : nl::ndarray({R, H}, xd, nl::shared_hbm, "grad_residual");
   Tensor grad_gamma = nl::ndarray({H}, gd, nl::shared_hbm, "grad_gamma");
   std::optional<Tensor> grad_beta;
   if (layer) grad_beta = nl::ndarray({H}, gd, nl::shared_hbm, "grad_beta");

@@ -320,8 +320,8 @@ inline KernelInfo selective_scan_info() {
       .params = {{"delta_softplus", ParamKind::boolean, 0, "dt = softplus(delta + delta_bias)"},
                  {"gate", ParamKind::boolean, 0, "multiply y by silu(z)"}},
       .dtypes = {DType::float32, DType::bfloat16, DType::float16},
-      .backward = "",
-      .gradient = "forward only: no backward kernel yet (nikki.torch.selective_scan is not differentiable)",
+      .backward = "selective_scan_bwd",
+      .gradient = "",
       .saved_outputs = {},
       .body =
           [](const KernelCall& c) {

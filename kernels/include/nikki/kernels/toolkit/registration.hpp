@@ -39,6 +39,11 @@ struct ParamSpec {
   ParamKind kind = ParamKind::real;
   double default_value = 0;  // ignored for optional_real, whose default is "not given"
   std::string doc;
+  /** Values a caller from Python may leave to nikki: a parameter left at its default 0 is set to
+   *  the one of these with the lowest estimated time for the call's shapes (nikki.autotune's
+   *  choice, cached per shape). Only for integer tiling choices that leave the results'
+   *  meaning unchanged; empty for every other parameter. */
+  std::vector<double> tune_over = {};
 };
 
 /** @brief Parameter values for one call; missing names take their defaults. */
@@ -279,6 +284,9 @@ inline std::vector<std::string> missing_registration(const KernelInfo& k, const 
   for (const std::string& u : k.updated_inputs)
     if (std::find(k.inputs.begin(), k.inputs.end(), u) == k.inputs.end())
       missing.push_back("input '" + u + "' updated in place");
+  for (const ParamSpec& p : k.params)
+    if (!p.tune_over.empty() && (p.kind != ParamKind::integer || p.default_value != 0))
+      missing.push_back("tuned parameter '" + p.name + "' as an integer whose default 0 means 'choose'");
   bool is_backward = false;
   for (const KernelInfo& other : all) is_backward = is_backward || other.backward == k.name;
   if (!is_backward && k.backward.empty() && k.gradient.empty()) missing.push_back("backward (or a gradient note)");

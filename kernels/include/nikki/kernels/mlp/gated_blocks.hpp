@@ -1,0 +1,225 @@
+// The gated MLP's schedule for one block of tokens, shared by the dense MLP (gated_mlp) and the
+// mixture-of-experts kernels, whose blocks are one expert's gathered tokens: x^T and h^T of the
+// block stay in SBUF while the weights stream past them in slabs.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nikki/kernels/mlp/gated_mlp_reference.hpp"
+#include "nikki/kernels/mlp/transposed_rows.hpp"
+#include "nikki/kernels/toolkit/argument_check.hpp"
+#include "nikki/kernels/toolkit/buffers.hpp"
+#include "nikki/kernels/toolkit/registration.hpp"
+#include "nikki/kernels/toolkit/task_scheduler.hpp"
+#include "nikki/kernels/toolkit/tiling.hpp"
+
+namespace nikki::kernels::mlp {
+
+/** @brief The gate's activation on ScalarE for a GateActivation. */
+inline nl::Op activation_op(reference::GateActivation act) {
+  switch (act) {
+    case reference::GateActivation::gelu: return nl::gelu;
+    case reference::GateActivation::gelu_tanh: return nl::gelu_apprx_tanh;
+    default: return nl::silu;
+  }
+}
+
+/** @brief Rows [r0, r0 + rows) and columns [c0, c0 + cols) of a weight matrix in HBM: a static
+ *  slice, or a view whose start is read at run time (an expert's matrix). */
+using MatrixBlock = std::function<Tensor(int64_t r0, int64_t rows, int64_t c0, int64_t cols)>;
+
+/** @brief The blocks of a 2-D HBM tensor as static slices. */
+inline MatrixBlock static_blocks(const Tensor& m) {
+  return [m](int64_t r0, int64_t rows, int64_t c0, int64_t cols) { return m(nl::ds(r0, rows), nl::ds(c0, cols)); };
+}
+
+/**
+ * @brief The on-chip buffers and the schedule of the gated MLP over blocks of up to 512 tokens
+ * (see gated_mlp_doc): x^T and h^T of a block resident, weight slabs of `width()` columns (as
+ * many PSUM banks as leave the block's accumulators in four banks), fp32 accumulators in PSUM.
+ */
+class GatedBlocks {
+ public:
+  /** What a block reads and where its results go. Callbacks record tasks on the scheduler. */
+  struct Io {
+    /** Fills `rows` ([p, H], the block's tile `tile`) with the tokens' hidden states. */
+    std::function<void(const Tensor& rows, size_t tile)> load_rows;
+    MatrixBlock w_gate, w_up, w_down;  // [H, I], [H, I], [I, H]
+    /** HBM biases [I], [I], [H], all or none; added as the accumulators leave PSUM. */
+    std::optional<Tensor> b_gate, b_up, b_down;
+    /** Without biases: o = the down projection's accumulator `acc` of tile `tile`, as it leaves PSUM. */
+    std::function<void(const Tensor& o, const Tensor& acc, size_t tile)> leave_psum;
+    /** Stores `o` ([p, w]): tile `tile`'s output columns [c0, c0 + w). */
+    std::function<void(const Tensor& o, size_t tile, int64_t c0)> store;
+  };
+
+  /**
+   * Plans and reserves the buffers for blocks of the largest size in [min_block, max_block]
+   * (multiples of 128) that fits in what `budget` has left; a KernelError at `check`'s call when
+   * not even min_block fits.
+   */
+  GatedBlocks(toolkit::Budget& budget, const ArgumentCheck& check, int64_t H, int64_t I, DType dt,
+              reference::GateActivation act, int64_t max_block, int64_t min_block, bool biases)
+      : H_(H), I_(I), dt_(dt), act_op_(activation_op(act)), biases_(biases) {
+    const nl::TileSize ts = nl::tile_size();
+    P_ = ts.pmax;
+    bank_ = ts.psum_bank_fmax;
+    const int64_t es = dtype_size(dt);
+    nH_ = ceil_div(H, P_);
+    nI_ = ceil_div(I, P_);
+    const int64_t tpb = ts.psum_bank_fmax_bytes / (P_ * es);  // 128-wide transposes per PSUM bank
+    auto footprint = [&](int64_t block) { return GatedBlocks::footprint(H, I, dt, block, biases); };
+    std::optional<int64_t> fit;
+    for (int64_t block = max_block; block >= min_block && !fit; block -= P_)
+      if (budget.fits(footprint(block))) fit = block;
+    if (!fit)
+      check.fail("x^T and h^T of " + std::to_string(min_block) + " tokens (H = " + std::to_string(H) +
+                     ", I = " + std::to_string(I) + ", " + std::string(dtype_name(dt)) + ") do not fit in SBUF",
+                 "a block of tokens keeps x^T [H, " + std::to_string(min_block) + "] and h^T [I, " +
+                     std::to_string(min_block) + "] on chip: " + std::to_string(footprint(min_block) / 1024) +
+                     " KiB per partition needed, " + std::to_string(budget.sbuf_capacity() / 1024) +
+                     " KiB available",
+                 "split I into parts and sum their outputs (the down projection is linear in h)");
+    block_ = *fit;
+    spans_ = spans_for(block_, P_);
+    width_ = spans_ * bank_;
+    xT_ = budget.sbuf({P_, nH_, block_}, dt, "x_T");
+    hT_ = budget.sbuf({P_, nI_, block_}, dt, "h_T");
+    slab_ring_ = budget.sbuf_ring({P_, width_}, dt, std::max<int64_t>(4, kSlabBanks / spans_), "weight_slab");
+    row_ring_ = budget.sbuf_ring({P_, H}, dt, kRows, "x_rows");
+    if (biases) bias_ring_ = budget.sbuf_ring({P_, width_}, dt, kBiases, "bias_rows");
+    gate_ring_ = budget.sbuf_ring({P_, bank_}, nl::float32, kGates, "gate");
+    up_ring_ = budget.sbuf_ring({P_, bank_}, nl::float32, kUps, "up");
+    h_ring_ = budget.sbuf_ring({P_, bank_}, dt, kWork, "h");
+    o_ring_ = budget.sbuf_ring({P_, bank_}, dt, kWork, "out_tile");
+    // PSUM (8 banks): six fp32 accumulators [128, 512] and two banks of transposes.
+    acc_ring_ = budget.psum_ring({P_, bank_}, nl::float32, 6, "accumulator");
+    tr_ring_ = budget.psum_ring({P_, tpb, P_}, dt, 2, "transposes");
+  }
+
+  /** @brief SBUF bytes per partition the buffers of blocks of `block` tokens take. */
+  static int64_t footprint(int64_t H, int64_t I, DType dt, int64_t block, bool biases) {
+    const nl::TileSize ts = nl::tile_size();
+    const int64_t P = ts.pmax, bank = ts.psum_bank_fmax, es = dtype_size(dt);
+    const int64_t spans = spans_for(block, P), slabs = std::max<int64_t>(4, kSlabBanks / spans);
+    return (ceil_div(H, P) + ceil_div(I, P)) * block * es + (slabs + (biases ? kBiases : 0)) * spans * bank * es +
+           kRows * H * es + (kGates + kUps) * bank * 4 + 2 * kWork * bank * es;
+  }
+
+  /** @brief Tokens per block. */
+  int64_t block() const { return block_; }
+
+  /** @brief Records one block: `tiles` are its row tiles (r0 relative to the block). */
+  void run(toolkit::TaskScheduler& sch, const std::vector<toolkit::RowTile>& tiles, const Io& io) {
+    using toolkit::first;
+    const auto all = nl::all;
+    const Engine vector = Engine::vector, gpsimd = Engine::gpsimd;
+    const int64_t P = P_, bank = bank_, spans = spans_, CW = width_;
+    auto bias_rows = [&](const Tensor& bias, int64_t c0, int64_t w) {
+      const Tensor b = bias_ring_.next()(all, nl::ds(0, w));
+      sch.add([&] { isa::dma_copy(b, bias(nl::ds(c0, w)).expand_dim(0).broadcast(0, P)); });
+      return b;
+    };
+    // x^T of the block: rows -> TensorE transposes (a bank at a time) -> x^T.
+    for (size_t i = 0; i < tiles.size(); ++i) {
+      const int64_t pt = tiles[i].p, t0 = tiles[i].r0;
+      const Tensor rows = row_ring_.next()(first(pt), all);
+      io.load_rows(rows, i);
+      transpose_rows(sch, tr_ring_, xT_(all, all, nl::ds(t0, pt)), rows);
+    }
+    // accs[i * spans + s] = sum over k of stationary_T[k, tile i]^T @ weight[k, c0 + 512 s ...]:
+    // the weight's rows stream in slabs of w columns, each read by every tile of the block.
+    auto accumulate = [&](const MatrixBlock& weight, const Tensor& stationary_T, int64_t K, int64_t c0, int64_t w) {
+      std::vector<Tensor> accs;
+      for (size_t i = 0; i < tiles.size(); ++i)
+        for (int64_t s = 0; s < spans; ++s) accs.push_back(acc_ring_.next());
+      for (int64_t k = 0; k < ceil_div(K, P); ++k) {
+        const int64_t pk = std::min(P, K - k * P);
+        const Tensor slab = slab_ring_.next()(first(pk), nl::ds(0, w));
+        sch.add([&] { isa::dma_copy(slab, weight(k * P, pk, c0, w)); });
+        sch.add([&] {
+          for (size_t i = 0; i < tiles.size(); ++i)
+            for (int64_t s = 0; s * bank < w; ++s) {
+              const int64_t ws = std::min(bank, w - s * bank);
+              isa::nc_matmul(accs[i * spans + s](first(tiles[i].p), nl::ds(0, ws)),
+                             stationary_T(first(pk), k, nl::ds(tiles[i].r0, tiles[i].p)),
+                             slab(nl::all, nl::ds(s * bank, ws)), {.accumulate = k > 0});
+            }
+        });
+      }
+      return accs;
+    };
+    // Gate and up, a slab's columns of I at a time; h^T by TensorE transposes.
+    for (int64_t c0 = 0; c0 < I_; c0 += CW) {
+      const int64_t w = std::min(CW, I_ - c0);
+      std::optional<Tensor> bg, bu;
+      if (biases_) bg = bias_rows(*io.b_gate, c0, w), bu = bias_rows(*io.b_up, c0, w);
+      const std::vector<Tensor> g_acc = accumulate(io.w_gate, xT_, H_, c0, w);
+      std::vector<Tensor> gates(g_acc.size());
+      for (size_t i = 0; i < tiles.size(); ++i)
+        for (int64_t s = 0; s * bank < w; ++s) {
+          const int64_t pt = tiles[i].p, ws = std::min(bank, w - s * bank);
+          const Tensor g = gate_ring_.next()(first(pt), nl::ds(0, ws)), acc = g_acc[i * spans + s](first(pt), nl::ds(0, ws));
+          if (bg) {
+            sch.add([&] { isa::tensor_tensor(g, acc, (*bg)(first(pt), nl::ds(s * bank, ws)), nl::add); });
+            sch.add([&] { isa::activation(g, act_op_, g); });
+          } else {
+            sch.add([&] { isa::activation(g, act_op_, acc); });
+          }
+          gates[i * spans + s] = g;
+        }
+      const std::vector<Tensor> u_acc = accumulate(io.w_up, xT_, H_, c0, w);
+      for (size_t i = 0; i < tiles.size(); ++i)
+        for (int64_t s = 0; s * bank < w; ++s) {
+          const int64_t pt = tiles[i].p, t0 = tiles[i].r0, ws = std::min(bank, w - s * bank);
+          const Tensor acc = u_acc[i * spans + s](first(pt), nl::ds(0, ws)), gate = gates[i * spans + s];
+          if (bu) {
+            const Tensor u = up_ring_.next()(first(pt), nl::ds(0, ws)), h = h_ring_.next()(first(pt), nl::ds(0, ws));
+            sch.add([&] { isa::tensor_tensor(u, acc, (*bu)(first(pt), nl::ds(s * bank, ws)), nl::add); });
+            sch.add_any({[&] { isa::tensor_tensor(h, gate, u, nl::multiply, gpsimd); },
+                         [&] { isa::tensor_tensor(h, gate, u, nl::multiply, vector); }});
+            transpose_rows(sch, tr_ring_, hT_(all, nl::ds((c0 + s * bank) / P, ceil_div(ws, P)), nl::ds(t0, pt)), h);
+          } else {
+            const Tensor h = h_ring_.next()(first(pt), nl::ds(0, ws));
+            sch.add([&] { isa::tensor_tensor(h, gate, acc, nl::multiply, vector); });
+            transpose_rows(sch, tr_ring_, hT_(all, nl::ds((c0 + s * bank) / P, ceil_div(ws, P)), nl::ds(t0, pt)), h);
+          }
+        }
+    }
+    // Down, a slab's columns of H at a time, b_down added on the way out of PSUM.
+    for (int64_t c0 = 0; c0 < H_; c0 += CW) {
+      const int64_t w = std::min(CW, H_ - c0);
+      std::optional<Tensor> bd;
+      if (biases_) bd = bias_rows(*io.b_down, c0, w);
+      const std::vector<Tensor> accs = accumulate(io.w_down, hT_, I_, c0, w);
+      for (size_t i = 0; i < tiles.size(); ++i)
+        for (int64_t s = 0; s * bank < w; ++s) {
+          const int64_t pt = tiles[i].p, ws = std::min(bank, w - s * bank);
+          const Tensor o = o_ring_.next()(first(pt), nl::ds(0, ws)), acc = accs[i * spans + s](first(pt), nl::ds(0, ws));
+          if (bd) sch.add([&] { isa::tensor_tensor(o, acc, (*bd)(first(pt), nl::ds(s * bank, ws)), nl::add); });
+          else io.leave_psum(o, acc, i);
+          io.store(o, i, c0 + s * bank);
+        }
+    }
+  }
+
+ private:
+  /** A weight slab spans as many PSUM banks of columns as leave the accumulators of the block's
+   *  tiles in four banks: one for four tiles of tokens, four (2048 columns) for one (decode). */
+  static int64_t spans_for(int64_t block, int64_t P) { return std::max<int64_t>(1, 4 / ceil_div(block, P)); }
+  static constexpr int64_t kSlabBanks = 16, kRows = 2, kWork = 2, kGates = 5, kUps = 2, kBiases = 4;
+  int64_t H_, I_;
+  DType dt_;
+  nl::Op act_op_;
+  bool biases_;
+  int64_t P_ = 0, bank_ = 0, nH_ = 0, nI_ = 0, block_ = 0, spans_ = 1, width_ = 0;
+  Tensor xT_, hT_;
+  toolkit::Ring slab_ring_, row_ring_, bias_ring_, gate_ring_, up_ring_, h_ring_, o_ring_, acc_ring_, tr_ring_;
+};
+
+}  // namespace nikki::kernels::mlp

@@ -1,0 +1,126 @@
+"""moe_prefill against a float64 PyTorch loop over experts: Mixtral-like routing (top-2 of 8),
+unbalanced and degenerate routing (every token on one expert, experts with no token, slots that
+route nowhere, an expert named twice by a token), every block size and the kernel's choice,
+token counts crossing block boundaries, the three gate activations, 16-bit dtypes, and the
+argument errors of the kernel and of nikki.torch.moe_prefill."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import nikki  # noqa: E402
+import nikki.kernels as K  # noqa: E402
+import nikki.torch as nt  # noqa: E402
+
+F = torch.nn.functional
+ACTS = {"silu": F.silu, "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh")}
+
+
+def _want(x, ids, weights, w_gate, w_up, w_down, act="silu"):
+    """The textbook loop over experts in float64."""
+    x, weights = x.double(), weights.double()
+    w_gate, w_up, w_down = w_gate.double(), w_up.double(), w_down.double()
+    out = torch.zeros_like(x)
+    ids = ids.long()
+    for e in range(w_gate.shape[0]):
+        for t in range(x.shape[0]):
+            slots = ids[t] == e
+            if not slots.any():
+                continue
+            h = ACTS[act](x[t] @ w_gate[e]) * (x[t] @ w_up[e])
+            out[t] += weights[t][slots].sum() * (h @ w_down[e])
+    return out
+
+
+def _operands(t, h, i, e, k, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(t, h, generator=g).to(dtype)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(t)]).to(torch.int32)
+    weights = torch.softmax(torch.randn(t, k, generator=g), -1)
+    w_gate = (torch.randn(e, h, i, generator=g) / h**0.5).to(dtype)
+    w_up = (torch.randn(e, h, i, generator=g) / h**0.5).to(dtype)
+    w_down = (torch.randn(e, i, h, generator=g) / i**0.5).to(dtype)
+    return x, ids, weights, w_gate, w_up, w_down
+
+
+def _check(x, ids, weights, w_gate, w_up, w_down, act="silu", block_size=0, tol=(1e-4, 1e-4)):
+    got = nt.moe_prefill(x, ids, weights, w_gate, w_up, w_down, activation=act, block_size=block_size)
+    assert got.dtype == x.dtype and got.shape == x.shape
+    want = _want(x, ids, weights, w_gate, w_up, w_down, act)
+    torch.testing.assert_close(got.double(), want, rtol=tol[0], atol=tol[1])
+
+
+@pytest.mark.parametrize("t,h,i,e,k,block", [(1, 8, 16, 1, 1, 0), (130, 72, 200, 8, 2, 128), (129, 40, 130, 8, 2, 0),
+                                             (300, 64, 96, 6, 3, 128), (257, 32, 64, 4, 2, 256),
+                                             (200, 24, 40, 16, 8, 128), (520, 16, 32, 2, 1, 512)])
+def test_matches_a_loop_over_experts(t, h, i, e, k, block):
+    _check(*_operands(t, h, i, e, k, seed=t + e), block_size=block)
+
+
+def test_every_token_on_one_expert_and_experts_without_tokens():
+    x, ids, weights, wg, wu, wd = _operands(300, 32, 48, 8, 2, seed=1)
+    ids[:, 0] = 5                               # expert 5 gets every token: three blocks of 128
+    ids[:, 1] = torch.where(ids[:, 1] == 5, 6, ids[:, 1]) % 3   # experts 3, 4 and 7 get none
+    _check(x, ids, weights, wg, wu, wd, block_size=128)
+
+
+def test_slots_that_route_nowhere_and_an_expert_named_twice():
+    x, ids, weights, wg, wu, wd = _operands(150, 24, 40, 4, 3, seed=2)
+    ids[::3, 1] = -1
+    ids[1::3, 2] = 4            # == E: routes nowhere
+    ids[2::3, 2] = ids[2::3, 0]  # the same expert twice: its weights add
+    _check(x, ids, weights, wg, wu, wd)
+    x[:, :] = 0
+    ids[:] = -1                  # nothing routed: zeros
+    assert torch.equal(nt.moe_prefill(x, ids, weights, wg, wu, wd), torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("act", ["gelu", "gelu_tanh"])
+def test_gelu_activations(act):
+    _check(*_operands(140, 40, 72, 5, 2, seed=3), act=act)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, (3e-2, 5e-2)), (torch.float16, (4e-3, 6e-3))])
+def test_16_bit_dtypes(dtype, tol):
+    _check(*_operands(200, 64, 128, 8, 2, seed=4, dtype=dtype), tol=tol)
+
+
+def test_leading_dims_and_int64_ids_through_nikki_torch():
+    x, ids, weights, wg, wu, wd = _operands(96, 16, 32, 4, 2, seed=5)
+    got = nt.moe_prefill(x.reshape(4, 24, 16), ids.long().reshape(4, 24, 2), weights.reshape(4, 24, 2), wg, wu, wd)
+    want = _want(x, ids, weights, wg, wu, wd)
+    torch.testing.assert_close(got.reshape(96, 16).double(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_kernel_argument_errors_name_the_argument_and_the_limit():
+    x, ids, weights, wg, wu, wd = (a.numpy() for a in _operands(8, 16, 32, 4, 2, seed=6))
+    with pytest.raises(nikki.KernelError, match=r"moe_prefill: expert_ids must be int32 \[T, k\]"):
+        K.moe_prefill(x, ids.astype(np.float32), weights, wg, wu, wd)
+    with pytest.raises(nikki.KernelError, match=r"moe_prefill: block_size is 100") as err:
+        K.moe_prefill(x, ids, weights, wg, wu, wd, block_size=100)
+    assert "0, 128, 256 or 512" in str(err.value)
+    with pytest.raises(nikki.KernelError, match=r"moe_prefill: 'w_down' must have shape \[4, 32, 16\]"):
+        K.moe_prefill(x, ids, weights, wg, wu, wd[:, :16])
+    with pytest.raises(nikki.KernelError, match=r"moe_prefill: 'w_up' is float16 but x is float32"):
+        K.moe_prefill(x, ids, weights, wg, wu.astype(np.float16), wd)
+    with pytest.raises(nikki.KernelError, match=r"moe_prefill: expert_ids has k = 9 slots") as err:
+        nikki.estimate(K.moe_prefill, nikki.spec((8, 16), "float32"), nikki.spec((8, 9), "int32"),
+                       nikki.spec((8, 9), "float32"), nikki.spec((16, 16, 32), "float32"),
+                       nikki.spec((16, 16, 32), "float32"), nikki.spec((16, 32, 16), "float32"))
+    assert "top-k up to 8" in str(err.value)
+    with pytest.raises(nikki.KernelError, match=r"moe_prefill: w_gate has 129 experts") as err:
+        nikki.estimate(K.moe_prefill, nikki.spec((8, 16), "float32"), nikki.spec((8, 2), "int32"),
+                       nikki.spec((8, 2), "float32"), nikki.spec((129, 16, 32), "float32"),
+                       nikki.spec((129, 16, 32), "float32"), nikki.spec((129, 32, 16), "float32"))
+    assert "at most 128 experts" in str(err.value)
+
+
+def test_torch_wrapper_argument_errors():
+    x, ids, weights, wg, wu, wd = _operands(8, 16, 32, 4, 2, seed=7)
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.moe_prefill: activation"):
+        nt.moe_prefill(x, ids, weights, wg, wu, wd, activation="relu")
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.moe_prefill: expert_ids must be an integer tensor"):
+        nt.moe_prefill(x, ids.float(), weights, wg, wu, wd)
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.moe_prefill: weights"):
+        nt.moe_prefill(x, ids, weights[:, :1], wg, wu, wd)
