@@ -13,6 +13,7 @@
 #include "library_bindings.hpp"
 #include "program_introspection.hpp"
 #include "nikki/builder.hpp"
+#include "nikki/ir_attributes.hpp"
 #include "nikki/ir_printer.hpp"
 #include "nikki/jit/cache.hpp"
 #include "nikki/jit/compile.hpp"
@@ -41,9 +42,9 @@ struct Register {
   RegisterId id;
 };
 
-Operand to_operand(const py::handle& h) {
+Operand to_operand(KernelBuilder& b, const py::handle& h) {
   if (h.is_none()) return Operand::none();
-  if (py::isinstance<AccessPattern>(h)) return Operand::tensor(h.cast<const AccessPattern&>());
+  if (py::isinstance<AccessPattern>(h)) return b.operand(h.cast<const AccessPattern&>());
   if (py::isinstance<Register>(h)) return Operand::reg_(h.cast<const Register&>().id);
   if (py::isinstance<py::bool_>(h)) return Operand::immediate(h.cast<bool>() ? 1.0 : 0.0);
   return Operand::immediate(h.cast<double>());
@@ -78,38 +79,47 @@ void check_user_operands(const KernelBuilder& b, const Instruction& inst) {
   }
 }
 
-void set_attribute(Attributes& a, const std::string& key, const py::handle& v) {
-  if (key == "op0") a.op0 = alu_of(v);
-  else if (key == "op1") a.op1 = alu_of(v);
-  else if (key == "func") a.func = v.cast<ActFunc>();
-  else if (key == "reduce_op") a.reduce_op = alu_of(v);
-  else if (key == "reduce_cmd") a.reduce_cmd = v.cast<ReduceCmd>();
-  else if (key == "cmp_op") a.cmp_op = alu_of(v);
-  else if (key == "accumulate") a.accumulate = v.cast<Accumulate>();
-  else if (key == "reverse0") a.reverse0 = v.cast<bool>();
-  else if (key == "reverse1") a.reverse1 = v.cast<bool>();
-  else if (key == "negate") a.negate = v.cast<bool>();
-  else if (key == "keepdims") a.keepdims = v.cast<bool>();
-  else if (key == "reverse_pred") a.reverse_pred = v.cast<bool>();
-  else if (key == "is_transpose") a.is_transpose = v.cast<bool>();
-  else if (key == "is_stationary_onezero") a.is_stationary_onezero = v.cast<bool>();
-  else if (key == "is_moving_onezero") a.is_moving_onezero = v.cast<bool>();
-  else if (key == "axes") a.axes = v.cast<uint32_t>();
-  else if (key == "offset") a.offset = int64_from_python(v, "offset");
-  else if (key == "channel_multiplier") a.channel_multiplier = int64_from_python(v, "channel_multiplier");
-  else if (key == "pattern") {
-    for (const py::handle& pair : v) {
-      const py::sequence seq = py::reinterpret_borrow<py::sequence>(pair);
-      if (seq.size() != 2) throw ViewError{"pattern entries are [step, num] pairs", {}, {}};
-      a.pattern.push_back({int64_from_python(seq[0], "pattern step"), int64_from_python(seq[1], "pattern num")});
+/**
+ * Sets the attribute `key` (its opcodes.hpp name) of an instruction being built from a Python
+ * value of the attribute's type. An attribute the opcode does not use is a bug of the front end.
+ */
+void set_attribute(KernelBuilder& b, Instruction& inst, std::string_view key, const py::handle& v) {
+  const std::optional<Attr> found = find_attr(key);
+  if (!found) throw std::invalid_argument(fmt::format("unknown instruction attribute: {}", key));
+  const Attr a = *found;
+  if (!inst.spec().uses(a))
+    throw std::invalid_argument(fmt::format("{} has no attribute {}", opcode_name(inst.opcode), key));
+  switch (attr_spec(a).type) {
+    case AttrType::alu_op: return set_attr_int(b.kernel_for_update(), inst, a, int64_t(v.cast<AluOp>()));
+    case AttrType::act_func: return set_attr_int(b.kernel_for_update(), inst, a, int64_t(v.cast<ActFunc>()));
+    case AttrType::reduce_cmd: return set_attr_int(b.kernel_for_update(), inst, a, int64_t(v.cast<ReduceCmd>()));
+    case AttrType::accumulate: return set_attr_int(b.kernel_for_update(), inst, a, int64_t(v.cast<Accumulate>()));
+    case AttrType::flag: return set_attr_int(b.kernel_for_update(), inst, a, v.cast<bool>());
+    case AttrType::axes: return set_attr_int(b.kernel_for_update(), inst, a, v.cast<uint32_t>());
+    case AttrType::integer: {
+      const int64_t value = int64_from_python(v, key);
+      if (value < attr_int_min(a) || value > attr_int_max(a))
+        throw ViewError{fmt::format("{} {} is out of range", key, value), {}, {}};
+      return set_attr_int(b.kernel_for_update(), inst, a, value);
     }
-  } else if (key == "lanes") a.lanes = v.cast<std::vector<int32_t>>();
-  else if (key == "fill_value") a.fill_value = v.cast<double>();
-  else if (key == "oob_skip") a.oob_skip = v.cast<bool>();
-  else if (key == "step") a.step = int64_from_python(v, "step");
-  else if (key == "jump") a.jump = v.cast<int32_t>();
-  else if (key == "text") a.text = v.cast<std::string>();
-  else throw std::invalid_argument("unknown instruction attribute: " + key);
+    case AttrType::real: b.rare(inst).fill_value = v.cast<double>(); return;
+    case AttrType::text: b.rare(inst).text = v.cast<std::string>(); return;
+    case AttrType::pattern: {
+      std::vector<Dim> pattern;
+      for (const py::handle& pair : v) {
+        const py::sequence seq = py::reinterpret_borrow<py::sequence>(pair);
+        if (seq.size() != 2) throw ViewError{"pattern entries are [step, num] pairs", {}, {}};
+        pattern.push_back({int64_from_python(seq[0], "pattern step"), int64_from_python(seq[1], "pattern num")});
+      }
+      if (!pattern.empty()) b.rare(inst).pattern = std::move(pattern);
+      return;
+    }
+    case AttrType::lanes: {
+      std::vector<int32_t> lanes = v.cast<std::vector<int32_t>>();
+      if (!lanes.empty()) b.rare(inst).lanes = std::move(lanes);
+      return;
+    }
+  }
 }
 
 /** A compiled kernel plus its executor (NIKKI_EXECUTOR: native by default), created on first run;
@@ -490,11 +500,11 @@ PYBIND11_MODULE(_core, m) {
                inst.opcode = op;
                inst.engine = engine;
                inst.loc = loc;
-               inst.name = std::move(name);
+               b.set_name(inst, name);
                const size_t n = operands.size();
-               for (size_t i = 0; i < n && i < size_t(kMaxSlots); ++i) inst.operands[i] = to_operand(operands[i]);
+               for (size_t i = 0; i < n && i < size_t(kMaxSlots); ++i) inst.operands[i] = to_operand(b, operands[i]);
                try {
-                 for (auto item : attrs) set_attribute(inst.attrs, item.first.cast<std::string>(), item.second);
+                 for (auto item : attrs) set_attribute(b, inst, py::str(item.first).cast<std::string_view>(), item.second);
                } catch (const ViewError& e) {  // an attribute out of range: the user's line is `loc`
                  throw KernelError(fmt::format("{}: {}", opcode_name(op), e.what), b.source(loc),
                                    std::string(opcode_name(op)), e.limit, e.hint);
@@ -503,25 +513,22 @@ PYBIND11_MODULE(_core, m) {
              });
              return b.kernel().instructions.size() - 1;
            })
-      .def("set_jump",
-           [](KernelBuilder& b, size_t index, int32_t target) {
-             const_cast<Instruction&>(b.kernel().instructions.at(index)).attrs.jump = target;
-           })
+      .def("set_jump", [](KernelBuilder& b, int32_t index, int32_t target) { b.set_jump(index, target); })
       .def("instruction_opcode", [](const KernelBuilder& b, size_t i) { return b.kernel().instructions.at(i).opcode; })
       .def("instruction_operand",
            [](const KernelBuilder& b, size_t i, int slot) -> py::object {
              const Operand& o = b.kernel().instructions.at(i).operands.at(slot);
              if (!o.is_tensor()) return py::none();
-             return py::cast(o.ap);
+             return py::cast(b.kernel().view(o));
            })
       .def("storage_defined_at", [](const KernelBuilder& b, StorageId id) { return b.storage(id).defined_at; })
       .def("retarget",
            [](KernelBuilder& b, size_t i, int slot, const AccessPattern& view) {
              // `dst[...] = <fresh tile>`: the instruction that produced the tile writes dst instead.
-             auto& inst = const_cast<Instruction&>(b.kernel().instructions.at(i));
+             Instruction& inst = b.instruction(i);
              internal_check(slot >= 0 && slot < inst.spec().num_slots && inst.operands[slot].is_tensor(),
                             "retarget of an operand slot that holds no tensor");
-             inst.operands[slot] = Operand::tensor(view);
+             inst.operands[slot] = b.operand(view);
            })
       .def("retarget_accumulate",
            [](KernelBuilder& b, size_t i, const AccessPattern& dst) {
@@ -529,9 +536,9 @@ PYBIND11_MODULE(_core, m) {
              // fresh tile now accumulates into `psum` directly, as the PE array does: the first
              // matmul into a location since its allocation starts the sum (Beta 1 kernels also
              // `+=` into freshly allocated, uninitialized PSUM tiles), later ones add.
-             auto& inst = const_cast<Instruction&>(b.kernel().instructions.at(i));
+             Instruction& inst = b.instruction(i);
              internal_check(inst.opcode == Opcode::nc_matmul, "retarget_accumulate on a non-matmul");
-             inst.operands[0] = Operand::tensor(dst);
+             inst.operands[0] = b.operand(dst);
              inst.attrs.accumulate = Accumulate::automatic;
            })
       .def("record_parallel_loops", &KernelBuilder::record_parallel_loops)
@@ -619,19 +626,24 @@ PYBIND11_MODULE(_core, m) {
 
   m.def(
       "compile",
-      [](const Kernel& kernel, bool for_running, bool sanitize, int64_t sbuf_budget) {
+      [](Kernel& kernel, bool for_running, bool sanitize, int64_t sbuf_budget) {
+        // A traced kernel always has its "unknown" location; a moved-from one has none.
+        if (kernel.locations.empty())
+          throw py::value_error(fmt::format("kernel '{}' was compiled already: compile takes over a traced kernel's IR",
+                                            kernel.name));
         auto p = std::make_unique<PyProgram>();
         p->kind = runtime::executor_from_env();
         p->sanitize = sanitize;
         // A program only estimated (nikki.estimate) or run by the sanitizer needs no native code.
         const bool native = for_running && !sanitize && p->kind == runtime::ExecutorKind::native;
-        p->program = jit::compile(kernel, jit::CompileOptions{.native = native,
+        p->program = jit::compile(std::move(kernel), jit::CompileOptions{.native = native,
                                                               .allocate_options = {.sbuf_budget = sbuf_budget},
                                                               .sanitize = sanitize});
         return p;
       },
       py::arg("kernel"), py::arg("for_running") = true, py::arg("sanitize") = false, py::arg("sbuf_budget") = 0,
-      "Compiles a kernel; sbuf_budget (bytes per partition, 0: the target's) is a testing hook that "
+      "Compiles a traced kernel, taking over its IR (the Kernel is empty afterwards and cannot be "
+      "compiled again); sbuf_budget (bytes per partition, 0: the target's) is a testing hook that "
       "makes kernels spill.");
   m.def("sanitize_from_env", &jit::sanitize_from_env, "NIKKI_SANITIZE: 1 on, 0 or unset off (KernelError otherwise).");
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <string_view>
 
-#include "nikki/ir.hpp"
+#include "nikki/ir_attributes.hpp"
 
 namespace py = pybind11;
 
@@ -112,12 +112,12 @@ py::object tensor_view(const AccessPattern& ap) {
   return operand_types().tensor_view(ap.storage, name_of(dtype_name(ap.dtype)), ap.offset, pattern_tuple(ap.pattern()));
 }
 
-py::object operand_value(const Operand& o) {
-  switch (o.kind) {
+py::object operand_value(const Kernel& k, const Operand& o) {
+  switch (o.kind()) {
     case Operand::Kind::none: return py::none();
-    case Operand::Kind::imm: return py::float_(o.imm);
-    case Operand::Kind::reg: return operand_types().register_ref(o.reg);
-    case Operand::Kind::tensor: return tensor_view(o.ap);
+    case Operand::Kind::imm: return py::float_(o.imm());
+    case Operand::Kind::reg: return operand_types().register_ref(o.reg());
+    case Operand::Kind::tensor: return tensor_view(k.view(o));
   }
   return py::none();
 }
@@ -141,87 +141,28 @@ py::tuple axes_tuple(uint32_t mask) {
   return py::tuple(l);
 }
 
-/** The attributes an opcode's semantics read, every one of them with its value (defaults
- * included, unlike the text form), keyed by their Attributes field names. */
-py::dict attributes(const Instruction& inst) {
-  const Attributes& a = inst.attrs;
+/** The attributes an opcode's semantics read (its OpcodeSpec's list), every one of them with its
+ * value (defaults included, unlike the text form), keyed by their attribute names. */
+py::dict attributes(const Kernel& k, const Instruction& inst) {
+  const RareAttributes& r = k.rare(inst);
+  const OpcodeSpec& spec = inst.spec();
   py::dict d;
-  auto alu = [&](const char* key, AluOp op) { d[key] = name_of(alu_op_name(op)); };
-  switch (inst.opcode) {
-    case Opcode::tensor_tensor:
-    case Opcode::tensor_partition_reduce: alu("op0", a.op0); break;
-    case Opcode::tensor_scalar:
-    case Opcode::scalar_tensor_tensor:
-    case Opcode::tensor_tensor_scan:
-      alu("op0", a.op0);
-      alu("op1", a.op1);
-      d["reverse0"] = a.reverse0;
-      d["reverse1"] = a.reverse1;
-      break;
-    case Opcode::activation:
-      d["func"] = name_of(act_func_name(a.func));
-      alu("reduce_op", a.reduce_op);
-      d["reduce_cmd"] = name_of(reduce_cmd_name(a.reduce_cmd));
-      break;
-    case Opcode::tensor_reduce:
-      alu("op0", a.op0);
-      d["axes"] = axes_tuple(a.axes);
-      d["negate"] = a.negate;
-      d["keepdims"] = a.keepdims;
-      break;
-    case Opcode::tensor_scalar_reduce:
-      alu("op0", a.op0);
-      d["reverse0"] = a.reverse0;
-      alu("reduce_op", a.reduce_op);
-      break;
-    case Opcode::nc_matmul:
-      d["accumulate"] = accumulate_enum_name(a.accumulate);
-      d["is_transpose"] = a.is_transpose;
-      d["is_stationary_onezero"] = a.is_stationary_onezero;
-      d["is_moving_onezero"] = a.is_moving_onezero;
-      break;
-    case Opcode::iota:
-    case Opcode::affine_select:
-      d["pattern"] = pattern_tuple(a.pattern);
-      d["offset"] = a.offset;
-      d["channel_multiplier"] = a.channel_multiplier;
-      if (inst.opcode == Opcode::affine_select) alu("cmp_op", a.cmp_op);
-      break;
-    case Opcode::tensor_copy_predicated: d["reverse_pred"] = a.reverse_pred; break;
-    case Opcode::select_reduce:
-      d["reverse_pred"] = a.reverse_pred;
-      alu("reduce_op", a.reduce_op);
-      d["reduce_cmd"] = name_of(reduce_cmd_name(a.reduce_cmd));
-      break;
-    case Opcode::nc_stream_shuffle:
-    case Opcode::core_barrier:  // the cores that meet
-    case Opcode::sendrecv:      // (send_to_rank, recv_from_rank, pipe_id)
-      d["lanes"] = py::tuple(py::cast(a.lanes));
-      break;
-    case Opcode::range_select:
-      alu("op0", a.op0);
-      alu("op1", a.op1);
-      alu("reduce_op", a.reduce_op);
-      d["reduce_cmd"] = name_of(reduce_cmd_name(a.reduce_cmd));
-      d["offset"] = a.offset;
-      d["fill_value"] = a.fill_value;
-      break;
-    case Opcode::nonzero_with_count:
-      d["offset"] = a.offset;
-      d["fill_value"] = a.fill_value;
-      break;
-    case Opcode::dma_compute:
-      alu("op0", a.op0);
-      d["oob_skip"] = a.oob_skip;
-      break;
-    case Opcode::dma_copy: d["oob_skip"] = a.oob_skip; break;
-    case Opcode::loop_begin:
-      d["step"] = a.step;
-      d["jump"] = a.jump;
-      break;
-    case Opcode::loop_end: d["jump"] = a.jump; break;
-    case Opcode::device_print: d["text"] = a.text; break;
-    default: break;
+  for (int i = 0; i < spec.num_attrs; ++i) {
+    const Attr a = spec.attrs[i].attr;
+    const py::str key = name_of(attr_spec(a).name);
+    switch (attr_spec(a).type) {
+      case AttrType::alu_op: d[key] = name_of(alu_op_name(AluOp(attr_int(k, inst, a)))); break;
+      case AttrType::act_func: d[key] = name_of(act_func_name(ActFunc(attr_int(k, inst, a)))); break;
+      case AttrType::reduce_cmd: d[key] = name_of(reduce_cmd_name(ReduceCmd(attr_int(k, inst, a)))); break;
+      case AttrType::accumulate: d[key] = accumulate_enum_name(Accumulate(attr_int(k, inst, a))); break;
+      case AttrType::flag: d[key] = attr_int(k, inst, a) != 0; break;
+      case AttrType::axes: d[key] = axes_tuple(uint32_t(attr_int(k, inst, a))); break;
+      case AttrType::integer: d[key] = attr_int(k, inst, a); break;
+      case AttrType::real: d[key] = r.fill_value; break;
+      case AttrType::text: d[key] = r.text; break;
+      case AttrType::pattern: d[key] = pattern_tuple(r.pattern); break;
+      case AttrType::lanes: d[key] = py::tuple(py::cast(r.lanes)); break;
+    }
   }
   return d;
 }
@@ -247,7 +188,7 @@ py::dict instruction_dict(const Kernel& k, size_t index) {
   d["index"] = index;
   d["opcode"] = name_of(spec.name);
   d["engine"] = name_of(engine_name(inst.engine));
-  d["name"] = inst.name;
+  d["name"] = name_of(k.instruction_name(inst));
   const SourceLocation& loc = k.location(inst.loc);
   d["location"] = loc.known() ? py::object(py::make_tuple(loc.file, loc.line)) : py::none();
   py::tuple slots(spec.num_slots), access(spec.num_slots);
@@ -257,13 +198,13 @@ py::dict instruction_dict(const Kernel& k, size_t index) {
     const Operand& o = inst.operands[i];
     slots[i] = name_of(spec.slots[i].name);
     access[i] = access_name(inst.access(i));
-    operands.append(operand_value(o));
-    if (o.is_tensor() && o.ap.indirection) dynamic[py::int_(i)] = runtime_offsets(*o.ap.indirection);
+    operands.append(operand_value(k, o));
+    if (const Indirection* ind = o.is_tensor() ? k.indirection(o) : nullptr) dynamic[py::int_(i)] = runtime_offsets(*ind);
   }
   d["slots"] = slots;
   d["access"] = access;
   d["operands"] = operands;
-  d["attrs"] = attributes(inst);
+  d["attrs"] = attributes(k, inst);
   if (!dynamic.empty()) d["runtime_offsets"] = dynamic;
   return d;
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -30,7 +31,7 @@ class Writer {
   void i32(int64_t v) { pod<int32_t>(static_cast<int32_t>(v)); }
   void i64(int64_t v) { pod<int64_t>(v); }
   void f64(double v) { pod<double>(v); }
-  void str(const std::string& s) {
+  void str(std::string_view s) {
     u32(s.size());
     bytes(s.data(), s.size());
   }

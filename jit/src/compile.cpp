@@ -69,12 +69,15 @@ size_t kernel_memory_bytes(const Kernel& kernel) {
   auto heap = [](const std::string& s) { return s.capacity() > 15 ? s.capacity() + 1 : 0; };
   size_t bytes = sizeof(Kernel) + heap(kernel.name) + kernel.instructions.capacity() * sizeof(Instruction) +
                  kernel.storages.capacity() * sizeof(Storage) + kernel.locations.capacity() * sizeof(SourceLocation) +
-                 (kernel.inputs.capacity() + kernel.outputs.capacity()) * sizeof(StorageId);
-  for (const Instruction& inst : kernel.instructions) {
-    bytes += heap(inst.name) + heap(inst.attrs.text) + inst.attrs.pattern.capacity() * sizeof(Dim);
-    for (const Operand& o : inst.operands)
-      if (o.is_tensor() && o.ap.indirection) bytes += sizeof(Indirection);
-  }
+                 (kernel.inputs.capacity() + kernel.outputs.capacity()) * sizeof(StorageId) +
+                 kernel.wide_views.capacity() * sizeof(AccessPattern) +
+                 kernel.rare_attributes.capacity() * sizeof(RareAttributes) +
+                 kernel.instruction_names.capacity() * sizeof(std::string);
+  for (const AccessPattern& ap : kernel.wide_views)
+    if (ap.indirection) bytes += sizeof(Indirection);
+  for (const RareAttributes& r : kernel.rare_attributes)
+    bytes += heap(r.text) + r.pattern.capacity() * sizeof(Dim) + r.lanes.capacity() * sizeof(int32_t);
+  for (const std::string& name : kernel.instruction_names) bytes += heap(name);
   for (const Storage& s : kernel.storages) bytes += heap(s.name);
   for (const SourceLocation& l : kernel.locations) bytes += heap(l.file) + heap(l.function);
   return bytes;

@@ -34,13 +34,13 @@ std::string describe_op(const DeviceProgram& p, const StreamOp& op) {
   if (op.kind == StreamOp::Kind::barrier) {
     line = fmt::format("barrier ({})", opcode_name(inst.opcode));
   } else {
-    line = fmt::format("{}{}", opcode_name(inst.opcode), print_detail::attributes(inst));
+    line = fmt::format("{}{}", opcode_name(inst.opcode), print_detail::attributes(k, inst));
     const OpcodeSpec& spec = inst.spec();
     for (int s = 0; s < spec.num_slots; ++s) {
       const Operand& o = inst.operands[s];
       if (o.is_none()) continue;
       line += fmt::format("\n        {}={}", spec.slots[s].name,
-                          o.is_tensor() ? describe_view(k, o.ap) : print_detail::operand(k, o));
+                          o.is_tensor() ? describe_view(k, k.view(o)) : print_detail::operand(k, o));
     }
   }
   if (!op.waits.empty()) {

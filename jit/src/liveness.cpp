@@ -9,7 +9,7 @@ std::vector<LiveRange> live_ranges(const Kernel& kernel) {
   std::vector<LiveRange> ranges(kernel.storages.size());
   const auto& insts = kernel.instructions;
   for (uint32_t i = 0; i < insts.size(); ++i)
-    for_each_view(insts[i], [&](const AccessPattern& ap, Access) {
+    for_each_view(kernel, insts[i], [&](const AccessPattern& ap, Access) {
       LiveRange& r = ranges[ap.storage];
       r.begin = std::min(r.begin, i);
       r.end = std::max(r.end, i);
@@ -21,7 +21,7 @@ std::vector<LiveRange> live_ranges(const Kernel& kernel) {
     changed = false;
     for (uint32_t b = 0; b < insts.size(); ++b) {
       if (insts[b].opcode != Opcode::loop_begin) continue;
-      const uint32_t e = static_cast<uint32_t>(insts[b].attrs.jump);
+      const uint32_t e = static_cast<uint32_t>(kernel.rare(insts[b]).jump);
       for (StorageId s = 0; s < ranges.size(); ++s) {
         LiveRange& r = ranges[s];
         if (!r.used() || kernel.storages[s].defined_at > b) continue;
@@ -48,7 +48,7 @@ bool covers_storage(const Storage& s, const AccessPattern& ap) {
 
 bool overwrites_unread(const Kernel& kernel, const Instruction& inst, StorageId id) {
   bool covered = false, read = false;
-  for_each_view(inst, [&](const AccessPattern& ap, Access access) {
+  for_each_view(kernel, inst, [&](const AccessPattern& ap, Access access) {
     if (ap.storage != id) return;
     if (access == Access::write) covered = covered || covers_storage(kernel.storage(id), ap);
     else read = true;  // also as the index tensor of a runtime offset
@@ -117,9 +117,10 @@ std::vector<StorageId> output_fills(const Kernel& kernel) {
     for (int slot = 0; slot < inst.spec().num_slots; ++slot) {
       const Operand& o = inst.operands[slot];
       if (!o.is_tensor()) continue;
+      const AccessPattern ap = kernel.view(o);
       for (StorageId id : kernel.outputs)
-        if (indexes_through(o.ap, id)) candidate[id] = false;
-      const StorageId id = o.ap.storage;
+        if (indexes_through(ap, id)) candidate[id] = false;
+      const StorageId id = ap.storage;
       if (!candidate[id]) continue;
       if (inst.access(slot) != Access::write) {
         candidate[id] = false;  // reads what the fill would have put there
@@ -127,10 +128,10 @@ std::vector<StorageId> output_fills(const Kernel& kernel) {
       }
       // Only DMA writes count (they write every element of their view), and not those that may
       // not happen (in a runtime loop) or not where the view says (runtime offsets).
-      if (inst.engine != Engine::dma || loop_depth > 0 || o.ap.indirection ||
-          dtype_size(o.ap.dtype) != dtype_size(kernel.storages[id].dtype))
+      if (inst.engine != Engine::dma || loop_depth > 0 || ap.indirection ||
+          dtype_size(ap.dtype) != dtype_size(kernel.storages[id].dtype))
         continue;
-      if (!element_intervals(o.ap, written[id], kBudget)) candidate[id] = false;
+      if (!element_intervals(ap, written[id], kBudget)) candidate[id] = false;
     }
   }
   std::vector<StorageId> fills;

@@ -130,8 +130,8 @@ std::optional<NativePlan> deserialize_plan(const std::vector<uint8_t>& bytes, co
         o.imm = r.f64();
         if (r.u8()) {
           const Operand& source = kernel.instructions[i].operands[slot];
-          if (!source.is_tensor() || !source.ap.indirection) return std::nullopt;
-          o.indirection = source.ap.indirection.get();
+          if (!source.is_tensor() || !source.is_dynamic()) return std::nullopt;
+          o.indirection = kernel.indirection(source);
         }
         o.scalar_bytes = r.i64();
         o.min_shift = r.i64();

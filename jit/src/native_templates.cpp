@@ -149,6 +149,8 @@ std::vector<Axis> merge(std::vector<Axis> axes, const std::vector<int>& slots) {
 class TemplateBuilder {
  public:
   TemplateBuilder(const Kernel& k, uint32_t index) : k_(k), inst_(k.instructions[index]) {
+    for (int s = 0; s < kMaxSlots; ++s)
+      if (inst_.operands[s].is_tensor()) views_[s] = k.view(inst_.operands[s]);
     std::memset(&t_.desc, 0, sizeof(t_.desc));  // padding bytes take part in template identity
     native::OpDesc& d = t_.desc;
     const Attributes& a = inst_.attrs;
@@ -176,12 +178,12 @@ class TemplateBuilder {
       if (o.is_reg()) return std::nullopt;  // register operands are read by the reference semantics
       if (o.is_imm()) {
         n.kind = NativeOperand::Kind::imm;
-        n.imm = o.imm;
+        n.imm = o.imm();
         t_.desc.slot_kind[s] = native::kSlotImm;
       } else if (o.is_tensor()) {
         if (!static_operand(s)) return std::nullopt;
         t_.desc.slot_kind[s] = native::kSlotTensor;
-        t_.desc.view[s].dtype = int32_t(o.ap.dtype);
+        t_.desc.view[s].dtype = int32_t(o.dtype());
       }
     }
     const std::vector<int> full = tensor_slots();
@@ -225,12 +227,12 @@ class TemplateBuilder {
       default: break;
     }
     if (!ok) return std::nullopt;
-    const DType data = inst_.spec().num_slots > 1 && inst_.operands[1].is_tensor() ? inst_.operands[1].ap.dtype
-                                                                                   : inst_.operands[0].ap.dtype;
+    const DType data = inst_.spec().num_slots > 1 && inst_.operands[1].is_tensor() ? inst_.operands[1].dtype()
+                                                                                   : inst_.operands[0].dtype();
     t_.desc.bits = 8 * int32_t(dtype_size(data));
     if (inst_.opcode == Opcode::tensor_tensor && inst_.engine == Engine::gpsimd && !is_bitvec_op(inst_.attrs.op0)) {
       auto int32 = [&](int s) {
-        DType d = inst_.operands[s].ap.dtype;
+        DType d = inst_.operands[s].dtype();
         return d == DType::int32 || d == DType::uint32;
       };
       if (int32(0) && int32(1) && int32(2) && inst_.attrs.op0 != AluOp::power) t_.desc.flags |= native::kFlagGpsimdInt;
@@ -271,12 +273,12 @@ class TemplateBuilder {
 
   /** Records where a tensor operand lives; false for views only the interpreter can address. */
   bool static_operand(int s) {
-    const AccessPattern& ap = inst_.operands[s].ap;
+    const AccessPattern& ap = view(s);
     NativeOperand& n = out_.operands[s];
     n.kind = NativeOperand::Kind::tensor;
     n.storage = ap.storage;
     n.byte_offset = first_element_offset(k_, ap);
-    if (const Indirection* ind = ap.indirection.get()) {
+    if (const Indirection* ind = k_.indirection(inst_.operands[s])) {
       const Storage& st = k_.storage(ap.storage);
       // Only a scalar shift of an HBM view is a pure change of base address.
       if (ind->has_vector() || st.on_chip()) return false;
@@ -314,7 +316,7 @@ class TemplateBuilder {
     std::array<int64_t, kSlots> pstride{};
     for (int s : full) {
       if (!inst_.operands[s].is_tensor()) continue;
-      auto dims = byte_dims(k_, inst_.operands[s].ap);
+      auto dims = byte_dims(k_, view(s));
       if (!dims) return false;
       if (tile) {
         if (dims->empty()) return false;
@@ -329,7 +331,7 @@ class TemplateBuilder {
     std::vector<int> broadcast;  // per-partition slots: stride 0 along every free axis
     for (int s : per_partition) {
       if (!inst_.operands[s].is_tensor()) continue;
-      auto dims = byte_dims(k_, inst_.operands[s].ap);
+      auto dims = byte_dims(k_, view(s));
       if (!dims || dims->empty()) return false;
       pstride[s] = (*dims)[0].stride;
       broadcast.push_back(s);
@@ -406,7 +408,7 @@ class TemplateBuilder {
    * when dst's element i is src's element i of the same partition (an in-place update).
    */
   bool in_order_safe(int dst, int src) const {
-    const AccessPattern &x = inst_.operands[dst].ap, &y = inst_.operands[src].ap;
+    const AccessPattern &x = view(dst), &y = view(src);
     if (!inst_.operands[src].is_tensor() || x.storage != y.storage) return true;
     const Storage& st = k_.storage(x.storage);
     auto dx = byte_dims(k_, x), dy = byte_dims(k_, y);
@@ -430,7 +432,7 @@ class TemplateBuilder {
   bool stack_partitions() const { return t_.desc.count[0] <= native::kMaxPartitions; }
 
   int64_t free_elements(int slot) const {
-    const AccessPattern& ap = inst_.operands[slot].ap;
+    const AccessPattern& ap = view(slot);
     return ap.rank ? ap.inner_elements() : 1;
   }
 
@@ -440,7 +442,7 @@ class TemplateBuilder {
    * order however each is shaped.
    */
   bool affine() {
-    const Attributes& at = inst_.attrs;
+    const RareAttributes& at = k_.rare(inst_);
     constexpr int kPattern = kSlots - 1;  // a slot neither opcode uses
     if (inst_.spec().num_slots > kPattern || at.pattern.empty()) return false;
     ByteDims pattern;
@@ -469,7 +471,7 @@ class TemplateBuilder {
   /** tensor_partition_reduce: data [P, free...] folds into dst [1, free...], free dims paired in
    * flattened order; dst's partition stride is 0. */
   bool partition_reduce() {
-    auto data = byte_dims(k_, inst_.operands[1].ap), dst = byte_dims(k_, inst_.operands[0].ap);
+    auto data = byte_dims(k_, view(1)), dst = byte_dims(k_, view(0));
     if (!data || !dst || data->empty() || dst->empty()) return false;
     const ByteDims dst_free = without_unit_dims(ByteDims(dst->begin() + 1, dst->end()));
     const ByteDims data_free = without_unit_dims(ByteDims(data->begin() + 1, data->end()));
@@ -496,9 +498,9 @@ class TemplateBuilder {
 
   /** tensor_reduce: [P, kept axes..., reduced axes...] with dst strides 0 on the reduced axes. */
   bool reduce() {
-    const AccessPattern& data = inst_.operands[1].ap;
+    const AccessPattern& data = view(1);
     auto data_dims = byte_dims(k_, data);
-    auto dst_dims = byte_dims(k_, inst_.operands[0].ap);
+    auto dst_dims = byte_dims(k_, view(0));
     if (!data_dims || !dst_dims || data_dims->empty() || dst_dims->empty()) return false;
     int first_reduced = data.rank;
     for (int d = 1; d < data.rank; ++d)
@@ -548,7 +550,7 @@ class TemplateBuilder {
    * an irregular operand. Returns (partitions, free elements), or nullopt.
    */
   std::optional<std::pair<int64_t, int64_t>> tile_2d(int s) {
-    auto dims = byte_dims(k_, inst_.operands[s].ap);
+    auto dims = byte_dims(k_, view(s));
     if (!dims || dims->empty()) return std::nullopt;
     const ByteDims free = without_unit_dims(ByteDims(dims->begin() + 1, dims->end()));
     int64_t n = 1;
@@ -583,8 +585,12 @@ class TemplateBuilder {
     return true;
   }
 
+  /** The view of tensor operand `slot`. */
+  const AccessPattern& view(int slot) const { return views_[slot]; }
+
   const Kernel& k_;
   const Instruction& inst_;
+  std::array<AccessPattern, kMaxSlots> views_;  // of the tensor operands
   NativeTemplate t_;
   NativeInstruction out_;
 };

@@ -1,6 +1,7 @@
 // nikki's device-program file (docs/device-program.md): a header (magic, format version, payload
 // size, FNV-1a checksum of the payload) followed by the kernel IR and the streams, all fields
 // little-endian and fixed width, strings and lists prefixed by a u32 count.
+#include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "byte_codec.hpp"
+#include "nikki/ir_attributes.hpp"
 #include "nikki/jit/streams.hpp"
 
 namespace nikki::jit {
@@ -74,10 +76,78 @@ AccessPattern read_ap(Reader& r, size_t num_storages, int depth = 0) {
   return ap;
 }
 
-enum AttrFlags : uint16_t {
-  kReverse0 = 1, kReverse1 = 2, kNegate = 4, kKeepdims = 8, kReversePred = 16, kIsTranspose = 32,
-  kStationaryOnezero = 64, kMovingOnezero = 128, kOobSkip = 256,
-};
+/** The attributes an opcode uses, in its OpcodeSpec's order, each as its type's fixed-width field. */
+void write_attributes(Writer& w, const Kernel& k, const Instruction& inst) {
+  const OpcodeSpec& spec = inst.spec();
+  const RareAttributes& rare = k.rare(inst);
+  for (int i = 0; i < spec.num_attrs; ++i) {
+    const Attr a = spec.attrs[i].attr;
+    switch (attr_spec(a).type) {
+      case AttrType::alu_op:
+      case AttrType::act_func:
+      case AttrType::reduce_cmd:
+      case AttrType::accumulate:
+      case AttrType::flag: w.u8(uint64_t(attr_int(k, inst, a))); break;
+      case AttrType::axes: w.u32(uint64_t(attr_int(k, inst, a))); break;
+      case AttrType::integer: w.i64(attr_int(k, inst, a)); break;
+      case AttrType::real: w.f64(rare.fill_value); break;
+      case AttrType::text: w.str(rare.text); break;
+      case AttrType::pattern:
+        w.u32(rare.pattern.size());
+        for (const Dim& d : rare.pattern) {
+          w.i64(d.stride);
+          w.i64(d.count);
+        }
+        break;
+      case AttrType::lanes:
+        w.u32(rare.lanes.size());
+        for (int32_t lane : rare.lanes) w.i32(lane);
+        break;
+    }
+  }
+}
+
+void read_attributes(Reader& r, Kernel& k, Instruction& inst) {
+  const OpcodeSpec& spec = inst.spec();
+  for (int i = 0; i < spec.num_attrs; ++i) {
+    const Attr a = spec.attrs[i].attr;
+    auto scalar = [&](int64_t v) {
+      if (v < attr_int_min(a) || v > attr_int_max(a)) Reader::corrupt("an attribute is out of range");
+      if (v != attr_int(k, inst, a)) set_attr_int(k, inst, a, v);  // defaults need no side-table entry
+    };
+    switch (attr_spec(a).type) {
+      case AttrType::alu_op:
+      case AttrType::act_func:
+      case AttrType::reduce_cmd:
+      case AttrType::accumulate:
+      case AttrType::flag: scalar(r.u8()); break;
+      case AttrType::axes: scalar(r.u32()); break;
+      case AttrType::integer: scalar(r.i64()); break;
+      case AttrType::real:
+        if (const double v = r.f64(); v != 0.0 || std::signbit(v)) k.mutable_rare(inst).fill_value = v;
+        break;
+      case AttrType::text:
+        if (std::string text = r.str(); !text.empty()) k.mutable_rare(inst).text = std::move(text);
+        break;
+      case AttrType::pattern: {
+        const uint32_t n = r.count(16);
+        if (n) {
+          std::vector<Dim>& pattern = k.mutable_rare(inst).pattern;
+          for (uint32_t d = 0; d < n; ++d) pattern.push_back({r.i64(), r.i64()});
+        }
+        break;
+      }
+      case AttrType::lanes: {
+        const uint32_t n = r.count(4);
+        if (n) {
+          std::vector<int32_t>& lanes = k.mutable_rare(inst).lanes;
+          for (uint32_t l = 0; l < n; ++l) lanes.push_back(r.i32());
+        }
+        break;
+      }
+    }
+  }
+}
 
 void write_kernel(Writer& w, const Kernel& k) {
   w.str(k.name);
@@ -117,35 +187,15 @@ void write_kernel(Writer& w, const Kernel& k) {
     w.u8(uint8_t(inst.opcode));
     w.u8(uint8_t(inst.engine));
     w.u32(inst.loc);
-    w.str(inst.name);
-    for (const Operand& o : inst.operands) {
-      w.u8(uint8_t(o.kind));
-      if (o.is_tensor()) write_ap(w, o.ap);
-      if (o.is_imm()) w.f64(o.imm);
-      if (o.is_reg()) w.i32(o.reg);
+    w.str(k.instruction_name(inst));
+    for (int s = 0; s < inst.spec().num_slots; ++s) {
+      const Operand& o = inst.operands[s];
+      w.u8(uint8_t(o.kind()));
+      if (o.is_tensor()) write_ap(w, k.view(o));
+      if (o.is_imm()) w.f64(o.imm());
+      if (o.is_reg()) w.i32(o.reg());
     }
-    const Attributes& a = inst.attrs;
-    for (uint8_t v : {uint8_t(a.op0), uint8_t(a.op1), uint8_t(a.func), uint8_t(a.reduce_op), uint8_t(a.reduce_cmd),
-                      uint8_t(a.cmp_op), uint8_t(a.accumulate)})
-      w.u8(v);
-    w.u16((a.reverse0 ? kReverse0 : 0) | (a.reverse1 ? kReverse1 : 0) | (a.negate ? kNegate : 0) |
-          (a.keepdims ? kKeepdims : 0) | (a.reverse_pred ? kReversePred : 0) | (a.is_transpose ? kIsTranspose : 0) |
-          (a.is_stationary_onezero ? kStationaryOnezero : 0) | (a.is_moving_onezero ? kMovingOnezero : 0) |
-          (a.oob_skip ? kOobSkip : 0));
-    w.u32(a.axes);
-    w.i64(a.offset);
-    w.i64(a.channel_multiplier);
-    w.u32(a.pattern.size());
-    for (const Dim& d : a.pattern) {
-      w.i64(d.stride);
-      w.i64(d.count);
-    }
-    w.i64(a.step);
-    w.i32(a.jump);
-    w.str(a.text);
-    w.f64(a.fill_value);
-    w.u32(a.lanes.size());
-    for (int32_t lane : a.lanes) w.i32(lane);
+    write_attributes(w, k, inst);
   }
 }
 
@@ -196,48 +246,21 @@ Kernel read_kernel(Reader& r) {
   };
   ids(k.inputs);
   ids(k.outputs);
-  n = r.count(20);
+  n = r.count(7);
   k.instructions.resize(n);
   for (Instruction& inst : k.instructions) {
     inst.opcode = r.enumeration<Opcode>(kNumOpcodes);
     inst.engine = r.enumeration<Engine>(7);
     inst.loc = r.u32();
-    inst.name = r.str();
-    for (Operand& o : inst.operands) {
-      o.kind = r.enumeration<Operand::Kind>(4);
-      if (o.is_tensor()) o.ap = read_ap(r, k.storages.size());
-      if (o.is_imm()) o.imm = r.f64();
-      if (o.is_reg()) o.reg = r.i32();
+    k.set_instruction_name(inst, r.str());
+    for (int s = 0; s < inst.spec().num_slots; ++s) {
+      const auto kind = r.enumeration<Operand::Kind>(4);
+      Operand& o = inst.operands[s];
+      if (kind == Operand::Kind::tensor) o = k.tensor_operand(read_ap(r, k.storages.size()));
+      if (kind == Operand::Kind::imm) o = Operand::immediate(r.f64());
+      if (kind == Operand::Kind::reg) o = Operand::reg_(r.i32());
     }
-    Attributes& a = inst.attrs;
-    a.op0 = r.enumeration<AluOp>(kNumAluOps);
-    a.op1 = r.enumeration<AluOp>(kNumAluOps);
-    a.func = r.enumeration<ActFunc>(kNumActFuncs);
-    a.reduce_op = r.enumeration<AluOp>(kNumAluOps);
-    a.reduce_cmd = r.enumeration<ReduceCmd>(5);
-    a.cmp_op = r.enumeration<AluOp>(kNumAluOps);
-    a.accumulate = r.enumeration<Accumulate>(3);
-    uint16_t flags = r.u16();
-    a.reverse0 = flags & kReverse0;
-    a.reverse1 = flags & kReverse1;
-    a.negate = flags & kNegate;
-    a.keepdims = flags & kKeepdims;
-    a.reverse_pred = flags & kReversePred;
-    a.is_transpose = flags & kIsTranspose;
-    a.is_stationary_onezero = flags & kStationaryOnezero;
-    a.is_moving_onezero = flags & kMovingOnezero;
-    a.oob_skip = flags & kOobSkip;
-    a.axes = r.u32();
-    a.offset = r.i64();
-    a.channel_multiplier = r.i64();
-    uint32_t np = r.count(16);
-    for (uint32_t d = 0; d < np; ++d) a.pattern.push_back({r.i64(), r.i64()});
-    a.step = r.i64();
-    a.jump = r.i32();
-    a.text = r.str();
-    a.fill_value = r.f64();
-    uint32_t nl = r.count(4);
-    for (uint32_t l = 0; l < nl; ++l) a.lanes.push_back(r.i32());
+    read_attributes(r, k, inst);
   }
   return k;
 }

@@ -46,7 +46,7 @@ struct Accumulation {
   bool joins(const Accumulation& other) const { return op != AluOp::bypass && op == other.op; }
 };
 
-Accumulation accumulation_of(const Instruction& inst) {
+Accumulation accumulation_of(const Kernel& k, const Instruction& inst) {
   const Attributes& at = inst.attrs;
   if (inst.opcode == Opcode::nc_matmul)
     return inst.access(0) == Access::read_write && !at.is_transpose ? Accumulation{AluOp::add, 0b1} : Accumulation{};
@@ -72,15 +72,15 @@ Accumulation accumulation_of(const Instruction& inst) {
   }
   if (!is_reduce_op(op) || !inputs) return {};
   if (op == AluOp::subtract) op = AluOp::add;
-  const AccessPattern& dst = inst.operands[0].ap;
+  const AccessPattern dst = k.view(inst, 0);
   // In place: the destination is the accumulator operand (acc += x).
   for (int slot = 1; slot < kMaxSlots; ++slot)
-    if (((inputs >> slot) & 1) && inst.operands[slot].is_tensor() && same_static_view(dst, inst.operands[slot].ap))
+    if (((inputs >> slot) & 1) && inst.operands[slot].is_tensor() && same_static_view(dst, k.view(inst, slot)))
       return {op, uint8_t(1 | (1 << slot))};
   // Renamed: a new tensor takes the result (acc = nl.add(acc, x) makes a new acc each iteration).
   // A destination elsewhere in an operand's tensor is no accumulation (s[i] = s[i-1] + x[i]).
   for (int slot = 1; slot < kMaxSlots; ++slot)
-    if (inst.operands[slot].is_tensor() && inst.operands[slot].ap.storage == dst.storage) return {};
+    if (inst.operands[slot].is_tensor() && inst.operands[slot].storage() == dst.storage) return {};
   return {op, uint8_t(1 | inputs)};
 }
 
@@ -88,7 +88,7 @@ using hazards::Region;
 
 /** One memory access of an instruction. */
 struct Use {
-  const AccessPattern* ap;
+  AccessPattern ap;
   int slot;  // operand slot; -1 for the index tensor of a runtime offset
   bool write;
   Region region;  // its footprint, each tensor its own memory (the kernel need not be allocated)
@@ -101,15 +101,16 @@ std::vector<Use> uses_of(const Kernel& k, const Instruction& inst) {
   for (int slot = 0; slot < inst.spec().num_slots; ++slot) {
     const Operand& o = inst.operands[slot];
     if (!o.is_tensor()) continue;
-    if (const Indirection* ind = o.ap.indirection.get()) {
+    if (const Indirection* ind = k.indirection(o)) {
       for (const std::optional<AccessPattern>* index : {&ind->scalar_tensor, &ind->vector_offset})
-        if (*index && !(*index)->is_dynamic()) uses.push_back({&**index, -1, false, footprint(**index)});
+        if (*index && !(*index)->is_dynamic()) uses.push_back({**index, -1, false, footprint(**index)});
       continue;
     }
     const Access access = inst.access(slot);
-    const Region region = footprint(o.ap);
-    if (access != Access::write) uses.push_back({&o.ap, slot, false, region});
-    if (access != Access::read) uses.push_back({&o.ap, slot, true, region});
+    const AccessPattern ap = k.view(o);
+    const Region region = footprint(ap);
+    if (access != Access::write) uses.push_back({ap, slot, false, region});
+    if (access != Access::read) uses.push_back({ap, slot, true, region});
   }
   return uses;
 }
@@ -179,8 +180,8 @@ class LoopChecker {
         if (other == iteration && !carried[d - begin]) continue;
         for (const Use& x : uses[d - begin])
           for (const Use& y : mine) {
-            if (!(x.write || y.write) || x.ap->storage != y.ap->storage || !x.region.overlaps(y.region) ||
-                !share_bytes(*x.ap, *y.ap))
+            if (!(x.write || y.write) || x.ap.storage != y.ap.storage || !x.region.overlaps(y.region) ||
+                !share_bytes(x.ap, y.ap))
               continue;
             if (other != iteration) between_iterations(loop, d, x, other, i, y, iteration, carried[i - begin]);
             else within_iteration(loop, d, x, i, y, iteration, carried[d - begin], carried[i - begin]);
@@ -209,13 +210,13 @@ class LoopChecker {
 
   void between_iterations(const ParallelLoop& loop, uint32_t d, const Use& x, size_t other, uint32_t i, const Use& y,
                           size_t iteration, std::optional<Carry>& carry) {
-    const Accumulation a = accumulation_of(k_.instructions[d]), b = accumulation_of(k_.instructions[i]);
+    const Accumulation a = accumulation_of(k_, k_.instructions[d]), b = accumulation_of(k_, k_.instructions[i]);
     if (a.joins(b) && a.holds(x.slot) && b.holds(y.slot)) {
       if (!carry) carry = Carry{d, other};  // both accumulate into one tile: NKI allows it
       return;
     }
     const Kind kind = !x.write ? Kind::overwrites_read : y.write ? Kind::overwrites_written : Kind::reads;
-    add(Conflict{kind, &loop, d, i, other, iteration, y.ap->storage});
+    add(Conflict{kind, &loop, d, i, other, iteration, y.ap.storage});
   }
 
   /** A same-iteration access to an accumulator that another iteration also accumulates into:
@@ -223,14 +224,14 @@ class LoopChecker {
   void within_iteration(const ParallelLoop& loop, uint32_t d, const Use& x, uint32_t i, const Use& y, size_t iteration,
                         const std::optional<Carry>& earlier_carry, std::optional<Carry>& carry) {
     if (!earlier_carry || !x.write) return;
-    const Accumulation a = accumulation_of(k_.instructions[d]), b = accumulation_of(k_.instructions[i]);
+    const Accumulation a = accumulation_of(k_, k_.instructions[d]), b = accumulation_of(k_, k_.instructions[i]);
     if (!a.holds(x.slot)) return;
     if (a.joins(b) && b.holds(y.slot)) {
       if (!carry) carry = earlier_carry;
       return;
     }
     add(Conflict{y.write ? Kind::partial_overwrite : Kind::partial_read, &loop, earlier_carry->instruction, i,
-                 earlier_carry->iteration, iteration, y.ap->storage});
+                 earlier_carry->iteration, iteration, y.ap.storage});
   }
 
   void add(const Conflict& c) {

@@ -97,7 +97,7 @@ class Planner {
     }
     for (uint32_t i = 0; i < n; ++i) usage[i + 1] += usage[i];
     for (uint32_t i = 0; i < n; ++i)
-      for_each_view(k_.instructions[i], [&](const AccessPattern& ap, Access access) {
+      for_each_view(k_, k_.instructions[i], [&](const AccessPattern& ap, Access access) {
         const int c = candidate_of_[ap.storage];
         if (c < 0) return;
         std::vector<Use>& uses = candidates_[c].uses;
@@ -234,9 +234,9 @@ SpilledKernel Planner::rewrite() const {
     inst.opcode = Opcode::dma_copy;
     inst.engine = Engine::dma;
     inst.loc = k_.storage(cand.id).loc;
-    inst.name = reload ? "reload" : "spill";
-    inst.operands[0] = Operand::tensor(flat_view(k, reload ? sbuf : home));
-    inst.operands[1] = Operand::tensor(flat_view(k, reload ? home : sbuf));
+    k.set_instruction_name(inst, reload ? "reload" : "spill");
+    inst.operands[0] = k.tensor_operand(flat_view(k, reload ? sbuf : home));
+    inst.operands[1] = k.tensor_operand(flat_view(k, reload ? home : sbuf));
     Spill& record = out.spills[spill_of[e.candidate]];
     (reload ? record.reloads : record.saves).push_back(static_cast<uint32_t>(k.instructions.size()));
     if (reload) k.storages[sbuf].defined_at = static_cast<uint32_t>(k.instructions.size());
@@ -254,7 +254,7 @@ SpilledKernel Planner::rewrite() const {
     for (; next_reload < reloads.size() && reloads[next_reload].at == i; ++next_reload) transfer(reloads[next_reload], true);
     Instruction inst = k_.instructions[i];
     for (Operand& o : inst.operands)
-      if (o.is_tensor()) o.ap = renamed(o.ap, [&](StorageId id) { return stretch_at(id, i); });
+      if (o.is_tensor()) o = k.tensor_operand(renamed(k.view(o), [&](StorageId id) { return stretch_at(id, i); }));
     new_index[i] = static_cast<uint32_t>(k.instructions.size());
     k.instructions.push_back(std::move(inst));
     for (; next_save < saves.size() && saves[next_save].at == i; ++next_save) transfer(saves[next_save], false);
@@ -263,7 +263,7 @@ SpilledKernel Planner::rewrite() const {
 
   for (Instruction& inst : k.instructions)
     if (inst.opcode == Opcode::loop_begin || inst.opcode == Opcode::loop_end)
-      inst.attrs.jump = static_cast<int32_t>(new_index[inst.attrs.jump]);
+      k.mutable_rare(inst).jump = static_cast<int32_t>(new_index[k.rare(inst).jump]);
   for (StorageId id = 0; id < k_.storages.size(); ++id)
     k.storages[id].defined_at = block_start[std::min(k_.storages[id].defined_at, n)];
   // A stretch that starts with an overwrite (no reload) begins at that instruction.

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "nikki/ir_attributes.hpp"
 #include "nikki/ir_printer.hpp"
 #include "nikki/layout.hpp"
 
@@ -60,10 +61,11 @@ class Verifier {
     std::vector<bool> register_set(k_.num_registers, false);
     int loop_depth = 0;
     for (const Instruction& inst : k_.instructions) {
+      load_views(inst);
       check_instruction(inst);
       check_registers_set(inst, register_set);
       for (int s = 0; s < inst.spec().num_slots; ++s)
-        if (inst.operands[s].is_tensor() && inst.access(s) != Access::read) written[inst.operands[s].ap.storage] = true;
+        if (inst.operands[s].is_tensor() && inst.access(s) != Access::read) written[inst.operands[s].storage()] = true;
       if (inst.opcode == Opcode::loop_begin) ++loop_depth;
       if (inst.opcode == Opcode::loop_end) --loop_depth;
       internal_check(loop_depth >= 0, "loop_end without loop_begin");
@@ -83,6 +85,14 @@ class Verifier {
   }
 
  private:
+  // --- the instruction being checked ------------------------------------------------------
+  /** Materializes the views of `inst`'s tensor operands once (the rules read them many times). */
+  void load_views(const Instruction& inst) {
+    for (int s = 0; s < kMaxSlots; ++s) views_[s] = inst.operands[s].is_tensor() ? k_.view(inst.operands[s]) : AccessPattern{};
+  }
+  /** The view of operand `slot` of the instruction being checked. */
+  const AccessPattern& view(int slot) const { return views_[slot]; }
+
   // --- reporting --------------------------------------------------------------------------
   [[noreturn]] void fail(const Instruction& inst, std::string what, std::string limit = {},
                          std::string hint = {}) const {
@@ -92,7 +102,7 @@ class Verifier {
   std::string slot_name(const Instruction& inst, int slot) const { return std::string(inst.spec().slots[slot].name); }
   const Storage& storage_of(const AccessPattern& ap) const { return k_.storage(ap.storage); }
   std::string describe(const Instruction& inst, int slot) const {
-    const AccessPattern& ap = inst.operands[slot].ap;
+    const AccessPattern& ap = view(slot);
     return fmt::format("{} ('{}' {} {}{})", slot_name(inst, slot), storage_of(ap).name,
                        buffer_name(storage_of(ap).buffer), info(ap.dtype).short_name, shape_of(ap));
   }
@@ -112,12 +122,13 @@ class Verifier {
     };
     for (int s = 0; s < inst.spec().num_slots; ++s) {
       const Operand& o = inst.operands[s];
-      if (o.is_reg() && inst.access(s) != Access::write) require(o.reg, slot_name(inst, s));
-      if (o.is_tensor() && o.ap.indirection && o.ap.indirection->scalar_register >= 0)
-        require(o.ap.indirection->scalar_register, fmt::format("the runtime offset of {}", slot_name(inst, s)));
+      if (o.is_reg() && inst.access(s) != Access::write) require(o.reg(), slot_name(inst, s));
+      const Indirection* ind = o.is_tensor() ? k_.indirection(o) : nullptr;
+      if (ind && ind->scalar_register >= 0)
+        require(ind->scalar_register, fmt::format("the runtime offset of {}", slot_name(inst, s)));
     }
     for (int s = 0; s < inst.spec().num_slots; ++s)
-      if (inst.operands[s].is_reg() && inst.access(s) != Access::read) set[inst.operands[s].reg] = true;
+      if (inst.operands[s].is_reg() && inst.access(s) != Access::read) set[inst.operands[s].reg()] = true;
   }
 
   // --- storages -----------------------------------------------------------------------------
@@ -273,7 +284,7 @@ class Verifier {
   void check_operand(const Instruction& inst, int slot) const {
     const Operand& o = inst.operands[slot];
     if (!o.is_tensor()) return;
-    const AccessPattern& ap = o.ap;
+    const AccessPattern& ap = view(slot);
     const Storage& s = storage_of(ap);
     check_bounds(inst, ap, slot_name(inst, slot));
     if (inst.access(slot) != Access::read && s.role == StorageRole::input && !s.writable_input)
@@ -357,7 +368,7 @@ class Verifier {
 
   // --- shape helpers ------------------------------------------------------------------------
   TileGeometry geom(const Instruction& inst, int slot) const {
-    const AccessPattern& ap = inst.operands[slot].ap;
+    const AccessPattern& ap = view(slot);
     return tile_geometry(storage_of(ap), ap);
   }
   void same_partitions(const Instruction& inst, int a, int b) const {
@@ -382,18 +393,18 @@ class Verifier {
     TileGeometry g = geom(inst, slot), d = geom(inst, data_slot);
     if (g.free_elements != 1 || g.partitions != d.partitions)
       fail(inst, fmt::format("{} must be a scalar or a [{}, 1] vector, got shape {}", slot_name(inst, slot),
-                             d.partitions, shape_of(o.ap)),
+                             d.partitions, shape_of(view(slot))),
            "per-partition operands have one element per partition",
            fmt::format("pass an immediate or a [{}, 1] tile", d.partitions));
-    if (require_fp32 && o.ap.dtype != DType::float32)
+    if (require_fp32 && o.dtype() != DType::float32)
       fail(inst, fmt::format("{} has dtype {}; vector operands of arithmetic operators must be float32",
-                             slot_name(inst, slot), dtype_name(o.ap.dtype)),
+                             slot_name(inst, slot), dtype_name(o.dtype())),
            {}, "keep per-partition scalars in a float32 [P, 1] tile");
   }
   void not_both_psum(const Instruction& inst, int a, int b) const {
     const Operand &oa = inst.operands[a], &ob = inst.operands[b];
-    if (oa.is_tensor() && ob.is_tensor() && storage_of(oa.ap).buffer == Buffer::psum &&
-        storage_of(ob.ap).buffer == Buffer::psum)
+    if (oa.is_tensor() && ob.is_tensor() && k_.storage(oa.storage()).buffer == Buffer::psum &&
+        k_.storage(ob.storage()).buffer == Buffer::psum)
       fail(inst, fmt::format("{} and {} are both in PSUM", slot_name(inst, a), slot_name(inst, b)),
            "at most one tensor input may be read from PSUM", "copy one of them to SBUF first");
   }
@@ -410,13 +421,13 @@ class Verifier {
     if (!is_bitvec_op(op)) return;
     for (int s = 0; s < inst.spec().num_slots; ++s) {
       const Operand& o = inst.operands[s];
-      if (o.is_tensor() && !is_integer(o.ap.dtype))
+      if (o.is_tensor() && !is_integer(o.dtype()))
         fail(inst, fmt::format("bitwise operator {} needs integer tiles, but {} is {}", alu_op_name(op),
-                               slot_name(inst, s), dtype_name(o.ap.dtype)),
+                               slot_name(inst, s), dtype_name(o.dtype())),
              "bitvec operators act on integer bit patterns", "use .view() to reinterpret float bits as an integer dtype");
-      if (o.is_imm() && o.imm != std::floor(o.imm))
+      if (o.is_imm() && o.imm() != std::floor(o.imm()))
         fail(inst, fmt::format("bitwise operator {} needs an integer operand, but {} is {}", alu_op_name(op),
-                               slot_name(inst, s), o.imm),
+                               slot_name(inst, s), o.imm()),
              "bitvec operators act on integer bit patterns", "pass an integer immediate");
     }
     if (inst.engine != Engine::vector)
@@ -424,7 +435,16 @@ class Verifier {
                              engine_name(inst.engine)),
            "bitvec operators run on the vector engine only", "pass engine=nki.isa.vector_engine (or leave it unset)");
   }
-  void hardware_alu_op(const Instruction& inst, AluOp op, const char* param) const {
+  /** An ALU operator attribute: its value, and its NKI parameter name for messages (opcodes.hpp). */
+  struct OperatorAttr {
+    AluOp op;
+    std::string_view param;
+  };
+  OperatorAttr alu_attr(const Instruction& inst, Attr which) const {
+    return {AluOp(attr_int(k_, inst, which)), inst.spec().nki_name(which)};
+  }
+  void hardware_alu_op(const Instruction& inst, Attr which) const {
+    const auto [op, param] = alu_attr(inst, which);
     if (op == AluOp::divide || op == AluOp::mod || op == AluOp::fmod)
       fail(inst, fmt::format("{}={} is not a NeuronCore ALU operator", param, alu_op_name(op)), {},
            op == AluOp::divide ? "multiply by the reciprocal (nisa.reciprocal or activation(op=nl.reciprocal))"
@@ -445,20 +465,22 @@ class Verifier {
   void unary_operand_is_zero(const Instruction& inst, AluOp op, int slot) const {
     if (!is_unary_op(op) || op == AluOp::invert) return;
     const Operand& o = inst.operands[slot];
-    if (!(o.is_imm() && o.imm == 0.0))
+    if (!(o.is_imm() && o.imm() == 0.0))
       fail(inst,
            fmt::format("{} is unary; {} must be 0, got {}", alu_op_name(op), slot_name(inst, slot),
-                       o.is_imm() ? fmt::to_string(o.imm) : "a tensor"),
+                       o.is_imm() ? fmt::to_string(o.imm()) : "a tensor"),
            "the operand of a unary operator must be None or 0", fmt::format("pass {}=0.0", slot_name(inst, slot)));
   }
-  void binary_op(const Instruction& inst, AluOp op, const char* param) const {
-    hardware_alu_op(inst, op, param);
+  void binary_op(const Instruction& inst, Attr which) const {
+    hardware_alu_op(inst, which);
+    const auto [op, param] = alu_attr(inst, which);
     if (is_unary_op(op))
       fail(inst, fmt::format("{}={} is a unary operator", param, alu_op_name(op)),
            fmt::format("{} of {} takes a binary operator", param, opcode_name(inst.opcode)),
            "apply unary operators with tensor_scalar (operand0=0) or activation");
   }
-  void reduce_op(const Instruction& inst, AluOp op, const char* param) const {
+  void reduce_op(const Instruction& inst, Attr which) const {
+    const auto [op, param] = alu_attr(inst, which);
     if (!is_reduce_op(op) || op == AluOp::abs_max || op == AluOp::abs_min)
       fail(inst, fmt::format("{}={} is not a legal reduction operator", param, alu_op_name(op)),
            "reductions use add, subtract, multiply, maximum, minimum, bitwise_and/or/xor or logical_and/or/xor",
@@ -467,6 +489,7 @@ class Verifier {
 
   // --- instructions -------------------------------------------------------------------------
   void check_instruction(const Instruction& inst) {
+    internal_check(!unused_attribute_set(k_, inst), "an instruction sets an attribute its opcode does not use");
     for (int s = 0; s < inst.spec().num_slots; ++s) check_operand(inst, s);
     switch (inst.opcode) {
       case Opcode::dma_copy: return check_dma_copy(inst);
@@ -511,7 +534,7 @@ class Verifier {
   }
 
   void check_dma_copy(const Instruction& inst) const {
-    const AccessPattern &dst = inst.operands[0].ap, &src = inst.operands[1].ap;
+    const AccessPattern &dst = view(0), &src = view(1);
     if (dst.num_elements() != src.num_elements())
       fail(inst, fmt::format("dst has {} elements {} but src has {} {}", dst.num_elements(), shape_of(dst),
                              src.num_elements(), shape_of(src)),
@@ -528,7 +551,7 @@ class Verifier {
 
   void check_tensor_tensor(const Instruction& inst) const {
     const AluOp op = inst.attrs.op0;
-    binary_op(inst, op, "op");
+    binary_op(inst, Attr::op0);
     engine_in(inst, {Engine::vector, Engine::gpsimd});
     if (op == AluOp::power && inst.engine != Engine::gpsimd)
       fail(inst, fmt::format("op=power cannot run on the {} engine", engine_name(inst.engine)),
@@ -542,9 +565,9 @@ class Verifier {
   void check_tensor_scalar(const Instruction& inst) const {
     const Attributes& a = inst.attrs;
     engine_in(inst, {Engine::vector, Engine::scalar, Engine::gpsimd});
-    hardware_alu_op(inst, a.op0, "op0");
+    hardware_alu_op(inst, Attr::op0);
     const bool two_ops = !inst.operands[3].is_none();
-    if (two_ops) hardware_alu_op(inst, a.op1, "op1");
+    if (two_ops) hardware_alu_op(inst, Attr::op1);
     if (two_ops && is_bitvec_op(a.op0) != is_bitvec_op(a.op1))
       fail(inst, fmt::format("op0={} is {} but op1={} is {}", alu_op_name(a.op0),
                              is_bitvec_op(a.op0) ? "bitwise" : "arithmetic", alu_op_name(a.op1),
@@ -577,8 +600,8 @@ class Verifier {
   void check_scalar_tensor_tensor(const Instruction& inst) const {
     const Attributes& a = inst.attrs;
     engine_in(inst, {Engine::vector});
-    binary_op(inst, a.op0, "op0");
-    binary_op(inst, a.op1, "op1");
+    binary_op(inst, Attr::op0);
+    binary_op(inst, Attr::op1);
     if (is_bitvec_op(a.op0) || is_bitvec_op(a.op1))
       fail(inst, fmt::format("op0={}, op1={}: bitwise operators are not supported", alu_op_name(a.op0),
                              alu_op_name(a.op1)),
@@ -597,8 +620,8 @@ class Verifier {
     const Operand& bias = inst.operands[2];
     if (bias.is_tensor()) {
       per_partition(inst, 2, 1, false);
-      if (bias.ap.dtype == DType::tfloat32)
-        fail(inst, fmt::format("bias has dtype {}", dtype_name(bias.ap.dtype)),
+      if (bias.dtype() == DType::tfloat32)
+        fail(inst, fmt::format("bias has dtype {}", dtype_name(bias.dtype())),
              "bias can be any dtype except tfloat32", "keep the bias in a float32 [P, 1] tile");
     }
     per_partition(inst, 3, 1, true);
@@ -620,12 +643,12 @@ class Verifier {
   void check_tensor_reduce(const Instruction& inst) const {
     const Attributes& a = inst.attrs;
     engine_in(inst, {Engine::vector, Engine::gpsimd});
-    reduce_op(inst, a.op0, "op");
+    reduce_op(inst, Attr::op0);
     integer_operands_for_bitvec(inst, a.op0);
     if (a.negate && is_bitvec_op(a.op0))
       fail(inst, fmt::format("negate=True with the bitwise operator {}", alu_op_name(a.op0)),
            "negate applies to arithmetic reductions only", "drop negate=True, or negate with a separate instruction");
-    const AccessPattern& data = inst.operands[1].ap;
+    const AccessPattern& data = view(1);
     if (a.axes == 0) fail(inst, "axis is empty", {}, "pass the free axes to reduce, e.g. axis=[1]");
     if (a.axes & 1u)
       fail(inst, "cannot reduce over axis 0, the partition dim", "tensor_reduce reduces free dims only",
@@ -654,7 +677,7 @@ class Verifier {
   void check_tensor_scalar_reduce(const Instruction& inst) const {
     const Attributes& a = inst.attrs;
     engine_in(inst, {Engine::vector});
-    hardware_alu_op(inst, a.op0, "op0");
+    hardware_alu_op(inst, Attr::op0);
     if (is_bitvec_op(a.op0))
       fail(inst, fmt::format("op0={} is a bitwise operator", alu_op_name(a.op0)),
            "tensor_scalar_reduce takes an arithmetic op0 only",
@@ -675,7 +698,7 @@ class Verifier {
 
   void check_matmul(const Instruction& inst) const {
     engine_in(inst, {Engine::tensor});
-    const AccessPattern &dst = inst.operands[0].ap, &st = inst.operands[1].ap, &mv = inst.operands[2].ap;
+    const AccessPattern &dst = view(0), &st = view(1), &mv = view(2);
     const Storage &dst_s = storage_of(dst), &st_s = storage_of(st), &mv_s = storage_of(mv);
     if (st_s.buffer != Buffer::sbuf || mv_s.buffer != Buffer::sbuf)
       fail(inst, fmt::format("{} must be in SBUF", st_s.buffer != Buffer::sbuf ? describe(inst, 1) : describe(inst, 2)),
@@ -688,7 +711,7 @@ class Verifier {
              d == DType::tfloat32 || d == DType::float32;
     };
     for (int s : {1, 2}) {
-      DType d = inst.operands[s].ap.dtype;
+      DType d = view(s).dtype;
       if (!legal_input(d))
         fail(inst, fmt::format("{} has dtype {}", slot_name(inst, s), dtype_name(d)),
              fmt::format("matmul inputs on {} are float8_e4m3, float8_e5m2, bfloat16, float16, tfloat32 or float32",
@@ -732,7 +755,7 @@ class Verifier {
 
   /** The matmul output of one instruction accumulates within a single PSUM bank. */
   void check_within_bank(const Instruction& inst, int slot) const {
-    const AccessPattern& ap = inst.operands[slot].ap;
+    const AccessPattern& ap = view(slot);
     const Storage& s = storage_of(ap);
     ByteRange r = partition_byte_range(s, ap);
     const int64_t base = s.address ? s.address->byte_offset : 0;  // auto placement starts PSUM tensors on a bank
@@ -747,7 +770,7 @@ class Verifier {
 
   void check_transpose(const Instruction& inst) const {
     engine_in(inst, {Engine::tensor, Engine::vector});
-    const AccessPattern &dst = inst.operands[0].ap, &data = inst.operands[1].ap;
+    const AccessPattern &dst = view(0), &data = view(1);
     if (dst.dtype != data.dtype)
       fail(inst, fmt::format("dst is {} but data is {}", dtype_name(dst.dtype), dtype_name(data.dtype)),
            "nc_transpose does not convert dtypes", "transpose into a tile of data's dtype, then copy");
@@ -776,8 +799,8 @@ class Verifier {
 
   void check_memset(const Instruction& inst) const {
     engine_in(inst, {Engine::vector, Engine::gpsimd});
-    const double v = inst.operands[1].imm;
-    const DType d = inst.operands[0].ap.dtype;
+    const double v = inst.operands[1].imm();
+    const DType d = view(0).dtype;
     if (is_integer(d)) {
       if (v != std::floor(v) || !std::isfinite(v))
         fail(inst, fmt::format("value {} does not match the integer dtype {}", v, dtype_name(d)),
@@ -795,7 +818,7 @@ class Verifier {
     // dst and on_true_tile must be in SBUF: the generic operand rules (compute engines use on-chip
     // memory, GpSimd cannot access PSUM) already enforce it.
     engine_in(inst, {Engine::gpsimd});
-    const Attributes& a = inst.attrs;
+    const RareAttributes& a = k_.rare(inst);
     if (a.pattern.empty() || a.pattern.size() > 4)
       fail(inst, fmt::format("pattern has {} [step, num] pairs", a.pattern.size()),
            "the pattern has 1 to 4 [step, num] pairs", "describe the free dims with at most 4 pairs");
@@ -823,8 +846,8 @@ class Verifier {
            "the pattern's element count must equal dst's elements per partition",
            "make the product of the pattern's nums equal dst's free size");
     if (inst.opcode == Opcode::affine_select) {
-      if (!is_comparison(a.cmp_op))
-        fail(inst, fmt::format("cmp_op={} is not a comparison operator", alu_op_name(a.cmp_op)),
+      if (!is_comparison(inst.attrs.cmp_op))
+        fail(inst, fmt::format("cmp_op={} is not a comparison operator", alu_op_name(inst.attrs.cmp_op)),
              "cmp_op is one of equal, not_equal, greater, greater_equal, less, less_equal", {});
       same_tile(inst, 0, 1);
     }
@@ -855,8 +878,8 @@ class Verifier {
 
   void check_scan(const Instruction& inst) const {
     engine_in(inst, {Engine::vector});
-    binary_op(inst, inst.attrs.op0, "op0");
-    binary_op(inst, inst.attrs.op1, "op1");
+    binary_op(inst, Attr::op0);
+    binary_op(inst, Attr::op1);
     if (is_bitvec_op(inst.attrs.op0) || is_bitvec_op(inst.attrs.op1))
       fail(inst, fmt::format("op0={}, op1={}: bitwise operators are not supported", alu_op_name(inst.attrs.op0),
                              alu_op_name(inst.attrs.op1)),
@@ -869,7 +892,7 @@ class Verifier {
 
   void check_copy_predicated(const Instruction& inst) const {
     engine_in(inst, {Engine::vector});
-    const AccessPattern& pred = inst.operands[2].ap;
+    const AccessPattern& pred = view(2);
     if (pred.dtype != DType::uint8 && pred.dtype != DType::uint16 && pred.dtype != DType::uint32 &&
         pred.dtype != DType::bool_)
       fail(inst, fmt::format("predicate has dtype {}", dtype_name(pred.dtype)),
@@ -877,9 +900,9 @@ class Verifier {
     same_tile(inst, 0, 2);
     if (inst.operands[1].is_tensor()) {
       same_tile(inst, 0, 1);
-      if (inst.operands[1].ap.dtype != inst.operands[0].ap.dtype)
-        fail(inst, fmt::format("src is {} but dst is {}", dtype_name(inst.operands[1].ap.dtype),
-                               dtype_name(inst.operands[0].ap.dtype)),
+      if (view(1).dtype != view(0).dtype)
+        fail(inst, fmt::format("src is {} but dst is {}", dtype_name(view(1).dtype),
+                               dtype_name(view(0).dtype)),
              "tensor_copy_predicated copies bits: src and dst must have the same dtype",
              "convert src with nisa.tensor_copy first");
       not_both_psum(inst, 1, 2);
@@ -888,12 +911,12 @@ class Verifier {
 
   void check_select_reduce(const Instruction& inst) const {
     engine_in(inst, {Engine::vector});
-    const DType p = inst.operands[1].ap.dtype;
+    const DType p = view(1).dtype;
     if (p != DType::int8 && p != DType::uint8 && p != DType::int16 && p != DType::uint16 && p != DType::bool_)
       fail(inst, fmt::format("predicate has dtype {}", dtype_name(p)),
            "select_reduce predicates are int8, uint8, int16 or uint16",
            "produce the predicate with a comparison into a uint8 tile");
-    const DType ot = inst.operands[2].ap.dtype;
+    const DType ot = view(2).dtype;
     if (ot == DType::tfloat32 || ot == DType::int32 || ot == DType::uint32)
       fail(inst, fmt::format("on_true has dtype {}", dtype_name(ot)), "on_true cannot be tfloat32, int32 or uint32",
            "copy on_true into a float32, bfloat16 or 16-bit integer tile first");
@@ -903,8 +926,8 @@ class Verifier {
     per_partition(inst, 3, 1, false);  // NKI requires float32 only of a scalar on_false (immediates are)
     if (inst.operands[4].is_tensor()) {
       per_partition(inst, 4, 1, false);
-      if (!is_float(inst.operands[4].ap.dtype))
-        fail(inst, fmt::format("reduce_res has dtype {}", dtype_name(inst.operands[4].ap.dtype)),
+      if (!is_float(view(4).dtype))
+        fail(inst, fmt::format("reduce_res has dtype {}", dtype_name(view(4).dtype)),
              "reduce_res must have a float dtype", "allocate reduce_res as a float32 [P, 1] tile");
     }
     if (inst.attrs.reduce_cmd != ReduceCmd::idle && inst.attrs.reduce_op != AluOp::maximum)
@@ -914,7 +937,7 @@ class Verifier {
 
   /** max8 / nc_find_index8 read tensors of at most 3 dims (partition + 2 free). */
   void at_most_3d(const Instruction& inst, int slot) const {
-    const AccessPattern& ap = inst.operands[slot].ap;
+    const AccessPattern& ap = view(slot);
     if (ap.rank > 3)
       fail(inst, fmt::format("{} is {}-D ({})", slot_name(inst, slot), int(ap.rank), shape_of(ap)),
            fmt::format("{} reads {} of up to 3 dims", opcode_name(inst.opcode), slot_name(inst, slot)),
@@ -958,7 +981,7 @@ class Verifier {
       if (geom(inst, s).free_elements != 8)
         fail(inst, fmt::format("{} has {} elements per partition", slot_name(inst, s), geom(inst, s).free_elements),
              "vals and dst have exactly 8 elements per partition", "allocate them as [P, 8]");
-    const DType d = inst.operands[0].ap.dtype;
+    const DType d = view(0).dtype;
     if (d != DType::uint16 && d != DType::uint32)
       fail(inst, fmt::format("dst has dtype {}", dtype_name(d)), "indices are written as uint16 or uint32",
            "allocate dst as nl.uint32 (or nl.uint16)");
@@ -980,11 +1003,11 @@ class Verifier {
       fail(inst, fmt::format("dst has {} elements per partition but src has {}", geom(inst, 0).free_elements,
                              geom(inst, 1).free_elements),
            "nc_stream_shuffle moves whole rows: dst and src have the same elements per partition", {});
-    if (inst.operands[0].ap.dtype != inst.operands[1].ap.dtype)
-      fail(inst, fmt::format("dst is {} but src is {}", dtype_name(inst.operands[0].ap.dtype),
-                             dtype_name(inst.operands[1].ap.dtype)),
+    if (view(0).dtype != view(1).dtype)
+      fail(inst, fmt::format("dst is {} but src is {}", dtype_name(view(0).dtype),
+                             dtype_name(view(1).dtype)),
            "nc_stream_shuffle moves bits: dst has src's dtype", "shuffle into a tile of src's dtype, then convert");
-    const auto& lanes = inst.attrs.lanes;
+    const auto& lanes = k_.rare(inst).lanes;
     if (lanes.size() != t_.partition_quadrant)
       fail(inst, fmt::format("shuffle_mask has {} entries", lanes.size()),
            fmt::format("shuffle_mask names a source lane for each of the {} partitions of a quadrant",
@@ -1012,7 +1035,7 @@ class Verifier {
       if (geom(inst, 4).free_elements != 8)
         fail(inst, fmt::format("dst_idx has {} elements per partition", geom(inst, 4).free_elements),
              "dst_idx receives exactly 8 indices per partition", "allocate dst_idx as [P, 8]");
-      const DType d = inst.operands[4].ap.dtype;
+      const DType d = view(4).dtype;
       if (d != DType::uint16 && d != DType::uint32 && d != DType::int32)
         fail(inst, fmt::format("dst_idx has dtype {}", dtype_name(d)), "indices are written as integers",
              "allocate dst_idx as nl.uint32");
@@ -1032,24 +1055,24 @@ class Verifier {
     per_partition(inst, 3, 1, true);
     if (inst.operands[4].is_tensor()) {
       per_partition(inst, 4, 1, false);
-      if (!is_float(inst.operands[4].ap.dtype))
-        fail(inst, fmt::format("reduce_res has dtype {}", dtype_name(inst.operands[4].ap.dtype)),
+      if (!is_float(view(4).dtype))
+        fail(inst, fmt::format("reduce_res has dtype {}", dtype_name(view(4).dtype)),
              "reduce_res must have a float dtype", "allocate reduce_res as a float32 [P, 1] tile");
     }
-    if (inst.attrs.reduce_cmd != ReduceCmd::idle) reduce_op(inst, inst.attrs.reduce_op, "reduce_op");
+    if (inst.attrs.reduce_cmd != ReduceCmd::idle) reduce_op(inst, Attr::reduce_op);
   }
 
   void check_n_gather(const Instruction& inst) const {
     engine_in(inst, {Engine::gpsimd});
     same_partitions(inst, 0, 1);
     same_tile(inst, 0, 2);
-    const DType d = inst.operands[2].ap.dtype;
+    const DType d = view(2).dtype;
     if (d != DType::uint32 && d != DType::int32)
       fail(inst, fmt::format("indices have dtype {}", dtype_name(d)), "nc_n_gather indices are uint32",
            "compute the indices into a nl.uint32 tile");
-    if (inst.operands[0].ap.dtype != inst.operands[1].ap.dtype)
-      fail(inst, fmt::format("dst is {} but data is {}", dtype_name(inst.operands[0].ap.dtype),
-                             dtype_name(inst.operands[1].ap.dtype)),
+    if (view(0).dtype != view(1).dtype)
+      fail(inst, fmt::format("dst is {} but data is {}", dtype_name(view(0).dtype),
+                             dtype_name(view(1).dtype)),
            "nc_n_gather copies elements: dst has data's dtype", {});
   }
 
@@ -1062,21 +1085,21 @@ class Verifier {
                              geom(inst, 1).free_elements),
            "dst holds the indices, the padding and the count: one element more than src",
            fmt::format("allocate dst with {} elements per partition", geom(inst, 1).free_elements + 1));
-    if (!is_integer(inst.operands[0].ap.dtype))
-      fail(inst, fmt::format("dst has dtype {}", dtype_name(inst.operands[0].ap.dtype)),
+    if (!is_integer(view(0).dtype))
+      fail(inst, fmt::format("dst has dtype {}", dtype_name(view(0).dtype)),
            "nonzero_with_count writes integer indices and counts", "allocate dst as nl.int32");
   }
 
   void check_dma_compute(const Instruction& inst) const {
-    if (inst.attrs.op0 != AluOp::add)
-      fail(inst, fmt::format("reduce_op={} is not supported", alu_op_name(inst.attrs.op0)),
+    if (const auto [op, param] = alu_attr(inst, Attr::op0); op != AluOp::add)
+      fail(inst, fmt::format("{}={} is not supported", param, alu_op_name(op)),
            "the DMA engines reduce with nl.add only", "pass reduce_op=nl.add");
-    const int64_t n = inst.operands[0].ap.num_elements();
+    const int64_t n = view(0).num_elements();
     for (int slot = 1; slot < kMaxSlots; ++slot)
-      if (inst.operands[slot].is_tensor() && inst.operands[slot].ap.num_elements() != n)
+      if (inst.operands[slot].is_tensor() && view(slot).num_elements() != n)
         fail(inst, fmt::format("{} has {} elements {} but dst has {} {}", slot_name(inst, slot),
-                               inst.operands[slot].ap.num_elements(), shape_of(inst.operands[slot].ap), n,
-                               shape_of(inst.operands[0].ap)),
+                               view(slot).num_elements(), shape_of(view(slot)), n,
+                               shape_of(view(0))),
              "dma_compute combines sources of dst's size element by element", "slice the sources to dst's size");
   }
 
@@ -1085,17 +1108,17 @@ class Verifier {
     const AluOp op = inst.attrs.op0;
     if (op != AluOp::add && op != AluOp::maximum && op != AluOp::bitwise_or && op != AluOp::bitwise_and &&
         op != AluOp::average)
-      fail(inst, fmt::format("op={} is not supported", alu_op_name(op)),
+      fail(inst, fmt::format("{}={} is not supported", inst.spec().nki_name(Attr::op0), alu_op_name(op)),
            "tensor_partition_reduce reduces with add, average, maximum, bitwise_or or bitwise_and", {});
     if (is_bitvec_op(op)) {
       for (int s : {0, 1})
-        if (!is_integer(inst.operands[s].ap.dtype))
+        if (!is_integer(view(s).dtype))
           fail(inst, fmt::format("op={} needs integer tiles, but {} is {}", alu_op_name(op), slot_name(inst, s),
-                                 dtype_name(inst.operands[s].ap.dtype)),
+                                 dtype_name(view(s).dtype)),
                "bitwise reductions act on integer bit patterns", "use .view() to reinterpret float bits as integers");
     }
     if (geom(inst, 0).partitions != 1 || geom(inst, 0).free_elements != geom(inst, 1).free_elements)
-      fail(inst, fmt::format("dst {} must be [1, {}]", shape_of(inst.operands[0].ap), geom(inst, 1).free_elements),
+      fail(inst, fmt::format("dst {} must be [1, {}]", shape_of(view(0)), geom(inst, 1).free_elements),
            "tensor_partition_reduce writes one partition with data's free size",
            fmt::format("allocate dst as [1, {}]", geom(inst, 1).free_elements));
   }
@@ -1103,24 +1126,24 @@ class Verifier {
   void check_control(const Instruction& inst) const {
     for (int s = 0; s < inst.spec().num_slots; ++s) {
       const Operand& o = inst.operands[s];
-      if (o.is_reg()) internal_check(o.reg >= 0 && o.reg < k_.num_registers, "register id out of range");
+      if (o.is_reg()) internal_check(o.reg() >= 0 && o.reg() < k_.num_registers, "register id out of range");
       if (o.is_tensor() && (inst.opcode == Opcode::register_load || inst.opcode == Opcode::register_store)) {
-        if (o.ap.num_elements() != 1)
-          fail(inst, fmt::format("{} must be a single element, got shape {}", slot_name(inst, s), shape_of(o.ap)),
+        if (view(s).num_elements() != 1)
+          fail(inst, fmt::format("{} must be a single element, got shape {}", slot_name(inst, s), shape_of(view(s))),
                "registers load from and store to 1x1 tensors", "index one element, e.g. t[0:1, 0:1]");
-        if (storage_of(o.ap).buffer == Buffer::psum)
+        if (storage_of(view(s)).buffer == Buffer::psum)
           fail(inst, fmt::format("{} is in PSUM", describe(inst, s)), "registers load from and store to SBUF or HBM",
                "copy the value to SBUF first");
       }
     }
-    if (inst.opcode == Opcode::loop_begin && inst.attrs.step <= 0)
-      fail(inst, fmt::format("loop step {} must be a positive compile-time integer", inst.attrs.step),
+    if (inst.opcode == Opcode::loop_begin && k_.rare(inst).step <= 0)
+      fail(inst, fmt::format("loop step {} must be a positive compile-time integer", k_.rare(inst).step),
            "runtime loops count up with a positive step", "iterate upwards and compute reversed indices in the body");
   }
 
   void check_core_barrier(const Instruction& inst) const {
     needs_generation(inst, 3);
-    const std::vector<int32_t>& cores = inst.attrs.lanes;
+    const std::vector<int32_t>& cores = k_.rare(inst).lanes;
     if (cores.empty())
       fail(inst, "cores is empty", "a barrier names the program instances that meet there", "pass cores=(0, 1)");
     for (size_t i = 0; i < cores.size(); ++i) {
@@ -1137,12 +1160,12 @@ class Verifier {
   void check_sendrecv(const Instruction& inst) const {
     needs_generation(inst, 3);
     for (int slot : {0, 1}) {
-      const Storage& s = storage_of(inst.operands[slot].ap);
+      const Storage& s = storage_of(view(slot));
       if (s.buffer != Buffer::sbuf)
         fail(inst, fmt::format("{} is in {}", describe(inst, slot), buffer_name(s.buffer)),
              "sendrecv moves tiles between the SBUFs of two NeuronCores", "stage the tile in SBUF first");
     }
-    const AccessPattern &dst = inst.operands[0].ap, &src = inst.operands[1].ap;
+    const AccessPattern &dst = view(0), &src = view(1);
     if (dst.dtype != src.dtype)
       fail(inst, fmt::format("src is {} but dst is {}", info(src.dtype).name, info(dst.dtype).name),
            "sendrecv's src and dst have the same dtype (it copies bytes)", "convert the tile with nisa.tensor_copy first");
@@ -1150,14 +1173,15 @@ class Verifier {
       fail(inst, fmt::format("dst has {} elements {} but src has {} {}", dst.num_elements(), shape_of(dst),
                              src.num_elements(), shape_of(src)),
            "the partner's dst receives as many elements as this src sends", "give src and dst the same shape");
-    const SendRecvRanks r = SendRecvRanks::of(inst.attrs);
-    if (inst.attrs.lanes.size() != 3 || r.send_to < 0 || r.recv_from < 0)
+    const SendRecvRanks r = SendRecvRanks::of(k_.rare(inst));
+    if (k_.rare(inst).lanes.size() != 3 || r.send_to < 0 || r.recv_from < 0)
       fail(inst, fmt::format("send_to_rank={} and recv_from_rank={}", r.send_to, r.recv_from),
            "ranks are program instance numbers, from 0", "pass send_to_rank=1 - nl.program_id(0)");
   }
 
   const Kernel& k_;
   const TargetConfig& t_;
+  std::array<AccessPattern, kMaxSlots> views_;  // of the instruction being checked
 };
 
 }  // namespace

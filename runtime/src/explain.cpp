@@ -217,7 +217,7 @@ class Explainer {
       const cost::DmaWork w = cost::dma_work(k_, inst);
       bytes += double(w.bytes);
       buffers += double(w.buffers);
-      if (inst.name == "spill" || inst.name == "reload") {
+      if (const std::string_view name = k_.instruction_name(inst); name == "spill" || name == "reload") {
         spills += 1;
         spill_bytes += double(w.bytes);
         spill_ns += it.end_ns - it.start_ns;

@@ -20,10 +20,19 @@ bool waits_at(const InstancePlace& place, Opcode op) {
   return inst && inst->opcode == op;
 }
 
+/** The cores a core_barrier names, or a sendrecv's {send_to, recv_from, pipe_id}. */
+const std::vector<int32_t>& lanes(const InstancePlace& place, const Instruction& inst) {
+  return place.kernel->rare(inst).lanes;
+}
+
+SendRecvRanks ranks_of(const InstancePlace& place, const Instruction& inst) {
+  return SendRecvRanks::of(place.kernel->rare(inst));
+}
+
 /** The instances a core_barrier waits for: the cores it names that the launch has. */
-std::vector<size_t> barrier_members(const Instruction& inst, size_t instances) {
+std::vector<size_t> barrier_members(const InstancePlace& place, const Instruction& inst, size_t instances) {
   std::vector<size_t> members;
-  for (int32_t core : inst.attrs.lanes)
+  for (int32_t core : lanes(place, inst))
     if (core >= 0 && size_t(core) < instances) members.push_back(size_t(core));
   std::sort(members.begin(), members.end());
   return members;
@@ -41,11 +50,9 @@ std::string place_text(const InstancePlace& place, size_t i) {
   if (!inst) return fmt::format("instance {} ended after {} meeting{}", i, place.meetings, place.meetings == 1 ? "" : "s");
   std::string what(opcode_name(inst->opcode));
   if (inst->opcode == Opcode::core_barrier) {
-    what += "(cores=[";
-    for (size_t c = 0; c < inst->attrs.lanes.size(); ++c) what += fmt::format("{}{}", c ? ", " : "", inst->attrs.lanes[c]);
-    what += "])";
+    what += fmt::format("(cores=[{}])", fmt::join(lanes(place, *inst), ", "));
   } else {
-    const SendRecvRanks r = SendRecvRanks::of(inst->attrs);
+    const SendRecvRanks r = ranks_of(place, *inst);
     what += fmt::format("(send_to_rank={}, recv_from_rank={})", r.send_to, r.recv_from);
   }
   return fmt::format("instance {} waits at its {} meeting, {} at {}", i, ordinal(place.meetings + 1), what,
@@ -63,13 +70,13 @@ void check_partners(std::span<const InstancePlace> places, size_t i) {
   const Instruction& inst = *waiting_at(place);
   const size_t n = places.size();
   if (inst.opcode == Opcode::core_barrier) {
-    const std::vector<size_t> members = barrier_members(inst, n);
+    const std::vector<size_t> members = barrier_members(place, inst, n);
     if (!std::binary_search(members.begin(), members.end(), i))
       fail_at(place, fmt::format("core_barrier on program instance {} names cores that leave it out", i),
               "a core waits at a barrier with the other cores it names", "name this instance among cores, e.g. (0, 1)");
     return;
   }
-  const SendRecvRanks r = SendRecvRanks::of(inst.attrs);
+  const SendRecvRanks r = ranks_of(place, inst);
   for (auto [rank, role] : {std::pair{r.send_to, "send_to_rank"}, std::pair{r.recv_from, "recv_from_rank"}})
     if (rank < 0 || size_t(rank) >= n)
       fail_at(place, fmt::format("sendrecv of program instance {} has {}={}, but the launch has {} instance{}", i, role,
@@ -89,16 +96,17 @@ std::vector<size_t> completed_meetings(std::span<const InstancePlace> places) {
     check_partners(places, i);
     const Instruction& inst = *waiting_at(places[i]);
     if (inst.opcode != Opcode::core_barrier) continue;
-    const std::vector<size_t> members = barrier_members(inst, n);
+    const std::vector<size_t> members = barrier_members(places[i], inst, n);
     go[i] = std::all_of(members.begin(), members.end(), [&](size_t m) {
-      return waits_at(places[m], Opcode::core_barrier) && barrier_members(*waiting_at(places[m]), n) == members;
+      return waits_at(places[m], Opcode::core_barrier) &&
+             barrier_members(places[m], *waiting_at(places[m]), n) == members;
     });
   }
   // sendrecv: an instance goes on when the instance it sends to receives from it and the one it
   // receives from sends to it, both going on too (the largest such set: a ring completes at once).
   std::vector<uint8_t> exchange(n, 0);
   for (size_t i = 0; i < n; ++i) exchange[i] = waits_at(places[i], Opcode::sendrecv);
-  auto ranks = [&](size_t i) { return SendRecvRanks::of(waiting_at(places[i])->attrs); };
+  auto ranks = [&](size_t i) { return ranks_of(places[i], *waiting_at(places[i])); };
   for (bool changed = true; changed;) {
     changed = false;
     for (size_t i = 0; i < n; ++i) {
@@ -128,8 +136,8 @@ std::vector<size_t> completed_meetings(std::span<const InstancePlace> places) {
 
 std::vector<size_t> meeting_partners(std::span<const InstancePlace> places, size_t i) {
   const Instruction& inst = *waiting_at(places[i]);
-  if (inst.opcode == Opcode::core_barrier) return barrier_members(inst, places.size());
-  const SendRecvRanks r = SendRecvRanks::of(inst.attrs);
+  if (inst.opcode == Opcode::core_barrier) return barrier_members(places[i], inst, places.size());
+  const SendRecvRanks r = ranks_of(places[i], inst);
   return {size_t(r.send_to), size_t(r.recv_from)};
 }
 
@@ -169,10 +177,10 @@ void run_launch(std::span<InstanceRun* const> instances, std::span<void* const> 
         if (waits_at(places[i], Opcode::sendrecv)) sent[i] = instances[i]->read_operand(1);
       for (size_t i : go) {
         if (waits_at(places[i], Opcode::sendrecv)) {
-          const size_t from = size_t(SendRecvRanks::of(waiting_at(places[i])->attrs).recv_from);
-          const Payload& p = sent[from];
           const Instruction& inst = *waiting_at(places[i]);
-          const AccessPattern& dst = inst.operands[0].ap;
+          const size_t from = size_t(ranks_of(places[i], inst).recv_from);
+          const Payload& p = sent[from];
+          const AccessPattern dst = places[i].kernel->view(inst, 0);
           if (p.dtype != dst.dtype || p.elements() != dst.num_elements())
             fail_at(places[i],
                     fmt::format("sendrecv: instance {} receives {} {} elements from instance {} into dst '{}' of {} "

@@ -157,8 +157,8 @@ void Machine::mark_scratch_hbm_used() {
     for (int slot = 0; slot < inst.spec().num_slots; ++slot) {
       const Operand& o = inst.operands[slot];
       if (!o.is_tensor()) continue;
-      mark(o.ap);
-      if (const Indirection* ind = o.ap.indirection.get()) {
+      mark(kernel_.view(o));
+      if (const Indirection* ind = kernel_.indirection(o)) {
         if (ind->scalar_tensor) mark(*ind->scalar_tensor);
         if (ind->vector_offset) mark(*ind->vector_offset);
       }

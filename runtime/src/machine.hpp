@@ -126,7 +126,7 @@ class Machine {
 
   /** The elements a view addresses, with runtime offsets applied and bounds-checked. */
   Elements resolve(const Instruction& inst, const AccessPattern& ap) const;
-  Elements operand(const Instruction& inst, int slot) const { return resolve(inst, inst.operands[slot].ap); }
+  Elements operand(const Instruction& inst, int slot) const { return resolve(inst, kernel_.view(inst, slot)); }
   /** The operand's elements, or none when the slot holds an immediate or nothing. */
   Elements optional_operand(const Instruction& inst, int slot) const {
     return inst.operands[slot].is_tensor() ? operand(inst, slot) : Elements{};

@@ -37,8 +37,8 @@ void apply_reduce_cmd(ReduceCmd cmd, AluOp op, float identity, std::vector<float
   }
 }
 
-int64_t reduce_run(const Instruction& inst) {
-  const AccessPattern& ap = inst.operands[1].ap;
+int64_t reduce_run(const Kernel& k, const Instruction& inst) {
+  const AccessPattern ap = k.view(inst, 1);
   int first = ap.rank;
   for (int d = 1; d < ap.rank; ++d)
     if (inst.attrs.axes & (1u << d)) {
@@ -50,7 +50,7 @@ int64_t reduce_run(const Instruction& inst) {
   return run;
 }
 
-std::vector<int64_t> affine_values(const Attributes& at, int64_t c, int64_t free) {
+std::vector<int64_t> affine_values(const RareAttributes& at, int64_t c, int64_t free) {
   std::vector<int64_t> values(free), idx(at.pattern.size(), 0);
   for (int64_t f = 0; f < free; ++f) {
     int64_t v = at.offset + c * at.channel_multiplier;
@@ -70,12 +70,12 @@ namespace {
 
 /** The value of a register-or-immediate operand. */
 int64_t scalar_value(const Machine& m, const Operand& o) {
-  return o.is_reg() ? m.reg(o.reg) : static_cast<int64_t>(o.imm);
+  return o.is_reg() ? m.reg(o.reg()) : static_cast<int64_t>(o.imm());
 }
 
 /** Value of a scalar-or-vector operand for partition p (fp32). */
 float per_partition(const Operand& o, const Elements& e, int64_t p) {
-  return o.is_tensor() ? e.get(p, 0) : static_cast<float>(o.imm);
+  return o.is_tensor() ? e.get(p, 0) : static_cast<float>(o.imm());
 }
 
 /** Folds `values` with `op` left to right (the first element is the initial value). */
@@ -128,7 +128,7 @@ void exec_copy_predicated(Machine& m, const Instruction& inst) {
   for (int64_t i = 0; i < dst.size(); ++i) {
     const bool take = (numerics::load_int(pred.dtype, pred.ptr[i]) != 0) != inst.attrs.reverse_pred;
     if (!take) continue;
-    if (scalar_src) numerics::store_float(dst.dtype, dst.ptr[i], static_cast<float>(inst.operands[1].imm));
+    if (scalar_src) numerics::store_float(dst.dtype, dst.ptr[i], static_cast<float>(inst.operands[1].imm()));
     else numerics::copy_element(dst.dtype, dst.ptr[i], src.dtype, src.ptr[i]);
   }
 }
@@ -149,7 +149,7 @@ void exec_stream_shuffle(Machine& m, const Instruction& inst) {
     for (int64_t f = 0; f < src.free; ++f)
       std::memcpy(&rows[(p * src.free + f) * dtype_size(src.dtype)], src.at(p, f), dtype_size(src.dtype));
   for (int64_t p = 0; p < dst.partitions; ++p) {
-    const int32_t lane = inst.attrs.lanes[p % quadrant];
+    const int32_t lane = m.kernel().rare(inst).lanes[p % quadrant];
     if (lane == kShuffleKeepLane) continue;
     const int64_t from = (p / quadrant) * quadrant + lane;
     if (from >= src.partitions)
@@ -213,7 +213,7 @@ void exec_tensor_scalar(Machine& m, const Instruction& inst) {
   if (is_bitvec_op(at.op0)) {
     const int bits = 8 * int(dtype_size(data.dtype));
     auto int_operand = [&](const Operand& o, const Elements& e, int64_t p) {
-      return o.is_tensor() ? e.get_int(p, 0) : static_cast<int64_t>(o.imm);
+      return o.is_tensor() ? e.get_int(p, 0) : static_cast<int64_t>(o.imm());
     };
     for (int64_t p = 0; p < dst.partitions; ++p)
       for (int64_t f = 0; f < dst.free; ++f) {
@@ -300,7 +300,7 @@ void exec_scan(Machine& m, const Instruction& inst) {
 void exec_tensor_reduce(Machine& m, const Instruction& inst) {
   const Attributes& at = inst.attrs;
   Elements dst = m.operand(inst, 0), data = m.operand(inst, 1);
-  const int64_t run = reduce_run(inst);
+  const int64_t run = reduce_run(m.kernel(), inst);
   const int bits = 8 * int(dtype_size(data.dtype));
   for (int64_t p = 0; p < dst.partitions; ++p)
     for (int64_t o = 0; o < dst.free; ++o) {
@@ -419,12 +419,13 @@ void exec_range_select(Machine& m, const Instruction& inst) {
   Elements dst = m.operand(inst, 0), on_true = m.operand(inst, 1), b0 = m.optional_operand(inst, 2),
            b1 = m.optional_operand(inst, 3), res = m.optional_operand(inst, 4);
   const bool reducing = at.reduce_cmd == ReduceCmd::reduce || at.reduce_cmd == ReduceCmd::reset_reduce;
-  const float fill = static_cast<float>(at.fill_value);
+  const RareAttributes& rare = m.kernel().rare(inst);
+  const float fill = static_cast<float>(rare.fill_value);
   for (int64_t p = 0; p < dst.partitions; ++p) {
     const float bound0 = per_partition(inst.operands[2], b0, p), bound1 = per_partition(inst.operands[3], b1, p);
     float best = 0.0f;
     for (int64_t f = 0; f < dst.free; ++f) {
-      const float position = static_cast<float>(f + at.offset);
+      const float position = static_cast<float>(f + rare.offset);
       const bool keep = alu_apply(at.op0, position, bound0) != 0.0f && alu_apply(at.op1, position, bound1) != 0.0f;
       const float v = keep ? on_true.get(p, f) : fill;
       dst.set(p, f, v);
@@ -474,7 +475,7 @@ void exec_find_index8(Machine& m, const Instruction& inst) {
 void exec_match_replace8(Machine& m, const Instruction& inst) {
   Elements dst = m.operand(inst, 0), data = m.operand(inst, 1), vals = m.operand(inst, 2),
            idx = m.optional_operand(inst, 4);
-  const float imm = static_cast<float>(inst.operands[3].imm);
+  const float imm = static_cast<float>(inst.operands[3].imm());
   for (int64_t p = 0; p < data.partitions; ++p) {
     std::vector<float> row(data.free);
     for (int64_t f = 0; f < data.free; ++f) row[f] = data.get(p, f);
@@ -505,10 +506,10 @@ void exec_nonzero_with_count(Machine& m, const Instruction& inst) {
     int64_t n = 0;
     for (int64_t f = 0; f < src.free; ++f) {
       const bool nonzero = is_float(src.dtype) ? src.get(p, f) != 0.0f : src.get_int(p, f) != 0;
-      if (nonzero) numerics::store_saturated(dst.dtype, dst.at(p, n++), f + inst.attrs.offset);
+      if (nonzero) numerics::store_saturated(dst.dtype, dst.at(p, n++), f + m.kernel().rare(inst).offset);
     }
     for (int64_t f = n; f < src.free; ++f)
-      numerics::store_saturated(dst.dtype, dst.at(p, f), static_cast<int64_t>(inst.attrs.fill_value));
+      numerics::store_saturated(dst.dtype, dst.at(p, f), static_cast<int64_t>(m.kernel().rare(inst).fill_value));
     numerics::store_saturated(dst.dtype, dst.at(p, src.free), n);
   }
 }
@@ -517,7 +518,7 @@ void exec_nonzero_with_count(Machine& m, const Instruction& inst) {
 
 void exec_memset(Machine& m, const Instruction& inst) {
   Elements dst = m.operand(inst, 0);
-  const double v = inst.operands[1].imm;
+  const double v = inst.operands[1].imm();
   for (uint8_t* p : dst.ptr) {
     if (is_float(dst.dtype)) numerics::store_float(dst.dtype, p, static_cast<float>(v));
     else numerics::store_saturated(dst.dtype, p, static_cast<int64_t>(v));
@@ -529,14 +530,14 @@ void exec_affine(Machine& m, const Instruction& inst) {
   Elements dst = m.operand(inst, 0);
   Elements on_true = inst.opcode == Opcode::affine_select ? m.operand(inst, 1) : Elements{};
   for (int64_t c = 0; c < dst.partitions; ++c) {
-    const std::vector<int64_t> values = affine_values(at, c, dst.free);
+    const std::vector<int64_t> values = affine_values(m.kernel().rare(inst), c, dst.free);
     for (int64_t f = 0; f < dst.free; ++f) {
       if (inst.opcode == Opcode::iota) {
         numerics::store_saturated(dst.dtype, dst.at(c, f), values[f]);
       } else if (alu_apply_int(at.cmp_op, values[f], 0)) {
         numerics::copy_element(dst.dtype, dst.at(c, f), on_true.dtype, on_true.at(c, f));
       } else {
-        dst.set(c, f, static_cast<float>(inst.operands[2].imm));
+        dst.set(c, f, static_cast<float>(inst.operands[2].imm()));
       }
     }
   }
@@ -589,7 +590,7 @@ void exec_matmul(Machine& machine, const Instruction& inst) {
 
 void exec_device_print(Machine& m, const Instruction& inst) {
   Elements src = m.operand(inst, 0);
-  std::string out = fmt::format("{} {}:\n[", inst.attrs.text, inst.operands[0].ap.shape().str());
+  std::string out = fmt::format("{} {}:\n[", m.kernel().rare(inst).text, m.kernel().view(inst, 0).shape().str());
   for (int64_t p = 0; p < src.partitions; ++p) {
     out += p ? ",\n [" : "[";
     for (int64_t f = 0; f < src.free; ++f) {
@@ -638,29 +639,29 @@ void execute(Machine& m, const Instruction& inst, size_t& pc) {
     case Opcode::nonzero_with_count: return exec_nonzero_with_count(m, inst);
     case Opcode::dma_compute: return exec_dma_compute(m, inst);
     case Opcode::register_move:
-      m.reg(inst.operands[0].reg) = scalar_value(m, inst.operands[1]);
+      m.reg(inst.operands[0].reg()) = scalar_value(m, inst.operands[1]);
       return;
     case Opcode::register_load: {
       Elements src = m.operand(inst, 1);
-      m.reg(inst.operands[0].reg) = is_integer(src.dtype) ? src.get_int(0, 0) : std::llrint(src.get(0, 0));
+      m.reg(inst.operands[0].reg()) = is_integer(src.dtype) ? src.get_int(0, 0) : std::llrint(src.get(0, 0));
       return;
     }
     case Opcode::register_store: {
       Elements dst = m.operand(inst, 0);
-      numerics::store_saturated(dst.dtype, dst.ptr[0], m.reg(inst.operands[1].reg));
+      numerics::store_saturated(dst.dtype, dst.ptr[0], m.reg(inst.operands[1].reg()));
       return;
     }
     case Opcode::loop_begin: {
       const int64_t lower = scalar_value(m, inst.operands[1]), upper = scalar_value(m, inst.operands[2]);
-      m.reg(inst.operands[0].reg) = lower;
-      if (lower >= upper) pc = static_cast<size_t>(inst.attrs.jump);  // skip the body
+      m.reg(inst.operands[0].reg()) = lower;
+      if (lower >= upper) pc = static_cast<size_t>(m.kernel().rare(inst).jump);  // skip the body
       return;
     }
     case Opcode::loop_end: {
-      const Instruction& begin = m.kernel().instructions[inst.attrs.jump];
-      int64_t& counter = m.reg(begin.operands[0].reg);
-      counter += begin.attrs.step;
-      if (counter < scalar_value(m, begin.operands[2])) pc = static_cast<size_t>(inst.attrs.jump);
+      const Instruction& begin = m.kernel().instructions[m.kernel().rare(inst).jump];
+      int64_t& counter = m.reg(begin.operands[0].reg());
+      counter += m.kernel().rare(begin).step;
+      if (counter < scalar_value(m, begin.operands[2])) pc = static_cast<size_t>(m.kernel().rare(inst).jump);
       return;
     }
     case Opcode::device_print: return exec_device_print(m, inst);

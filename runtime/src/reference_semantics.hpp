@@ -23,10 +23,10 @@ void apply_reduce_cmd(ReduceCmd cmd, AluOp op, float identity, std::vector<float
 
 /** Elements each output of a tensor_reduce folds: the reduced axes are a suffix of the free
  * dims, so each output element reduces one run of consecutive input elements. */
-int64_t reduce_run(const Instruction& inst);
+int64_t reduce_run(const Kernel& k, const Instruction& inst);
 
 /** The affine values of iota / affine_select for partition c: offset + c * channel_multiplier +
  * sum(step * index) over the pattern, one per free element, computed in int32. */
-std::vector<int64_t> affine_values(const Attributes& at, int64_t c, int64_t free);
+std::vector<int64_t> affine_values(const RareAttributes& at, int64_t c, int64_t free);
 
 }  // namespace nikki::runtime::reference

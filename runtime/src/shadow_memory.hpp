@@ -113,15 +113,16 @@ class ShadowMemory {
     for (int slot = 0; slot < inst.spec().num_slots; ++slot) {
       const Operand& o = inst.operands[slot];
       if (!o.is_tensor()) continue;
-      if (const Indirection* ind = o.ap.indirection.get()) {
+      const AccessPattern ap = m.kernel().view(o);
+      if (const Indirection* ind = ap.indirection.get()) {
         if (ind->scalar_tensor) require_valid(inst, read(m, inst, *ind->scalar_tensor), "is used as a runtime offset");
         if (ind->vector_offset) require_valid(inst, read(m, inst, *ind->vector_offset), "is used as a runtime offset");
       }
       // A predicated copy keeps the destination elements it does not select, without reading them.
       const bool reads =
           inst.access(slot) != Access::write && !(slot == 0 && inst.opcode == Opcode::tensor_copy_predicated);
-      if (reads) v[slot] = read(m, inst, o.ap);
-      else if (slot == 0) v[0] = View{m.resolve(inst, o.ap), std::vector<uint8_t>(o.ap.num_elements(), 1), -1};
+      if (reads) v[slot] = read(m, inst, ap);
+      else if (slot == 0) v[0] = View{m.resolve(inst, ap), std::vector<uint8_t>(ap.num_elements(), 1), -1};
     }
     if (inst.opcode == Opcode::register_load) require_valid(inst, v[1], "is loaded into a register");
     // nc_matmul adds to its destination only where it accumulates (in automatic mode: where a
@@ -150,13 +151,13 @@ class ShadowMemory {
    * never-written memory (the other core's shadow cannot follow it). */
   void require_sent_valid(const Machine& m, const Instruction& inst, size_t index, int slot) {
     index_ = index;
-    require_valid(inst, read(m, inst, inst.operands[slot].ap), "is sent to another core");
+    require_valid(inst, read(m, inst, k_.view(inst, slot)), "is sent to another core");
   }
 
   /** A sendrecv's dst (instruction `index`) received the other core's values, which are valid. */
   void mark_received(Machine& m, const Instruction& inst, size_t index, int slot) {
     index_ = index;
-    store(m, inst, slot, std::vector<uint8_t>(inst.operands[slot].ap.num_elements(), 1), -1);
+    store(m, inst, slot, std::vector<uint8_t>(k_.view(inst, slot).num_elements(), 1), -1);
   }
 
   /** A meeting with the other instances of the launch completed: the HBM they share with this
@@ -295,7 +296,7 @@ class ShadowMemory {
   /** Writes the validity of what `inst` wrote into the shadow (`valid` per element of slot `slot`). */
   void store(Machine& m, const Instruction& inst, int slot, const std::vector<uint8_t>& valid, int32_t origin,
              const std::vector<uint8_t>* written_mask = nullptr) {
-    const AccessPattern& ap = inst.operands[slot].ap;
+    const AccessPattern ap = m.kernel().view(inst, slot);
     const Elements e = m.resolve(inst, ap);
     const int64_t size = dtype_size(ap.dtype);
     bool any_invalid = false;
@@ -365,7 +366,7 @@ class ShadowMemory {
         break;
       }
       case Opcode::tensor_reduce: {
-        const int64_t run = reference::reduce_run(inst);
+        const int64_t run = reference::reduce_run(m.kernel(), inst);
         each([&](int64_t p, int64_t o) {
           for (int64_t i = 0; i < run; ++i)
             if (!v[1].at(p, o * run + i)) return false;
@@ -384,7 +385,7 @@ class ShadowMemory {
       case Opcode::register_store: break;
       case Opcode::affine_select:
         for (int64_t c = 0; c < P; ++c) {
-          const std::vector<int64_t> values = reference::affine_values(at, c, F);
+          const std::vector<int64_t> values = reference::affine_values(m.kernel().rare(inst), c, F);
           for (int64_t f = 0; f < F; ++f) out[c * F + f] = !alu_apply_int(at.cmp_op, values[f], 0) || v[1].at(c, f);
         }
         break;
@@ -442,7 +443,7 @@ class ShadowMemory {
       case Opcode::nc_match_replace8: {  // which element is replaced depends on the whole row and on vals
         each([&](int64_t p, int64_t) { return v[1].row(p) && v[2].row(p); });
         if (inst.operands[4].is_tensor()) {  // a write-only slot: resolved here, not among the read views
-          const Elements idx = m.resolve(inst, inst.operands[4].ap);
+          const Elements idx = m.operand(inst, 4);
           std::vector<uint8_t> indices(idx.size());
           for (int64_t p = 0; p < idx.partitions; ++p)
             for (int64_t f = 0; f < idx.free; ++f) indices[p * idx.free + f] = v[1].row(p) && v[2].row(p);
@@ -454,7 +455,7 @@ class ShadowMemory {
         const int64_t quadrant = k_.config().partition_quadrant;
         std::vector<uint8_t> written(dst.e.size(), 0);
         for (int64_t p = 0; p < P; ++p) {
-          const int32_t lane = at.lanes[p % quadrant];
+          const int32_t lane = m.kernel().rare(inst).lanes[p % quadrant];
           if (lane == kShuffleKeepLane) continue;
           const int64_t from = (p / quadrant) * quadrant + lane;
           for (int64_t f = 0; f < F; ++f) {
@@ -528,7 +529,7 @@ class ShadowMemory {
   /** reduce_res: column 0 of each partition gets the accumulator. */
   void store_accumulator(Machine& m, const Instruction& inst, int slot, const std::vector<float>& acc_invalid,
                          int32_t origin) {
-    const Elements e = m.resolve(inst, inst.operands[slot].ap);
+    const Elements e = m.operand(inst, slot);
     std::vector<uint8_t> valid(e.size(), 1), written(e.size(), 0);
     for (int64_t p = 0; p < e.partitions; ++p) {
       valid[p * e.free] = acc_invalid[p] == 0.0f;

@@ -145,7 +145,7 @@ class Replay {
       it.cycles = cycles;
       hold_ports(inst, it.end_ns, index);
       if (inst.opcode == Opcode::nc_matmul) {
-        const AccessPattern &st = inst.operands[1].ap, &mv = inst.operands[2].ap;
+        const AccessPattern st = k_.view(inst, 1), mv = k_.view(inst, 2);
         profile_.matmul_flops += 2 * st.dims[0].count * st.inner_elements() * mv.inner_elements();
       }
       if (inst.spec().is_control) control(inst);
@@ -214,20 +214,20 @@ class Replay {
   void control(const Instruction& inst) {
     const Operand& dst = inst.operands[0];
     if (inst.opcode == Opcode::register_move)
-      regs_[dst.reg] = inst.operands[1].is_imm() ? std::optional<int64_t>(int64_t(inst.operands[1].imm))
-                                                 : regs_[inst.operands[1].reg];
+      regs_[dst.reg()] = inst.operands[1].is_imm() ? std::optional<int64_t>(int64_t(inst.operands[1].imm()))
+                                                   : regs_[inst.operands[1].reg()];
     else if (inst.opcode == Opcode::register_load)
-      regs_[dst.reg] = std::nullopt;
+      regs_[dst.reg()] = std::nullopt;
   }
 
   int64_t value(const Instruction& inst, const Operand& o) {
-    if (o.is_imm()) return int64_t(o.imm);
-    if (!regs_[o.reg])
+    if (o.is_imm()) return int64_t(o.imm());
+    if (!regs_[o.reg()])
       throw KernelError("the timing estimate needs the loop's bounds at compile time, but register r" +
-                            std::to_string(o.reg) + " is read from a tensor",
+                            std::to_string(o.reg()) + " is read from a tensor",
                         k_.location(inst.loc), std::string(opcode_name(inst.opcode)), {},
                         "estimate with concrete arrays through a run, or use compile-time loop bounds");
-    return *regs_[o.reg];
+    return *regs_[o.reg()];
   }
 
   /** All queues have drained at a barrier: run the loop control once, restart the counts. */
@@ -242,13 +242,13 @@ class Replay {
     uint32_t target = ir;
     if (inst.opcode == Opcode::loop_begin) {
       const int64_t lower = value(inst, inst.operands[1]), upper = value(inst, inst.operands[2]);
-      regs_[inst.operands[0].reg] = lower;
-      if (lower >= upper) target = uint32_t(inst.attrs.jump);
+      regs_[inst.operands[0].reg()] = lower;
+      if (lower >= upper) target = uint32_t(k_.rare(inst).jump);
     } else {
-      const Instruction& begin = k_.instructions[inst.attrs.jump];
-      int64_t& counter = *regs_[begin.operands[0].reg];
-      counter += begin.attrs.step;
-      if (counter < value(begin, begin.operands[2])) target = uint32_t(inst.attrs.jump);
+      const Instruction& begin = k_.instructions[k_.rare(inst).jump];
+      int64_t& counter = *regs_[begin.operands[0].reg()];
+      counter += k_.rare(begin).step;
+      if (counter < value(begin, begin.operands[2])) target = uint32_t(k_.rare(inst).jump);
     }
     resume_after(target, now, last < 0 ? WaitCause::none : WaitCause::barrier, last);
   }

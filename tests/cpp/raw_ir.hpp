@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -9,15 +10,20 @@
 
 namespace nikki::test {
 
+/** @brief A tensor operand of the kernel being traced that views `t`. */
+inline Operand tensor_operand(const Tensor& t) { return t.builder().operand(t.access()); }
+
 /** @brief Appends a raw instruction to the kernel being traced. */
-inline void append(Opcode op, std::vector<Operand> operands, Attributes attrs = {}, Loc loc = Loc::current()) {
+inline void append(Opcode op, std::vector<Operand> operands, Attributes attrs = {},
+                   std::optional<RareAttributes> rare = std::nullopt, Loc loc = Loc::current()) {
   KernelBuilder& b = KernelBuilder::current(loc);
   Instruction inst;
   inst.opcode = op;
   inst.loc = b.location(loc);
-  inst.attrs = std::move(attrs);
-  for (size_t i = 0; i < operands.size(); ++i) inst.operands[i] = std::move(operands[i]);
-  b.append(std::move(inst));
+  inst.attrs = attrs;
+  if (rare) b.rare(inst) = std::move(*rare);
+  for (size_t i = 0; i < operands.size(); ++i) inst.operands[i] = operands[i];
+  b.append(inst);
 }
 
 /** @brief Links each loop_end with its loop_begin (innermost first), as a front end does. */
@@ -26,8 +32,8 @@ inline void link_loops(Kernel& k) {
   for (int32_t n = 0; n < static_cast<int32_t>(k.instructions.size()); ++n) {
     if (k.instructions[n].opcode == Opcode::loop_begin) open.push_back(n);
     if (k.instructions[n].opcode == Opcode::loop_end) {
-      k.instructions[n].attrs.jump = open.back();
-      k.instructions[open.back()].attrs.jump = n;
+      k.mutable_rare(k.instructions[n]).jump = open.back();
+      k.mutable_rare(k.instructions[open.back()]).jump = n;
       open.pop_back();
     }
   }

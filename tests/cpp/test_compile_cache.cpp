@@ -270,7 +270,7 @@ TEST_CASE("compile cache: a loaded plan binds runtime offsets to the loaded prog
     if (const jit::NativeInstruction* n = hit.native->instruction(i))
       for (int slot = 0; slot < kMaxSlots; ++slot)
         if (n->operands[slot].indirection) {
-          CHECK(n->operands[slot].indirection == kernel.instructions[i].operands[slot].ap.indirection.get());
+          CHECK(n->operands[slot].indirection == kernel.indirection(kernel.instructions[i].operands[slot]));
           native_runtime_offset = true;
         }
   REQUIRE(native_runtime_offset);

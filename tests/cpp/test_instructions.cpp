@@ -9,6 +9,7 @@
 // operations, comparisons, single fp32 operations, iota, max8, ...) the comparison is exact;
 // elsewhere each tolerance is justified next to it.
 #include "harness.hpp"
+#include "raw_ir.hpp"
 #include "reduction_reference.hpp"
 
 #include <algorithm>
@@ -2149,21 +2150,6 @@ TEST_CASE("instr: runtime offsets: scalar_offset from a 1x1 tensor, vector_offse
 // yet, so the instructions are appended to the IR directly through the kernel's builder.
 // =================================================================================================
 
-namespace {
-
-LocId here(KernelBuilder& b, std::source_location loc = std::source_location::current()) { return b.location(loc); }
-
-void append(KernelBuilder& b, Opcode op, std::initializer_list<Operand> operands, Attributes attrs = {}) {
-  Instruction inst;
-  inst.opcode = op;
-  inst.loc = here(b);
-  int s = 0;
-  for (const Operand& o : operands) inst.operands[s++] = o;
-  inst.attrs = std::move(attrs);
-  b.append(std::move(inst));
-}
-
-}  // namespace
 
 TEST_CASE("instr: registers and runtime loops (IR level)") {
   HostTensor x = uniform(DType::float32, {8, 16}, 210);
@@ -2177,27 +2163,27 @@ TEST_CASE("instr: registers and runtime loops (IR level)") {
         Tensor count = nl::zeros({1, 1}, nl::int32);
         Tensor sn = to_sbuf(n);
         const RegisterId upper = b.new_register(), i = b.new_register(), seven = b.new_register();
-        append(b, Opcode::register_load, {Operand::reg_(upper), Operand::tensor(sn.access())});
+        test::append(Opcode::register_load, {Operand::reg_(upper), test::tensor_operand(sn)});
         // for i in [0, upper): out[i] = x[i]; acc += x[i]; count += 1
         const auto begin = static_cast<int32_t>(b.kernel().instructions.size());
-        append(b, Opcode::loop_begin, {Operand::reg_(i), Operand::immediate(0), Operand::reg_(upper)},
-               Attributes{.step = 1, .jump = begin + 5});
+        test::append(Opcode::loop_begin, {Operand::reg_(i), Operand::immediate(0), Operand::reg_(upper)},
+               {}, RareAttributes{.step = 1, .jump = begin + 5});
         Tensor row = nl::ndarray({1, 16}, nl::float32, nl::sbuf);
         isa::dma_copy(row, x.ap({{16, 1}, {1, 16}}, ApOptions{.scalar_offset_register = i, .indirect_dim = 0}));
         isa::dma_copy(out.ap({{16, 1}, {1, 16}}, ApOptions{.scalar_offset_register = i, .indirect_dim = 0}), row);
         isa::tensor_tensor(acc, acc, row, nl::add);
         isa::tensor_scalar(count, count, nl::add, 1.0);
-        append(b, Opcode::loop_end, {}, Attributes{.jump = begin});
+        test::append(Opcode::loop_end, {}, {}, RareAttributes{.jump = begin});
         // An empty range skips the body.
         const auto begin2 = static_cast<int32_t>(b.kernel().instructions.size());
-        append(b, Opcode::loop_begin, {Operand::reg_(i), Operand::immediate(3), Operand::immediate(3)},
-               Attributes{.step = 1, .jump = begin2 + 2});
+        test::append(Opcode::loop_begin, {Operand::reg_(i), Operand::immediate(3), Operand::immediate(3)},
+               {}, RareAttributes{.step = 1, .jump = begin2 + 2});
         isa::tensor_scalar(count, count, nl::add, 100.0);
-        append(b, Opcode::loop_end, {}, Attributes{.jump = begin2});
+        test::append(Opcode::loop_end, {}, {}, RareAttributes{.jump = begin2});
         // register_move of an immediate, register_store into a 1x1 tensor.
         Tensor stored = nl::ndarray({1, 1}, nl::int32, nl::sbuf);
-        append(b, Opcode::register_move, {Operand::reg_(seven), Operand::immediate(7)});
-        append(b, Opcode::register_store, {Operand::tensor(stored.access()), Operand::reg_(seven)});
+        test::append(Opcode::register_move, {Operand::reg_(seven), Operand::immediate(7)});
+        test::append(Opcode::register_store, {test::tensor_operand(stored), Operand::reg_(seven)});
         return std::make_tuple(out, to_hbm(acc), to_hbm(count), to_hbm(stored));
       },
       x, n);
@@ -2228,10 +2214,9 @@ TEST_CASE("instr: device_print writes a tile to stdout (IR level)") {
   try {
     outs = run(
         [](Tensor x, Tensor k) {
-          KernelBuilder& b = x.builder();
           Tensor sx = to_sbuf(x), sk = to_sbuf(k);
-          append(b, Opcode::device_print, {Operand::tensor(sx.access())}, Attributes{.text = "x"});
-          append(b, Opcode::device_print, {Operand::tensor(sk.access())}, Attributes{.text = "k"});
+          test::append(Opcode::device_print, {test::tensor_operand(sx)}, {}, RareAttributes{.text = "x"});
+          test::append(Opcode::device_print, {test::tensor_operand(sk)}, {}, RareAttributes{.text = "k"});
           return to_hbm(sx);
         },
         x, k);

@@ -124,14 +124,14 @@ TEST_CASE("spill: tensors that do not fit at once are spilled and the result is 
     for (uint32_t i : s.saves) {
       const Instruction& inst = k.instructions[i];
       CHECK(inst.opcode == Opcode::dma_copy);
-      CHECK(inst.operands[0].ap.storage == s.home);
-      CHECK(k.storage(inst.operands[1].ap.storage).buffer == Buffer::sbuf);
+      CHECK(inst.operands[0].storage() == s.home);
+      CHECK(k.storage(inst.operands[1].storage()).buffer == Buffer::sbuf);
       CHECK(inst.loc == k.storage(s.tensor).loc);
     }
     for (uint32_t i : s.reloads) {
       const Instruction& inst = k.instructions[i];
-      CHECK(inst.operands[1].ap.storage == s.home);
-      const Storage& stretch = k.storage(inst.operands[0].ap.storage);
+      CHECK(inst.operands[1].storage() == s.home);
+      const Storage& stretch = k.storage(inst.operands[0].storage());
       CHECK(stretch.buffer == Buffer::sbuf);
       CHECK(stretch.shape == k.storage(s.tensor).shape);
       CHECK(stretch.loc == k.storage(s.tensor).loc);
@@ -263,7 +263,7 @@ TEST_CASE("spill: a value overwritten before it is read again moves nowhere, its
   CHECK(k.instructions.size() == traced.instructions.size());
   // The second value of d lives in a storage of its own, which may take c's bytes.
   CHECK(storage(k, "d.1").shape == storage(k, "d").shape);
-  CHECK(k.storage(k.instructions[k.instructions.size() - 3].operands[0].ap.storage).name == "d.1");
+  CHECK(k.storage(k.instructions[k.instructions.size() - 3].operands[0].storage()).name == "d.1");
 
   HostTensor x = random_tensor(DType::float32, {128, kWide}, 4);
   std::vector<HostTensor> outs = run_everywhere(traced, {&x});

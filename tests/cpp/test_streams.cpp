@@ -187,6 +187,44 @@ TEST_CASE("streams: the device program file round-trips and rejects damage") {
   CHECK(error_of({}).find("not a nikki device program") != std::string::npos);
 }
 
+TEST_CASE("streams: meeting instructions keep their cores and ranks in the text form and the file") {
+  // core_barrier's cores and sendrecv's three ranks live in the kernel's rare attributes (lanes).
+  auto kernel = [](Tensor x) {
+    Tensor out = nl::ndarray({16, 8}, nl::float32, nl::shared_hbm, "out");
+    Tensor mine = nl::ndarray({16, 8}, nl::float32, nl::sbuf, "mine");
+    isa::dma_copy(mine, x);
+    Tensor theirs = nl::ndarray({16, 8}, nl::float32, nl::sbuf, "theirs");
+    isa::sendrecv(mine, theirs, 1, 3, 2);
+    isa::core_barrier(out, {0, 2, 1});
+    isa::dma_copy(out, theirs);
+    return out;
+  };
+  jit::Program p = jit::compile(trace(TraceOptions{.target = TargetId::trn2}, "meet", kernel,
+                                      spec({16, 8}, nl::float32, "x")));
+  const std::string text = to_string(p.kernel(), PrintOptions{.locations = false});
+  CHECK_MESSAGE(text.find("sendrecv.sync send_to_rank=1 recv_from_rank=3 pipe_id=2 dst=%theirs src=%mine\n") !=
+                    std::string::npos, text);
+  CHECK_MESSAGE(text.find("core_barrier.sync cores=[0, 2, 1] data=%out\n") != std::string::npos, text);
+  // Both are barriers of every stream, like the loop markers.
+  for (const jit::Stream& s : p.device->streams) {
+    int barriers = 0;
+    for (const jit::StreamOp& op : s.ops) barriers += op.kind == jit::StreamOp::Kind::barrier;
+    CHECK(barriers == 2);
+  }
+  jit::DeviceProgram back = jit::deserialize(jit::serialize(*p.device));
+  CHECK(to_string(back.kernel) == to_string(p.kernel()));
+  for (size_t i = 0; i < back.kernel.instructions.size(); ++i) {
+    const Instruction& inst = back.kernel.instructions[i];
+    if (inst.opcode == Opcode::sendrecv) {
+      const SendRecvRanks r = SendRecvRanks::of(back.kernel.rare(inst));
+      CHECK(r.send_to == 1);
+      CHECK(r.recv_from == 3);
+      CHECK(r.pipe_id == 2);
+    }
+    if (inst.opcode == Opcode::core_barrier) CHECK(back.kernel.rare(inst).lanes == std::vector<int32_t>{0, 2, 1});
+  }
+}
+
 TEST_CASE("streams: the disassembly names queues, operands, addresses, waits and source lines") {
   Kernel k = trace(TraceOptions{.target = TargetId::trn2}, "softmax", [](Tensor x) { return kernels::softmax(x); },
                    spec({64, 32}, nl::float32, "x"));

@@ -77,8 +77,8 @@ TEST_CASE("toolkit: a reused ring slot is written only after every reader of its
   for (const Instruction& inst : k.instructions)
     for (int s = 0; s < inst.spec().num_slots; ++s) {
       const Operand& o = inst.operands[s];
-      if (!o.is_tensor() || k.storage(o.ap.storage).name != "x") continue;
-      events[o.ap.offset] += inst.access(s) == Access::write ? "L" : "R";
+      if (!o.is_tensor() || k.storage(o.storage()).name != "x") continue;
+      events[k.view(o).offset] += inst.access(s) == Access::write ? "L" : "R";
     }
   REQUIRE(events.size() == 2);
   for (const auto& [slot, seq] : events) CHECK(seq == "LRRLRRLRR");

@@ -1784,7 +1784,7 @@ TEST_CASE("verify: registers load and store single elements") {
       KernelBuilder& b = x.builder();
       Tensor t = filled({1, free}, nl::int32, "t", 3);
       const RegisterId r = b.new_register();
-      line = __LINE__; append(Opcode::register_load, {Operand::reg_(r), Operand::tensor(t.access())});
+      line = __LINE__; append(Opcode::register_load, {Operand::reg_(r), test::tensor_operand(t)});
       return store(t);
     };
   };
@@ -1801,7 +1801,7 @@ TEST_CASE("verify: registers do not access PSUM") {
       Tensor t = nl::ndarray({1, 1}, nl::int32, buffer, "t");
       const RegisterId r = b.new_register();
       append(Opcode::register_move, {Operand::reg_(r), Operand::immediate(7)});
-      line = __LINE__; append(Opcode::register_store, {Operand::tensor(t.access()), Operand::reg_(r)});
+      line = __LINE__; append(Opcode::register_store, {test::tensor_operand(t), Operand::reg_(r)});
       return store(t);
     };
   };
@@ -1844,10 +1844,10 @@ TEST_CASE("verify: runtime loops count up with a positive step") {
     Kernel k = trace("k", [&](Tensor x) {
       KernelBuilder& b = x.builder();
       Tensor t = sb({128, 512}, nl::float32, "t");
-      Attributes attrs;
-      attrs.step = step;
+      RareAttributes rare;
+      rare.step = step;
       const RegisterId i = b.new_register();
-      line = __LINE__; append(Opcode::loop_begin, {Operand::reg_(i), Operand::immediate(0), Operand::immediate(4)}, attrs);
+      line = __LINE__; append(Opcode::loop_begin, {Operand::reg_(i), Operand::immediate(0), Operand::immediate(4)}, {}, rare);
       isa::dma_copy(t, x);
       append(Opcode::loop_end, {});
       return store(t);
@@ -1857,8 +1857,8 @@ TEST_CASE("verify: runtime loops count up with a positive step") {
     for (int32_t n = 0; n < static_cast<int32_t>(k.instructions.size()); ++n) {
       if (k.instructions[n].opcode == Opcode::loop_begin) begin = n;
       if (k.instructions[n].opcode == Opcode::loop_end) {
-        k.instructions[n].attrs.jump = begin;
-        k.instructions[begin].attrs.jump = n;
+        k.mutable_rare(k.instructions[n]).jump = begin;
+        k.mutable_rare(k.instructions[begin]).jump = n;
       }
     }
     return k;

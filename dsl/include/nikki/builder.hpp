@@ -13,7 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
-#include "nikki/ir.hpp"
+#include "nikki/ir_attributes.hpp"
 
 namespace nikki {
 
@@ -123,15 +123,25 @@ class KernelBuilder {
 
   RegisterId new_register() { return kernel_.num_registers++; }
 
+  /** @brief Instruction `index` of the kernel so far, for rewriting (bounds-checked). */
+  Instruction& instruction(size_t index) { return kernel_.instructions.at(index); }
+  /** @brief The kernel so far, for a front end that sets attributes generically (ir_attributes.hpp). */
+  Kernel& kernel_for_update() { return kernel_; }
+  /** @brief A tensor operand of this kernel for `view` (see Kernel::tensor_operand). */
+  Operand operand(const AccessPattern& view) { return kernel_.tensor_operand(view); }
+  /** @brief The rare attributes of an instruction being built for this kernel, for writing. */
+  RareAttributes& rare(Instruction& inst) { return kernel_.mutable_rare(inst); }
+  /** @brief Gives an instruction being built for this kernel its user name (nisa name=). */
+  void set_name(Instruction& inst, std::string_view name) { kernel_.set_instruction_name(inst, name); }
+
   /** @brief Appends an instruction after checking its operands fit the opcode's slots. */
-  Instruction& append(Instruction inst) {
-    return append_in_place([&](Instruction& slot) { slot = std::move(inst); });
+  Instruction& append(const Instruction& inst) {
+    return append_in_place([&](Instruction& slot) { slot = inst; });
   }
 
   /**
-   * @brief Appends an instruction that `fill` writes in place, then checks it like append. An
-   * Instruction is about a kilobyte: front ends that emit one per traced call save building a
-   * temporary and moving it.
+   * @brief Appends an instruction that `fill` writes in place, then checks it like append. Front
+   * ends that emit one per traced call save building a temporary and copying it.
    */
   template <class Fill>
   Instruction& append_in_place(Fill&& fill) {
@@ -158,7 +168,10 @@ class KernelBuilder {
     return inst;
   }
 
-  /** @brief Internal check that an instruction's operands fit its opcode's slots. */
+  /**
+   * @brief Internal check that an instruction's operands fit its opcode's slots and that it sets
+   * no attribute its opcode does not use.
+   */
   void check_slots(const Instruction& inst) const {
     const OpcodeSpec& spec = inst.spec();
     for (int s = 0; s < kMaxSlots; ++s) {
@@ -175,8 +188,9 @@ class KernelBuilder {
       uint8_t kind = o.is_tensor() ? kTensor : o.is_imm() ? kImm : kReg;
       internal_check((slot.kinds & kind) != 0, "operand kind not allowed in this slot");
       if (o.is_tensor())
-        internal_check(o.ap.storage < kernel_.storages.size(), "operand names a storage of another kernel");
+        internal_check(o.storage() < kernel_.storages.size(), "operand names a storage of another kernel");
     }
+    internal_check(!unused_attribute_set(kernel_, inst), "an instruction sets an attribute its opcode does not use");
   }
 
   /**
@@ -188,12 +202,12 @@ class KernelBuilder {
   Engine default_engine(const Instruction& inst) const {
     auto in_psum = [&](int slot) {
       const Operand& o = inst.operands[slot];
-      return o.is_tensor() && storage(o.ap.storage).buffer == Buffer::psum;
+      return o.is_tensor() && storage(o.storage()).buffer == Buffer::psum;
     };
     if (inst.opcode == Opcode::tensor_tensor) {
       bool int32 = true;
       for (int slot = 0; slot < 3; ++slot) {
-        const DType t = inst.operands[slot].ap.dtype;
+        const DType t = inst.operands[slot].dtype();
         int32 = int32 && (t == DType::int32 || t == DType::uint32) && !in_psum(slot);
       }
       const AluOp op = inst.attrs.op0;
@@ -223,7 +237,7 @@ class KernelBuilder {
   }
 
   /** @brief Points a loop marker at its partner (loop_begin -> loop_end and back). */
-  void set_jump(int32_t index, int32_t target) { kernel_.instructions.at(index).attrs.jump = target; }
+  void set_jump(int32_t index, int32_t target) { kernel_.mutable_rare(kernel_.instructions.at(index)).jump = target; }
 
   /**
    * @brief Whether nl.affine_range loops are recorded in Kernel::parallel_loops (for the

@@ -50,15 +50,15 @@ namespace detail {
 /** Elements per partition of a tile operand. */
 inline int64_t free_size(const Kernel& k, const Operand& o) {
   if (!o.is_tensor()) return 0;
-  return tile_geometry(k.storage(o.ap.storage), o.ap).free_elements;
+  return tile_geometry(k.storage(o.storage()), k.view(o)).free_elements;
 }
 
 inline int64_t partitions(const Kernel& k, const Operand& o) {
-  return o.is_tensor() ? o.ap.dims[0].count : 0;
+  return o.is_tensor() ? k.view(o).dims[0].count : 0;
 }
 
-inline bool in_sbuf(const Kernel& k, const Operand& o) { return o.is_tensor() && k.storage(o.ap.storage).buffer == Buffer::sbuf; }
-inline bool in_psum(const Kernel& k, const Operand& o) { return o.is_tensor() && k.storage(o.ap.storage).buffer == Buffer::psum; }
+inline bool in_sbuf(const Kernel& k, const Operand& o) { return o.is_tensor() && k.storage(o.storage()).buffer == Buffer::sbuf; }
+inline bool in_psum(const Kernel& k, const Operand& o) { return o.is_tensor() && k.storage(o.storage()).buffer == Buffer::psum; }
 inline bool is16(DType d) { return d == DType::bfloat16 || d == DType::float16; }
 
 /** Innermost contiguous run of a view, in elements (1 when the minor dim is strided). */
@@ -77,7 +77,7 @@ inline bool strided(const Kernel& k, const Instruction& inst, const TargetConfig
   for (int s = 0; s < inst.spec().num_slots; ++s) {
     const Operand& o = inst.operands[s];
     if (!o.is_tensor() || free_size(k, o) <= 1) continue;
-    const AccessPattern& ap = o.ap;
+    const AccessPattern ap = k.view(o);
     int64_t minor = 0;
     for (int d = ap.rank - 1; d >= 1; --d)
       if (ap.dims[d].count > 1) {
@@ -95,8 +95,8 @@ inline double vector_speedup(const Kernel& k, const Instruction& inst, const Tar
   const Operand &dst = inst.operands[0], &src = inst.operands[1];
   if (inst.opcode == Opcode::tensor_copy || inst.opcode == Opcode::tensor_scalar) {
     const bool sbuf = in_sbuf(k, dst) && in_sbuf(k, src);
-    const bool sixteen = is16(dst.ap.dtype) && is16(src.ap.dtype);
-    const bool contiguous = contiguous_run(dst.ap, true) > 1 && contiguous_run(src.ap, true) > 1;
+    const bool sixteen = is16(dst.dtype()) && is16(src.dtype());
+    const bool contiguous = contiguous_run(k.view(dst), true) > 1 && contiguous_run(k.view(src), true) > 1;
     const int holds = int(sbuf) + int(sixteen) + int(contiguous);
     if (holds == 3) return 4.0;
     if (holds == 2 || in_psum(k, dst) != in_psum(k, src)) return 2.0;
@@ -105,7 +105,7 @@ inline double vector_speedup(const Kernel& k, const Instruction& inst, const Tar
   if (inst.opcode == Opcode::tensor_tensor) {
     const Operand& b = inst.operands[2];
     const bool sbuf = in_sbuf(k, src) && in_sbuf(k, b);
-    const bool sixteen = is16(dst.ap.dtype) && is16(src.ap.dtype) && is16(b.ap.dtype);
+    const bool sixteen = is16(dst.dtype()) && is16(src.dtype()) && is16(b.dtype());
     return sbuf && sixteen ? 2.0 : 1.0;
   }
   return 1.0;
@@ -127,10 +127,10 @@ inline double clock_ghz(const TargetConfig& t, Engine e) {
 /** @brief Whether every tensor operand of an instruction has fewer free elements than the PE
  *  array has columns: such instructions on the Vector, Scalar and GpSimd engines pay the static
  *  instruction overhead [ARCH VectorE rules, PERF guide "static instruction overhead ~100 cycles"]. */
-inline bool small_tile(const TargetConfig& t, const Instruction& inst) {
+inline bool small_tile(const Kernel& k, const Instruction& inst) {
   for (int s = 0; s < inst.spec().num_slots; ++s) {
     const Operand& o = inst.operands[s];
-    if (o.is_tensor() && o.ap.inner_elements() >= int64_t(t.pe_array_cols)) return false;
+    if (o.is_tensor() && k.view(o).inner_elements() >= int64_t(k.config().pe_array_cols)) return false;
   }
   return true;
 }
@@ -150,7 +150,7 @@ inline double formula_cycles(const Kernel& k, const Instruction& inst) {
   switch (inst.opcode) {
     case Opcode::nc_matmul:
       return cost::matmul_cycles(t, detail::free_size(k, inst.operands[1]), detail::free_size(k, inst.operands[2]),
-                                 inst.operands[1].ap.dtype == DType::float32);
+                                 inst.operands[1].dtype() == DType::float32);
     case Opcode::nc_transpose:
       if (inst.engine == Engine::tensor)
         return cost::pe_transpose_cycles(t, detail::partitions(k, inst.operands[1]), detail::free_size(k, inst.operands[1]));
@@ -170,25 +170,25 @@ inline double formula_cycles(const Kernel& k, const Instruction& inst) {
     case Opcode::tensor_tensor: {
       const bool mixed = detail::in_psum(k, inst.operands[1]) != detail::in_psum(k, inst.operands[2]);
       const bool fast = detail::in_sbuf(k, inst.operands[1]) && detail::in_sbuf(k, inst.operands[2]) &&
-                        inst.operands[0].ap.dtype == DType::bfloat16 && inst.operands[1].ap.dtype == DType::bfloat16 &&
-                        inst.operands[2].ap.dtype == DType::bfloat16 &&
+                        inst.operands[0].dtype() == DType::bfloat16 && inst.operands[1].dtype() == DType::bfloat16 &&
+                        inst.operands[2].dtype() == DType::bfloat16 &&
                         (op0 == AluOp::add || op0 == AluOp::multiply || op0 == AluOp::subtract);
       return std::max(min_ii, stream(mixed || fast ? n : 2 * n));
     }
     case Opcode::scalar_tensor_tensor: {
-      const bool fast = inst.operands[1].ap.dtype == DType::bfloat16 && inst.operands[3].ap.dtype == DType::bfloat16 &&
+      const bool fast = inst.operands[1].dtype() == DType::bfloat16 && inst.operands[3].dtype() == DType::bfloat16 &&
                         op0 == AluOp::subtract && inst.attrs.op1 == AluOp::multiply && int64_t(n) % 2 == 0;
       return stream(fast ? n : 2 * n);
     }
     case Opcode::tensor_tensor_scan: return std::max(min_ii, stream(2 * n));
     case Opcode::tensor_reduce: {
-      const bool fast = inst.operands[0].ap.dtype == DType::bfloat16 && data.ap.dtype == DType::bfloat16 &&
+      const bool fast = inst.operands[0].dtype() == DType::bfloat16 && data.dtype() == DType::bfloat16 &&
                         (op0 == AluOp::add || op0 == AluOp::maximum);
       return stream(fast ? n / 2 : n);
     }
     case Opcode::memset: {
-      const DType d = inst.operands[0].ap.dtype;
-      const bool fast = inst.operands[1].imm == 0.0 && detail::is16(d);
+      const DType d = inst.operands[0].dtype();
+      const bool fast = inst.operands[1].imm() == 0.0 && detail::is16(d);
       return std::max(min_ii, stream(fast ? n / 2 : n));
     }
     case Opcode::reciprocal: return std::max(min_ii, stream(8 * n));
@@ -215,7 +215,7 @@ inline double formula_cycles(const Kernel& k, const Instruction& inst) {
 inline double compute_cycles(const Kernel& k, const Instruction& inst) {
   double cycles = formula_cycles(k, inst);
   const bool small_engine_op = inst.engine == Engine::vector || inst.engine == Engine::scalar || inst.engine == Engine::gpsimd;
-  if (small_engine_op && small_tile(k.config(), inst)) cycles += k.config().static_overhead_cycles;
+  if (small_engine_op && small_tile(k, inst)) cycles += k.config().static_overhead_cycles;
   return cycles;
 }
 
@@ -226,7 +226,7 @@ struct DmaWork {
 };
 
 inline DmaWork dma_work(const Kernel& k, const Instruction& inst) {
-  const AccessPattern &dst = inst.operands[0].ap, &src = inst.operands[1].ap;
+  const AccessPattern dst = k.view(inst, 0), src = k.view(inst, 1);
   const int64_t elements = dst.num_elements();
   DmaWork w;
   w.bytes = elements * std::max(dtype_size(dst.dtype), dtype_size(src.dtype));

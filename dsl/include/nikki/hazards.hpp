@@ -160,14 +160,14 @@ inline void add_footprints(const Kernel& k, const Instruction& inst, Placement p
   for (int s = 0; s < inst.spec().num_slots; ++s) {
     const Operand& o = inst.operands[s];
     if (o.is_tensor()) {
-      f.add(view_region(k, o.ap, placement), inst.access(s));
-      if (const Indirection* ind = o.ap.indirection.get()) {
+      f.add(view_region(k, k.view(o), placement), inst.access(s));
+      if (const Indirection* ind = k.indirection(o)) {
         if (ind->scalar_tensor) f.reads.push_back(view_region(k, *ind->scalar_tensor, placement));
         if (ind->vector_offset) f.reads.push_back(view_region(k, *ind->vector_offset, placement));
         if (ind->scalar_register >= 0) f.reads.push_back(Region{Space::reg, uint32_t(ind->scalar_register)});
       }
     } else if (o.is_reg()) {
-      f.add(Region{Space::reg, uint32_t(o.reg)}, inst.access(s));
+      f.add(Region{Space::reg, uint32_t(o.reg())}, inst.access(s));
     }
   }
 }

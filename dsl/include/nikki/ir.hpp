@@ -6,15 +6,19 @@
 #pragma once
 
 #include <array>
+#include <climits>
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "nikki/access_pattern.hpp"
 #include "nikki/dtype.hpp"
 #include "nikki/error.hpp"
+#include "nikki/opcodes.hpp"
 #include "nikki/ops.hpp"
 #include "nikki/shape.hpp"
 #include "nikki/target.hpp"
@@ -59,193 +63,83 @@ struct Storage {
   int64_t total_bytes() const { return size_mul(shape.num_elements(), dtype_size(dtype)); }
 };
 
-/** @brief Instruction kinds. Compute opcodes mirror nki.isa; the rest are control. */
-enum class Opcode : uint8_t {
-  dma_copy,
-  tensor_copy,
-  tensor_tensor,
-  tensor_scalar,
-  scalar_tensor_tensor,
-  activation,
-  tensor_reduce,
-  tensor_scalar_reduce,
-  nc_matmul,
-  nc_transpose,
-  memset,
-  iota,
-  affine_select,
-  bn_stats,
-  bn_aggr,
-  tensor_tensor_scan,
-  reciprocal,
-  tensor_copy_predicated,
-  select_reduce,
-  max8,
-  nc_find_index8,
-  tensor_partition_reduce,
-  nc_stream_shuffle,
-  nc_match_replace8,
-  range_select,
-  nc_n_gather,
-  nonzero_with_count,
-  dma_compute,
-  register_move,
-  register_load,
-  register_store,
-  loop_begin,
-  loop_end,
-  device_print,
-  core_barrier,
-  sendrecv,
-};
-inline constexpr int kNumOpcodes = static_cast<int>(Opcode::sendrecv) + 1;
-
-/** @brief How an instruction uses an operand slot. */
-enum class Access : uint8_t { read, write, read_write };
-
-/** @brief What an operand slot may hold. */
-enum OperandKinds : uint8_t { kTensor = 1, kImm = 2, kReg = 4 };
-
-/** @brief One operand slot of an opcode: its NKI parameter name, access, and allowed kinds. */
-struct SlotSpec {
-  std::string_view name;
-  Access access = Access::read;
-  uint8_t kinds = kTensor;
-  bool optional = false;
-};
-
-inline constexpr int kMaxSlots = 5;
-
-/** @brief The static signature of an opcode: name, default engine, operand slots. */
-struct OpcodeSpec {
-  std::string_view name;
-  Engine default_engine;
-  uint8_t num_slots;
-  std::array<SlotSpec, kMaxSlots> slots;
-  bool is_control = false;  // register, loop and meeting instructions run on the sequencer
-};
-
-namespace detail {
-inline constexpr SlotSpec W(std::string_view n) { return {n, Access::write, kTensor, false}; }
-inline constexpr SlotSpec R(std::string_view n) { return {n, Access::read, kTensor, false}; }
-inline constexpr SlotSpec RO(std::string_view n) { return {n, Access::read, kTensor, true}; }
-inline constexpr SlotSpec WO(std::string_view n) { return {n, Access::write, kTensor, true}; }
-inline constexpr SlotSpec RS(std::string_view n) { return {n, Access::read, kTensor | kImm, false}; }
-inline constexpr SlotSpec RSO(std::string_view n) { return {n, Access::read, kTensor | kImm, true}; }
-inline constexpr SlotSpec Imm(std::string_view n) { return {n, Access::read, kImm, false}; }
-}  // namespace detail
-
-inline constexpr std::array<OpcodeSpec, kNumOpcodes> kOpcodeSpecs = [] {
-  using namespace detail;
-  std::array<OpcodeSpec, kNumOpcodes> t{};
-  auto set = [&](Opcode op, OpcodeSpec s) { t[static_cast<int>(op)] = s; };
-  set(Opcode::dma_copy, {"dma_copy", Engine::dma, 2, {W("dst"), R("src")}});
-  set(Opcode::tensor_copy, {"tensor_copy", Engine::vector, 2, {W("dst"), R("src")}});
-  set(Opcode::tensor_tensor, {"tensor_tensor", Engine::vector, 3, {W("dst"), R("data1"), R("data2")}});
-  set(Opcode::tensor_scalar,
-      {"tensor_scalar", Engine::vector, 4, {W("dst"), R("data"), RS("operand0"), RSO("operand1")}});
-  set(Opcode::scalar_tensor_tensor,
-      {"scalar_tensor_tensor", Engine::vector, 4, {W("dst"), R("data"), RS("operand0"), R("operand1")}});
-  set(Opcode::activation,
-      {"activation", Engine::scalar, 5, {W("dst"), R("data"), RO("bias"), RS("scale"), WO("reduce_res")}});
-  set(Opcode::tensor_reduce, {"tensor_reduce", Engine::vector, 2, {W("dst"), R("data")}});
-  set(Opcode::tensor_scalar_reduce,
-      {"tensor_scalar_reduce", Engine::vector, 4, {W("dst"), R("data"), RS("operand0"), WO("reduce_res")}});
-  set(Opcode::nc_matmul, {"nc_matmul", Engine::tensor, 3, {W("dst"), R("stationary"), R("moving")}});
-  set(Opcode::nc_transpose, {"nc_transpose", Engine::tensor, 2, {W("dst"), R("data")}});
-  set(Opcode::memset, {"memset", Engine::vector, 2, {W("dst"), Imm("value")}});
-  set(Opcode::iota, {"iota", Engine::gpsimd, 1, {W("dst")}});
-  set(Opcode::affine_select,
-      {"affine_select", Engine::gpsimd, 3, {W("dst"), R("on_true_tile"), Imm("on_false_value")}});
-  set(Opcode::bn_stats, {"bn_stats", Engine::vector, 2, {W("dst"), R("data")}});
-  set(Opcode::bn_aggr, {"bn_aggr", Engine::vector, 2, {W("dst"), R("data")}});
-  set(Opcode::tensor_tensor_scan,
-      {"tensor_tensor_scan", Engine::vector, 4, {W("dst"), R("data0"), R("data1"), RS("initial")}});
-  set(Opcode::reciprocal, {"reciprocal", Engine::vector, 2, {W("dst"), R("data")}});
-  set(Opcode::tensor_copy_predicated,
-      {"tensor_copy_predicated", Engine::vector, 3,
-       {SlotSpec{"dst", Access::read_write, kTensor, false}, RS("src"), R("predicate")}});
-  set(Opcode::select_reduce,
-      {"select_reduce", Engine::vector, 5,
-       {W("dst"), R("predicate"), R("on_true"), RS("on_false"), WO("reduce_res")}});
-  set(Opcode::max8, {"max8", Engine::vector, 2, {W("dst"), R("src")}});
-  set(Opcode::nc_find_index8, {"nc_find_index8", Engine::vector, 3, {W("dst"), R("data"), R("vals")}});
-  set(Opcode::tensor_partition_reduce,
-      {"tensor_partition_reduce", Engine::gpsimd, 2, {W("dst"), R("data")}});
-  set(Opcode::nc_stream_shuffle, {"nc_stream_shuffle", Engine::vector, 2, {W("dst"), R("src")}});
-  set(Opcode::nc_match_replace8,
-      {"nc_match_replace8", Engine::vector, 5, {W("dst"), R("data"), R("vals"), Imm("imm"), WO("dst_idx")}});
-  set(Opcode::range_select,
-      {"range_select", Engine::vector, 5,
-       {W("dst"), R("on_true_tile"), RS("bound0"), RS("bound1"), WO("reduce_res")}});
-  set(Opcode::nc_n_gather, {"nc_n_gather", Engine::gpsimd, 3, {W("dst"), R("data"), R("indices")}});
-  set(Opcode::nonzero_with_count, {"nonzero_with_count", Engine::gpsimd, 2, {W("dst"), R("src")}});
-  set(Opcode::dma_compute,
-      {"dma_compute", Engine::dma, 5, {W("dst"), R("srcs[0]"), RO("srcs[1]"), RO("srcs[2]"), RO("srcs[3]")}});
-  set(Opcode::register_move,
-      {"register_move", Engine::sync, 2,
-       {SlotSpec{"dst", Access::write, kReg, false}, SlotSpec{"src", Access::read, kReg | kImm, false}}, true});
-  set(Opcode::register_load,
-      {"register_load", Engine::sync, 2, {SlotSpec{"dst", Access::write, kReg, false}, R("src")}, true});
-  set(Opcode::register_store,
-      {"register_store", Engine::sync, 2, {W("dst"), SlotSpec{"src", Access::read, kReg, false}}, true});
-  set(Opcode::loop_begin,
-      {"loop_begin", Engine::sync, 3,
-       {SlotSpec{"counter", Access::write, kReg, false}, SlotSpec{"lower", Access::read, kReg | kImm, false},
-        SlotSpec{"upper", Access::read, kReg | kImm, false}}, true});
-  set(Opcode::loop_end, {"loop_end", Engine::sync, 0, {}, true});
-  set(Opcode::device_print, {"device_print", Engine::sync, 1, {R("src")}, true});
-  // Where the program instances of a launch meet (runtime/launch.hpp): every queue drains, and the
-  // launch resumes the instance once its partners have arrived (sendrecv: with the partner's data).
-  set(Opcode::core_barrier, {"core_barrier", Engine::sync, 1, {RO("data")}, true});
-  set(Opcode::sendrecv, {"sendrecv", Engine::sync, 2, {W("dst"), R("src")}, true});
-  return t;
-}();
-
-inline constexpr const OpcodeSpec& opcode_spec(Opcode op) { return kOpcodeSpecs[static_cast<int>(op)]; }
-inline constexpr std::string_view opcode_name(Opcode op) { return opcode_spec(op).name; }
-/** @brief Whether program instances of a launch meet at this instruction (core_barrier, sendrecv). */
-inline constexpr bool is_meeting(Opcode op) { return op == Opcode::core_barrier || op == Opcode::sendrecv; }
-
 /** @brief nc_stream_shuffle's shuffle_mask entry that leaves a destination lane unmodified. */
 inline constexpr int32_t kShuffleKeepLane = 255;
 
+// --- operands -----------------------------------------------------------------------------------
+//
+// An operand is 44 bytes: a tensor view whose rank is at most kInlineDims and whose offset,
+// strides and counts fit in 32 bits is stored inline; any other view (longer, larger, or with
+// runtime offsets) is stored whole in the kernel's `wide_views` side table and the operand holds
+// its index. Kernel::view() turns either form back into an AccessPattern, Kernel::tensor_operand()
+// makes one. Storage, dtype and rank are inline in both forms.
+
+/** @brief Dims of a view an operand holds inline. */
+inline constexpr int kInlineDims = 4;
+
 /** @brief One operand: absent, a tensor view, an immediate or a register. */
-struct Operand {
+class Operand {
+ public:
   enum class Kind : uint8_t { none, tensor, imm, reg };
-  Kind kind = Kind::none;
-  AccessPattern ap;     // when tensor
-  double imm = 0.0;     // when imm: exact for every fp32 and int32 value
-  RegisterId reg = -1;  // when reg
 
   static Operand none() { return {}; }
-  static Operand tensor(AccessPattern a) {
-    Operand o;
-    o.kind = Kind::tensor;
-    o.ap = std::move(a);
-    return o;
-  }
   static Operand immediate(double v) {
     Operand o;
-    o.kind = Kind::imm;
-    o.imm = v;
+    o.kind_ = Kind::imm;
+    std::memcpy(o.words_.data(), &v, sizeof(v));
     return o;
   }
   static Operand reg_(RegisterId r) {
     Operand o;
-    o.kind = Kind::reg;
-    o.reg = r;
+    o.kind_ = Kind::reg;
+    o.id_ = static_cast<uint32_t>(r);
     return o;
   }
-  bool is_none() const { return kind == Kind::none; }
-  bool is_tensor() const { return kind == Kind::tensor; }
-  bool is_imm() const { return kind == Kind::imm; }
-  bool is_reg() const { return kind == Kind::reg; }
+
+  Kind kind() const { return kind_; }
+  bool is_none() const { return kind_ == Kind::none; }
+  bool is_tensor() const { return kind_ == Kind::tensor; }
+  bool is_imm() const { return kind_ == Kind::imm; }
+  bool is_reg() const { return kind_ == Kind::reg; }
+
+  /** @brief The immediate (0 for an operand that is not one). */
+  double imm() const {
+    double v = 0.0;
+    if (is_imm()) std::memcpy(&v, words_.data(), sizeof(v));
+    return v;
+  }
+  /** @brief The register (-1 for an operand that is not one). */
+  RegisterId reg() const { return is_reg() ? static_cast<RegisterId>(id_) : -1; }
+  /** @brief The storage a tensor operand views (kNoStorage otherwise). */
+  StorageId storage() const { return is_tensor() ? id_ : kNoStorage; }
+  /** @brief The dtype a tensor operand views its storage as. */
+  DType dtype() const { return dtype_; }
+  /** @brief The number of dims of a tensor operand's view. */
+  int rank() const { return rank_; }
+  /** @brief Whether the view lives in the kernel's wide_views table (always for runtime offsets). */
+  bool is_wide() const { return wide_; }
+  /** @brief Whether the view has runtime offsets (NKI .ap(scalar_offset=, vector_offset=)). */
+  bool is_dynamic() const { return dynamic_; }
+
+ private:
+  friend struct Kernel;
+  Kind kind_ = Kind::none;
+  DType dtype_ = DType::float32;
+  uint8_t rank_ = 0;
+  bool wide_ : 1 = false;
+  bool dynamic_ : 1 = false;
+  uint32_t id_ = 0;  // storage (tensor), register (reg)
+  // Inline view: offset, then [stride, count] per dim. Wide view: words_[0] is the wide_views
+  // index. Immediate: the double's bytes in words_[0..1].
+  std::array<int32_t, 1 + 2 * kInlineDims> words_{};
 };
+static_assert(sizeof(Operand) == 44);
+
+// --- attributes ---------------------------------------------------------------------------------
 
 /**
- * @brief Non-operand parameters of an instruction. Each opcode reads the fields it documents;
- * the others keep their defaults (the printer shows only the fields an opcode uses).
+ * @brief The attributes many opcodes use, inline in every instruction. Each opcode reads those its
+ * OpcodeSpec lists (opcodes.hpp); the others keep their defaults (the builder checks it).
  */
 struct Attributes {
   AluOp op0 = AluOp::bypass;
@@ -255,46 +149,59 @@ struct Attributes {
   ReduceCmd reduce_cmd = ReduceCmd::idle;
   AluOp cmp_op = AluOp::equal;
   Accumulate accumulate = Accumulate::automatic;
-  bool reverse0 = false;
-  bool reverse1 = false;
-  bool negate = false;
-  bool keepdims = false;
-  bool reverse_pred = false;
-  bool is_transpose = false;           // nc_matmul bit-accurate transpose mode
-  bool is_stationary_onezero = false;  // nc_matmul performance hints
-  bool is_moving_onezero = false;
-  uint32_t axes = 0;                // tensor_reduce: bit d set = reduce view dim d
-  int64_t offset = 0;               // iota / affine_select
-  int64_t channel_multiplier = 0;   // iota / affine_select
-  std::vector<Dim> pattern;         // iota / affine_select [[step, num], ...]
-  int64_t step = 1;                 // loop_begin
-  int32_t jump = -1;                // loop_begin -> its loop_end, loop_end -> its loop_begin
-  std::string text;                 // device_print prefix
-  double fill_value = 0.0;          // range_select on_false_value, nonzero_with_count padding_val
+  bool reverse0 : 1 = false;
+  bool reverse1 : 1 = false;
+  bool negate : 1 = false;
+  bool keepdims : 1 = false;
+  bool reverse_pred : 1 = false;
+  bool is_transpose : 1 = false;           // nc_matmul bit-accurate transpose mode
+  bool is_stationary_onezero : 1 = false;  // nc_matmul performance hints
+  bool is_moving_onezero : 1 = false;
+  bool oob_skip : 1 = false;  // dma_copy / dma_compute: skip runtime out-of-bound elements
+  uint32_t axes = 0;          // tensor_reduce: bit d set = reduce view dim d
+};
+
+/** @brief Attributes of few opcodes, kept in the kernel's side table (Kernel::rare). */
+struct RareAttributes {
+  int64_t offset = 0;              // iota / affine_select / range_select range_start / nonzero_with_count
+  int64_t channel_multiplier = 0;  // iota / affine_select
+  std::vector<Dim> pattern;        // iota / affine_select [[step, num], ...]
+  int64_t step = 1;                // loop_begin
+  int32_t jump = -1;               // loop_begin -> its loop_end, loop_end -> its loop_begin
+  std::string text;                // device_print prefix
+  double fill_value = 0.0;         // range_select on_false_value, nonzero_with_count padding_val
   // nc_stream_shuffle: source partition of each quadrant lane (255: keep); core_barrier: the
   // program instances that meet; sendrecv: {send_to_rank, recv_from_rank, pipe_id}
   std::vector<int32_t> lanes;
-  bool oob_skip = false;            // dma_copy / dma_compute: skip runtime out-of-bound elements
 };
 
-/** @brief The partners of a sendrecv, which Attributes::lanes holds as {send_to, recv_from, pipe_id}. */
+/** @brief The partners of a sendrecv, which RareAttributes::lanes holds as {send_to, recv_from, pipe_id}. */
 struct SendRecvRanks {
   int32_t send_to = 0;    // the program instance whose dst receives this instance's src
   int32_t recv_from = 0;  // the program instance whose src this instance's dst receives
   int32_t pipe_id = 0;
-  static SendRecvRanks of(const Attributes& a) {
+  static SendRecvRanks of(const RareAttributes& a) {
     return a.lanes.size() == 3 ? SendRecvRanks{a.lanes[0], a.lanes[1], a.lanes[2]} : SendRecvRanks{};
   }
 };
 
-/** @brief One instruction: opcode, engine, operands (by slot), attributes, source line. */
+// --- instructions -------------------------------------------------------------------------------
+
+inline constexpr uint32_t kNoRareAttributes = ~0u;
+
+/**
+ * @brief One instruction: opcode, engine, source line, attributes, operands (by slot). Its name
+ * and rare attributes live in side tables of its kernel; instructions copied within a kernel share
+ * them.
+ */
 struct Instruction {
   Opcode opcode = Opcode::tensor_copy;
   Engine engine = Engine::unknown;
   LocId loc = 0;
-  std::array<Operand, kMaxSlots> operands;
   Attributes attrs;
-  std::string name;  // optional user name (nisa name=)
+  uint32_t name = 0;                    // optional user name (nisa name=): Kernel::instruction_name
+  uint32_t rare = kNoRareAttributes;    // index into Kernel::rare_attributes
+  std::array<Operand, kMaxSlots> operands;
 
   const OpcodeSpec& spec() const { return opcode_spec(opcode); }
   Operand& operand(int slot) { return operands[slot]; }
@@ -306,6 +213,8 @@ struct Instruction {
     return spec().slots[slot].access;
   }
 };
+static_assert(sizeof(Instruction) <= 256, "instructions stay compact: rare parts go to the kernel's side tables");
+static_assert(std::is_trivially_copyable_v<Instruction>);
 
 /**
  * @brief One traced run of an nl.affine_range loop, whose iterations NKI may reorder and overlap.
@@ -325,8 +234,10 @@ struct ParallelLoop {
   uint32_t iteration_end(size_t k) const { return k + 1 < iteration_begin.size() ? iteration_begin[k + 1] : end; }
   int64_t value(size_t k) const { return start + static_cast<int64_t>(k) * step; }
 };
-
-/** @brief A whole kernel: storages, parameters, outputs, instructions in program order. */
+/**
+ * @brief A whole kernel: storages, parameters, outputs, instructions in program order, and the
+ * side tables its instructions point into (wide views, rare attributes, names).
+ */
 struct Kernel {
   std::string name;
   TargetId target = TargetId::trn2;
@@ -338,6 +249,11 @@ struct Kernel {
   int32_t num_registers = 0;
   bool allocated = false;  // every on-chip storage has an address
   std::vector<ParallelLoop> parallel_loops;  // side table for the sanitizer; empty unless traced for it
+  // Side tables of the instructions. Entries no instruction refers to any more (an operand
+  // replaced by another) are left in place; the file format stores only what instructions use.
+  std::vector<AccessPattern> wide_views;        // operands that do not fit inline
+  std::vector<RareAttributes> rare_attributes;  // Instruction::rare
+  std::vector<std::string> instruction_names;   // Instruction::name - 1
 
   const SourceLocation& location(LocId id) const {
     static const SourceLocation unknown;
@@ -345,6 +261,78 @@ struct Kernel {
   }
   const Storage& storage(StorageId id) const { return storages.at(id); }
   const TargetConfig& config() const { return target_config(target); }
+
+  /** @brief The view of a tensor operand. */
+  AccessPattern view(const Operand& o) const {
+    internal_check(o.is_tensor(), "view of an operand that is not a tensor");
+    if (o.wide_) return wide_views[static_cast<uint32_t>(o.words_[0])];
+    AccessPattern ap;
+    ap.storage = o.id_;
+    ap.dtype = o.dtype_;
+    ap.rank = o.rank_;
+    ap.offset = o.words_[0];
+    for (int d = 0; d < o.rank_; ++d) ap.dims[d] = {o.words_[1 + 2 * d], o.words_[2 + 2 * d]};
+    return ap;
+  }
+  /** @brief The runtime offsets of a tensor operand's view, or null for a static view. */
+  const Indirection* indirection(const Operand& o) const {
+    return o.dynamic_ ? wide_views[static_cast<uint32_t>(o.words_[0])].indirection.get() : nullptr;
+  }
+  /** @brief The view of slot `slot` of `inst` (a tensor operand). */
+  AccessPattern view(const Instruction& inst, int slot) const { return view(inst.operands[slot]); }
+
+  /** @brief A tensor operand for `ap`, inline when it fits, else in wide_views. */
+  Operand tensor_operand(const AccessPattern& ap) {
+    Operand o;
+    o.kind_ = Operand::Kind::tensor;
+    o.id_ = ap.storage;
+    o.dtype_ = ap.dtype;
+    o.rank_ = ap.rank;
+    o.dynamic_ = ap.is_dynamic();
+    auto fits = [](int64_t v) { return v >= INT32_MIN && v <= INT32_MAX; };
+    bool inline_form = !o.dynamic_ && ap.rank <= kInlineDims && fits(ap.offset);
+    for (int d = 0; inline_form && d < ap.rank; ++d) inline_form = fits(ap.dims[d].stride) && fits(ap.dims[d].count);
+    if (inline_form) {
+      o.words_[0] = static_cast<int32_t>(ap.offset);
+      for (int d = 0; d < ap.rank; ++d) {
+        o.words_[1 + 2 * d] = static_cast<int32_t>(ap.dims[d].stride);
+        o.words_[2 + 2 * d] = static_cast<int32_t>(ap.dims[d].count);
+      }
+    } else {
+      internal_check(wide_views.size() < INT32_MAX, "too many wide views in one kernel");
+      o.wide_ = true;
+      o.words_[0] = static_cast<int32_t>(wide_views.size());
+      wide_views.push_back(ap);
+    }
+    return o;
+  }
+
+  /** @brief The rare attributes of `inst` (defaults when it has none). */
+  const RareAttributes& rare(const Instruction& inst) const {
+    static const RareAttributes defaults;
+    return inst.rare == kNoRareAttributes ? defaults : rare_attributes[inst.rare];
+  }
+  /** @brief The rare attributes of `inst` for writing; gives it a side-table entry on first use. */
+  RareAttributes& mutable_rare(Instruction& inst) {
+    if (inst.rare == kNoRareAttributes) {
+      inst.rare = static_cast<uint32_t>(rare_attributes.size());
+      rare_attributes.emplace_back();
+    }
+    return rare_attributes[inst.rare];
+  }
+
+  /** @brief The user's name of `inst` (nisa name=), or "". */
+  std::string_view instruction_name(const Instruction& inst) const {
+    return inst.name == 0 ? std::string_view() : std::string_view(instruction_names[inst.name - 1]);
+  }
+  void set_instruction_name(Instruction& inst, std::string_view name) {
+    if (name.empty()) {
+      inst.name = 0;
+      return;
+    }
+    instruction_names.emplace_back(name);
+    inst.name = static_cast<uint32_t>(instruction_names.size());
+  }
 };
 
 }  // namespace nikki

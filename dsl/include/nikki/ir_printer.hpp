@@ -15,7 +15,7 @@
 
 #include <fmt/format.h>
 
-#include "nikki/ir.hpp"
+#include "nikki/ir_attributes.hpp"
 
 namespace nikki {
 
@@ -62,11 +62,11 @@ inline std::string view(const Kernel& k, const AccessPattern& ap) {
 }
 
 inline std::string operand(const Kernel& k, const Operand& o) {
-  switch (o.kind) {
+  switch (o.kind()) {
     case Operand::Kind::none: return "-";
-    case Operand::Kind::tensor: return view(k, o.ap);
-    case Operand::Kind::imm: return number(o.imm);
-    case Operand::Kind::reg: return fmt::format("r{}", o.reg);
+    case Operand::Kind::tensor: return view(k, k.view(o));
+    case Operand::Kind::imm: return number(o.imm());
+    case Operand::Kind::reg: return fmt::format("r{}", o.reg());
   }
   return "?";
 }
@@ -82,98 +82,45 @@ inline std::string axes(uint32_t mask) {
   return s + "]";
 }
 
-/** @brief The attributes an opcode uses, in a fixed order. */
-inline std::string attributes(const Instruction& inst) {
-  const Attributes& a = inst.attrs;
+/** @brief An attribute's value in the text form. */
+inline std::string attribute_value(const Kernel& k, const Instruction& inst, Attr a) {
+  const RareAttributes& r = k.rare(inst);
+  switch (attr_spec(a).type) {
+    case AttrType::alu_op: return std::string(alu_op_name(AluOp(attr_int(k, inst, a))));
+    case AttrType::act_func: return std::string(act_func_name(ActFunc(attr_int(k, inst, a))));
+    case AttrType::reduce_cmd: return std::string(reduce_cmd_name(ReduceCmd(attr_int(k, inst, a))));
+    case AttrType::accumulate: return std::string(accumulate_name(Accumulate(attr_int(k, inst, a))));
+    case AttrType::flag: return attr_int(k, inst, a) ? "true" : "false";
+    case AttrType::axes: return axes(uint32_t(attr_int(k, inst, a)));
+    case AttrType::integer: return fmt::to_string(attr_int(k, inst, a));
+    case AttrType::real: return fmt::to_string(r.fill_value);
+    case AttrType::text: return fmt::format("\"{}\"", r.text);
+    case AttrType::pattern: return pattern(r.pattern);
+    case AttrType::lanes: return fmt::format("[{}]", fmt::join(r.lanes, ", "));
+  }
+  return "?";
+}
+
+/** @brief The attributes an opcode uses, in its OpcodeSpec's order, each when its rule shows it. */
+inline std::string attributes(const Kernel& k, const Instruction& inst) {
+  const OpcodeSpec& spec = inst.spec();
   std::string s;
-  auto add = [&](std::string_view key, const std::string& value) { s += fmt::format(" {}={}", key, value); };
-  auto flag = [&](std::string_view key, bool v) {
-    if (v) add(key, "true");
-  };
-  switch (inst.opcode) {
-    case Opcode::tensor_tensor: add("op", std::string(alu_op_name(a.op0))); break;
-    case Opcode::tensor_scalar:
-    case Opcode::scalar_tensor_tensor:
-    case Opcode::tensor_tensor_scan:
-      add("op0", std::string(alu_op_name(a.op0)));
-      flag("reverse0", a.reverse0);
-      if (a.op1 != AluOp::bypass) add("op1", std::string(alu_op_name(a.op1)));
-      flag("reverse1", a.reverse1);
-      break;
-    case Opcode::activation:
-      add("op", std::string(act_func_name(a.func)));
-      if (a.reduce_op != AluOp::bypass) add("reduce_op", std::string(alu_op_name(a.reduce_op)));
-      if (a.reduce_cmd != ReduceCmd::idle) add("reduce_cmd", std::string(reduce_cmd_name(a.reduce_cmd)));
-      break;
-    case Opcode::tensor_reduce:
-      add("op", std::string(alu_op_name(a.op0)));
-      add("axis", axes(a.axes));
-      flag("negate", a.negate);
-      flag("keepdims", a.keepdims);
-      break;
-    case Opcode::tensor_scalar_reduce:
-      add("op0", std::string(alu_op_name(a.op0)));
-      flag("reverse0", a.reverse0);
-      add("reduce_op", std::string(alu_op_name(a.reduce_op)));
-      break;
-    case Opcode::nc_matmul:
-      if (a.accumulate != Accumulate::automatic) add("accumulate", std::string(accumulate_name(a.accumulate)));
-      flag("is_transpose", a.is_transpose);
-      flag("is_stationary_onezero", a.is_stationary_onezero);
-      flag("is_moving_onezero", a.is_moving_onezero);
-      break;
-    case Opcode::iota:
-    case Opcode::affine_select:
-      add("pattern", pattern(a.pattern));
-      if (a.offset) add("offset", fmt::to_string(a.offset));
-      if (a.channel_multiplier) add("channel_multiplier", fmt::to_string(a.channel_multiplier));
-      if (inst.opcode == Opcode::affine_select) add("cmp_op", std::string(alu_op_name(a.cmp_op)));
-      break;
-    case Opcode::tensor_copy_predicated: flag("reverse_pred", a.reverse_pred); break;
-    case Opcode::select_reduce:
-      flag("reverse_pred", a.reverse_pred);
-      if (a.reduce_cmd != ReduceCmd::idle) {
-        add("reduce_op", std::string(alu_op_name(a.reduce_op)));
-        add("reduce_cmd", std::string(reduce_cmd_name(a.reduce_cmd)));
+  for (int i = 0; i < spec.num_attrs; ++i) {
+    const AttrUse& use = spec.attrs[i];
+    if (use.shown == AttrShown::never) continue;
+    if (use.shown == AttrShown::unless_default && attr_is_default(k, inst, use.attr)) continue;
+    if (use.shown == AttrShown::when_reducing && inst.attrs.reduce_cmd == ReduceCmd::idle) continue;
+    if (use.shown == AttrShown::each_element) {
+      const std::vector<int32_t>& lanes = k.rare(inst).lanes;
+      std::string_view names = use.nki_name;
+      for (size_t e = 0; !names.empty(); ++e) {
+        const size_t comma = names.find(',');
+        s += fmt::format(" {}={}", names.substr(0, comma), e < lanes.size() ? fmt::to_string(lanes[e]) : "-");
+        names = comma == std::string_view::npos ? std::string_view() : names.substr(comma + 1);
       }
-      break;
-    case Opcode::tensor_partition_reduce: add("op", std::string(alu_op_name(a.op0))); break;
-    case Opcode::nc_stream_shuffle:
-    case Opcode::core_barrier: {
-      std::string lanes = "[";
-      for (size_t i = 0; i < a.lanes.size(); ++i) lanes += fmt::format("{}{}", i ? ", " : "", a.lanes[i]);
-      add(inst.opcode == Opcode::core_barrier ? "cores" : "shuffle_mask", lanes + "]");
-      break;
+      continue;
     }
-    case Opcode::sendrecv: {
-      const SendRecvRanks r = SendRecvRanks::of(a);
-      add("send_to_rank", fmt::to_string(r.send_to));
-      add("recv_from_rank", fmt::to_string(r.recv_from));
-      add("pipe_id", fmt::to_string(r.pipe_id));
-      break;
-    }
-    case Opcode::range_select:
-      add("comp_op0", std::string(alu_op_name(a.op0)));
-      add("comp_op1", std::string(alu_op_name(a.op1)));
-      if (a.offset) add("range_start", fmt::to_string(a.offset));
-      add("on_false_value", fmt::to_string(a.fill_value));
-      if (a.reduce_cmd != ReduceCmd::idle) {
-        add("reduce_op", std::string(alu_op_name(a.reduce_op)));
-        add("reduce_cmd", std::string(reduce_cmd_name(a.reduce_cmd)));
-      }
-      break;
-    case Opcode::nonzero_with_count:
-      if (a.offset) add("index_offset", fmt::to_string(a.offset));
-      add("padding_val", fmt::to_string(a.fill_value));
-      break;
-    case Opcode::dma_compute:
-      add("reduce_op", std::string(alu_op_name(a.op0)));
-      flag("oob_skip", a.oob_skip);
-      break;
-    case Opcode::dma_copy: flag("oob_skip", a.oob_skip); break;
-    case Opcode::loop_begin: add("step", fmt::to_string(a.step)); break;
-    case Opcode::device_print: add("prefix", fmt::format("\"{}\"", a.text)); break;
-    default: break;
+    s += fmt::format(" {}={}", use.nki_name, attribute_value(k, inst, use.attr));
   }
   return s;
 }
@@ -187,8 +134,8 @@ inline std::string storage_type(const Storage& s) {
 /** @brief One instruction on one line, without its location. */
 inline std::string to_string(const Kernel& k, const Instruction& inst) {
   std::string s = fmt::format("{}.{}", opcode_name(inst.opcode), engine_name(inst.engine));
-  if (!inst.name.empty()) s += fmt::format(" \"{}\"", inst.name);
-  s += print_detail::attributes(inst);
+  if (inst.name != 0) s += fmt::format(" \"{}\"", k.instruction_name(inst));
+  s += print_detail::attributes(k, inst);
   const OpcodeSpec& spec = inst.spec();
   for (int i = 0; i < spec.num_slots; ++i) {
     const Operand& o = inst.operands[i];

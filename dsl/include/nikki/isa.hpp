@@ -53,7 +53,7 @@ class Emitter {
   }
   Emitter& tensor(int slot, const Tensor& t) {
     check_same_kernel(slot, t);
-    inst_.operands[slot] = Operand::tensor(t.access());
+    inst_.operands[slot] = builder_->operand(t.access());
     return *this;
   }
   Emitter& tensor(int slot, const std::optional<Tensor>& t) {
@@ -78,6 +78,7 @@ class Emitter {
     return *this;
   }
   Attributes& attrs() { return inst_.attrs; }
+  RareAttributes& rare() { return builder_->rare(inst_); }
 
   /** @brief The ALU role of an operator name, or an error naming the parameter. */
   AluOp alu(const nl::Op& op, const char* param) const {
@@ -327,9 +328,9 @@ inline void memset(const Tensor& dst, double value, Engine engine = unknown_engi
 inline void iota(const Tensor& dst, std::vector<Dim> pattern, int64_t offset = 0, int64_t channel_multiplier = 0,
                  Loc loc = Loc::current()) {
   detail::Emitter e(Opcode::iota, dst, loc);
-  e.attrs().pattern = std::move(pattern);
-  e.attrs().offset = offset;
-  e.attrs().channel_multiplier = channel_multiplier;
+  e.rare().pattern = std::move(pattern);
+  e.rare().offset = offset;
+  e.rare().channel_multiplier = channel_multiplier;
   e.tensor(0, dst).emit();
 }
 
@@ -338,9 +339,9 @@ inline void affine_select(const Tensor& dst, std::vector<Dim> pattern, int64_t c
                           const Tensor& on_true_tile, double on_false_value, const nl::Op& cmp_op = nl::equal,
                           int64_t offset = 0, Loc loc = Loc::current()) {
   detail::Emitter e(Opcode::affine_select, dst, loc);
-  e.attrs().pattern = std::move(pattern);
-  e.attrs().channel_multiplier = channel_multiplier;
-  e.attrs().offset = offset;
+  e.rare().pattern = std::move(pattern);
+  e.rare().channel_multiplier = channel_multiplier;
+  e.rare().offset = offset;
   e.attrs().cmp_op = e.alu(cmp_op, "cmp_op");
   e.tensor(0, dst).tensor(1, on_true_tile).imm(2, on_false_value).emit();
 }
@@ -409,7 +410,7 @@ inline void nc_match_replace8(const Tensor& dst, const Tensor& data, const Tenso
 inline void nc_stream_shuffle(const Tensor& dst, const Tensor& src, std::vector<int32_t> shuffle_mask,
                               Loc loc = Loc::current()) {
   detail::Emitter e(Opcode::nc_stream_shuffle, dst, loc);
-  e.attrs().lanes = std::move(shuffle_mask);
+  e.rare().lanes = std::move(shuffle_mask);
   e.tensor(0, dst).tensor(1, src).emit();
 }
 
@@ -432,8 +433,8 @@ inline void range_select(const Tensor& dst, const Tensor& on_true_tile, const nl
   e.attrs().op1 = e.alu(comp_op1, "comp_op1");
   e.attrs().reduce_op = e.alu(o.reduce_op, "reduce_op");
   e.attrs().reduce_cmd = o.reduce_res && o.reduce_cmd == ReduceCmd::idle ? ReduceCmd::reset_reduce : o.reduce_cmd;
-  e.attrs().offset = o.range_start;
-  e.attrs().fill_value = o.on_false_value;
+  e.rare().offset = o.range_start;
+  e.rare().fill_value = o.on_false_value;
   e.tensor(0, dst).tensor(1, on_true_tile).scalar(2, bound0).scalar(3, bound1).tensor(4, o.reduce_res).emit();
 }
 
@@ -447,8 +448,8 @@ inline void nc_n_gather(const Tensor& dst, const Tensor& data, const Tensor& ind
 inline void nonzero_with_count(const Tensor& dst, const Tensor& src, int64_t index_offset = 0,
                                int64_t padding_val = -1, Loc loc = Loc::current()) {
   detail::Emitter e(Opcode::nonzero_with_count, dst, loc);
-  e.attrs().offset = index_offset;
-  e.attrs().fill_value = double(padding_val);
+  e.rare().offset = index_offset;
+  e.rare().fill_value = double(padding_val);
   e.tensor(0, dst).tensor(1, src).emit();
 }
 
@@ -459,7 +460,7 @@ inline void nonzero_with_count(const Tensor& dst, const Tensor& src, int64_t ind
  * (`data` names what they synchronize on). Instances outside the launch are not waited for. */
 inline void core_barrier(const Tensor& data, const std::vector<int32_t>& cores, Loc loc = Loc::current()) {
   detail::Emitter e(Opcode::core_barrier, data, loc);
-  e.attrs().lanes = cores;
+  e.rare().lanes = cores;
   e.engine(Engine::sync).tensor(0, data).emit();
 }
 
@@ -468,7 +469,7 @@ inline void core_barrier(const Tensor& data, const std::vector<int32_t>& cores, 
 inline void sendrecv(const Tensor& src, const Tensor& dst, int32_t send_to_rank, int32_t recv_from_rank,
                      int32_t pipe_id = 0, Loc loc = Loc::current()) {
   detail::Emitter e(Opcode::sendrecv, dst, loc);
-  e.attrs().lanes = {send_to_rank, recv_from_rank, pipe_id};
+  e.rare().lanes = {send_to_rank, recv_from_rank, pipe_id};
   e.engine(Engine::sync).tensor(0, dst).tensor(1, src).emit();
 }
 
@@ -531,14 +532,14 @@ inline void register_move(Register dst, RegisterOrInt src, Loc loc = Loc::curren
 inline void register_load(Register dst, const Tensor& src, Loc loc = Loc::current()) {
   Instruction inst = detail::control(Opcode::register_load, *dst.builder, loc);
   inst.operands[0] = Operand::reg_(dst.id);
-  inst.operands[1] = Operand::tensor(src.access());
+  inst.operands[1] = dst.builder->operand(src.access());
   dst.builder->append(std::move(inst));
 }
 
 /** @brief Writes register src into a 1x1 tensor. */
 inline void register_store(const Tensor& dst, Register src, Loc loc = Loc::current()) {
   Instruction inst = detail::control(Opcode::register_store, *src.builder, loc);
-  inst.operands[0] = Operand::tensor(dst.access());
+  inst.operands[0] = src.builder->operand(dst.access());
   inst.operands[1] = Operand::reg_(src.id);
   src.builder->append(std::move(inst));
 }
@@ -563,12 +564,12 @@ void fori_loop(isa::RegisterOrInt lower, isa::RegisterOrInt upper, Body&& body, 
   begin.operands[0] = Operand::reg_(counter.id);
   begin.operands[1] = lower.operand();
   begin.operands[2] = upper.operand();
-  begin.attrs.step = step;
+  b.rare(begin).step = step;
   const auto begin_index = static_cast<int32_t>(b.kernel().instructions.size());
   b.append(std::move(begin));
   body(counter);
   Instruction end = isa::detail::control(Opcode::loop_end, b, loc);
-  end.attrs.jump = begin_index;
+  b.rare(end).jump = begin_index;
   const auto end_index = static_cast<int32_t>(b.kernel().instructions.size());
   b.append(std::move(end));
   b.set_jump(begin_index, end_index);

@@ -24,7 +24,7 @@ struct LiveRange {
  * its slot's access, and the index tensors of runtime offsets (read), however deeply nested.
  */
 template <class F>
-void for_each_view(const Instruction& inst, F&& f) {
+void for_each_view(const Kernel& k, const Instruction& inst, F&& f) {
   auto visit = [&f](auto&& self, const AccessPattern& ap, Access access) -> void {
     f(ap, access);
     if (const Indirection* ind = ap.indirection.get()) {
@@ -33,7 +33,7 @@ void for_each_view(const Instruction& inst, F&& f) {
     }
   };
   for (int slot = 0; slot < kMaxSlots; ++slot)
-    if (inst.operands[slot].is_tensor()) visit(visit, inst.operands[slot].ap, inst.access(slot));
+    if (inst.operands[slot].is_tensor()) visit(visit, k.view(inst.operands[slot]), inst.access(slot));
 }
 
 /**

@@ -23,7 +23,7 @@
 namespace nikki::jit {
 
 /** @brief Version of the device-program file format (docs/device-program.md). */
-inline constexpr uint32_t kDeviceProgramVersion = 4;
+inline constexpr uint32_t kDeviceProgramVersion = 5;
 
 /** @brief The in-order queues of one NeuronCore. */
 enum class QueueKind : uint8_t { tensor, vector, scalar, gpsimd, sync, dma };
