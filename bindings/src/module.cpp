@@ -602,6 +602,7 @@ PYBIND11_MODULE(_core, m) {
         d["instructions"] = s.instructions;
         d["fallbacks"] = s.fallbacks;
         d["templates"] = s.templates;
+        d["compiled"] = s.compiled;
         d["milliseconds"] = s.milliseconds;
         d["origin"] = jit::code_origin_name(s.origin);
         return d;

@@ -155,9 +155,9 @@ Program compile(Kernel kernel, const CompileOptions& options) {
   if (options.native) {
     stages.run("native", [&] { program.native = compile_native(*program.device, cache.enabled() ? &key : nullptr); }, [&] {
       const NativeStats& s = program.native->stats();
-      return fmt::format("native code for {}: {} instructions in {} routines ({}), {} interpreted, {:.3f} ms\n",
+      return fmt::format("native code for {}: {} instructions in {} routines ({}; {} new), {} interpreted, {:.3f} ms\n",
                          native_target_description(), s.instructions, s.templates, code_origin_name(s.origin),
-                         s.fallbacks, s.milliseconds);
+                         s.compiled, s.fallbacks, s.milliseconds);
     });
   }
   return program;

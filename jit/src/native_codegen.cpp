@@ -2,13 +2,14 @@
 // LLVM headers (they are slow to compile and LLVM is built without exceptions: every llvm::Error is
 // converted to nikki's InternalError here, never thrown through LLVM frames).
 //
-// For each kernel: read the entries of the embedded kernel library it needs (each entry already
-// has its helpers inlined and simplified at build time, see jit/CMakeLists.txt), add one constant
-// descriptor and one wrapper per template, inline the entries into the wrappers so the
-// descriptors fold into them, run LLVM's O2 pipeline (with loop and SLP vectorization) for the
-// host CPU, and hand the objects to an LLJIT whose resource tracker lives as long as the kernel's
-// NativeCode.
+// For each template a kernel needs and no earlier compile left behind: read the entry of the
+// embedded kernel library it specializes (each entry already has its helpers inlined and
+// simplified at build time, see jit/CMakeLists.txt), add the constant descriptor and a wrapper,
+// inline the entry into the wrapper so the descriptor folds into it, run LLVM's O2 pipeline (with
+// loop and SLP vectorization) for the host CPU, and hand the object to an LLJIT under a resource
+// tracker that lives as long as any kernel's NativeCode uses the template.
 #include <llvm/Bitcode/BitcodeReader.h>
+#include <llvm/Config/llvm-config.h>
 #include <llvm/ExecutionEngine/Orc/ExecutionUtils.h>
 #include <llvm/ExecutionEngine/Orc/JITTargetMachineBuilder.h>
 #include <llvm/ExecutionEngine/Orc/LLJIT.h>
@@ -35,20 +36,21 @@
 #include <atomic>
 #include <cstdlib>
 #include <exception>
-#include <map>
 #include <mutex>
 #include <string_view>
 #include <system_error>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
-#include "byte_codec.hpp"
 #include "native_templates.hpp"
 #include "nikki/jit/cache.hpp"
 
 extern const unsigned char nikki_native_bitcode[];
 extern const std::size_t nikki_native_bitcode_size;
+extern const char nikki_native_codegen_sha256[];
 
 namespace nikki::jit {
 
@@ -84,54 +86,38 @@ int compile_cost(std::string_view entry) {
   return 2;
 }
 
-/** Template indices in at most `count` groups of about equal cost (largest first, each to the
- * cheapest group so far). */
-std::vector<std::vector<size_t>> balanced_groups(const std::vector<NativeTemplate>& templates, size_t count) {
-  std::vector<size_t> order(templates.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return compile_cost(templates[a].entry) > compile_cost(templates[b].entry);
-  });
-  std::vector<std::vector<size_t>> groups(std::max<size_t>(1, std::min(count, templates.size())));
+/** Positions into `indices` (templates to compile) in at most `count` groups of about equal cost
+ * (largest first, each to the cheapest group so far). */
+std::vector<std::vector<size_t>> balanced_groups(const std::vector<NativeTemplate>& templates,
+                                                 const std::vector<size_t>& indices, size_t count) {
+  const auto cost = [&](size_t position) { return compile_cost(templates[indices[position]].entry); };
+  std::vector<size_t> order(indices.size());
+  for (size_t p = 0; p < order.size(); ++p) order[p] = p;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return cost(a) > cost(b); });
+  std::vector<std::vector<size_t>> groups(std::max<size_t>(1, std::min(count, indices.size())));
   std::vector<int> load(groups.size(), 0);
-  for (size_t i : order) {
+  for (size_t p : order) {
     const size_t g = size_t(std::min_element(load.begin(), load.end()) - load.begin());
-    groups[g].push_back(i);
-    load[g] += compile_cost(templates[i].entry);
+    groups[g].push_back(p);
+    load[g] += cost(p);
   }
   return groups;
 }
 
-/** The cache payload of a template set's object files: a count, then each file with its size. */
-std::vector<uint8_t> pack_objects(const std::vector<std::vector<uint8_t>>& objects) {
-  Writer w;
-  w.u32(objects.size());
-  for (const std::vector<uint8_t>& o : objects) {
-    w.pod<uint64_t>(o.size());
-    w.bytes(o.data(), o.size());
-  }
-  return std::move(w.out);
+/** What decides a template's object code besides the template and the host: the library's
+ * bitcode, how this file specializes and optimizes it (its source's hash), and the LLVM doing it.
+ * Not the build's identity: every binary of a build, and later builds that leave code generation
+ * alone, share native code in the disk cache. */
+const Hash128& codegen_id() {
+  static const Hash128 id = Hasher()
+                                .str(LLVM_VERSION_STRING)
+                                .str(nikki_native_codegen_sha256)
+                                .bytes(nikki_native_bitcode, nikki_native_bitcode_size)
+                                .finish();
+  return id;
 }
 
-/** The object files of a payload, or nullopt when it is not one (then they are compiled again). */
-std::optional<std::vector<std::vector<uint8_t>>> unpack_objects(const std::vector<uint8_t>& payload) {
-  try {
-    Reader r(payload.data(), payload.size());
-    std::vector<std::vector<uint8_t>> objects(r.count(8));
-    for (std::vector<uint8_t>& o : objects) {
-      const uint64_t size = r.pod<uint64_t>();
-      if (size > payload.size()) return std::nullopt;
-      o.resize(size);
-      r.bytes(o.data(), size);
-    }
-    if (!r.done() || objects.empty()) return std::nullopt;
-    return objects;
-  } catch (const KernelError&) {
-    return std::nullopt;
-  }
-}
-
-/** The process-wide JIT: one LLJIT, the host target, a counter for unique symbol names. */
+/** The process-wide JIT: one LLJIT, the host target, the routines loaded by name. */
 class NativeJit {
  public:
   static NativeJit& instance() {
@@ -140,44 +126,52 @@ class NativeJit {
   }
 
   /**
-   * Routines for a set of templates. The object code is content-addressed: a set already loaded in
-   * this process is shared, one compiled by an earlier process is loaded from the disk cache, and
-   * only a new set goes through LLVM.
+   * Routines for a set of distinct templates. Object code is content-addressed per template: a
+   * template loaded in this process is shared, one compiled by an earlier process is loaded from
+   * the disk cache, and only the others go through LLVM, so kernels that share most templates
+   * (another shape of a kernel, a kernel after a small edit) compile only what differs.
    */
   GeneratedRoutines compile(const std::vector<NativeTemplate>& templates) {
     if (templates.empty()) return {};
-    const CacheKey key = key_of(templates);
-    const std::string prefix = "nikki_" + key.hash().hex();
     std::lock_guard<std::mutex> lock(mutex_);
-    if (auto it = loaded_.find(prefix); it != loaded_.end())
-      if (std::shared_ptr<Loaded> code = it->second.lock()) return {code->routines, code, CodeOrigin::in_memory, code->bytes};
     std::erase_if(loaded_, [](const auto& entry) { return entry.second.expired(); });
     // The names of unloaded routines stay interned until dropped explicitly.
     jit_->getExecutionSession().getSymbolStringPool()->clearDeadEntries();
-    DiskCache cache;
-    std::shared_ptr<Loaded> code;
-    CodeOrigin origin = CodeOrigin::disk_cache;
-    if (auto hit = cache.load("native", key)) {
-      // An entry that passes the cache's checks can still fail to load (written by a build with a
-      // colliding id, or edited by hand): it is compiled again and rewritten, never trusted.
-      if (auto objects = unpack_objects(*hit)) {
-        try {
-          code = load(*objects, templates.size(), prefix);
-        } catch (const InternalError& e) {
-          log_rejected_entry(cache.path("native", key), fmt::format("not loadable ({})", e.what()));
-        }
-      } else {
-        log_rejected_entry(cache.path("native", key), "not a set of object files");
-      }
+    const DiskCache cache;
+    auto set = std::make_shared<std::vector<std::shared_ptr<Loaded>>>(templates.size());
+    std::vector<CacheKey> keys;
+    std::vector<std::string> names;
+    std::vector<size_t> missing;
+    std::unordered_set<std::string> distinct;
+    bool read_disk = false;
+    for (size_t i = 0; i < templates.size(); ++i) {
+      keys.push_back(key_of(templates[i]));
+      names.push_back("nikki_" + keys[i].hash().hex());
+      internal_check(distinct.insert(names[i]).second, "a native template set holds one template twice");
+      std::shared_ptr<Loaded>& code = (*set)[i];
+      if (auto it = loaded_.find(names[i]); it != loaded_.end()) code = it->second.lock();
+      if (!code && (code = load_cached(cache, keys[i], names[i]))) read_disk = true;
+      if (code)
+        loaded_[names[i]] = code;
+      else
+        missing.push_back(i);
     }
-    if (!code) {
-      std::vector<std::vector<uint8_t>> objects = emit_objects(templates, prefix);
-      origin = CodeOrigin::compiled;
-      code = load(objects, templates.size(), prefix);
-      cache.store("native", key, pack_objects(objects));
+    std::vector<std::vector<uint8_t>> objects = emit_objects(templates, missing, names);
+    for (size_t p = 0; p < missing.size(); ++p) {
+      const size_t i = missing[p];
+      (*set)[i] = load(objects[p], names[i]);
+      loaded_[names[i]] = (*set)[i];
+      cache.store("native", keys[i], objects[p]);
     }
-    loaded_[prefix] = code;
-    return {code->routines, code, origin, code->bytes};
+    GeneratedRoutines out;
+    for (const std::shared_ptr<Loaded>& code : *set) {
+      out.routines.push_back(code->routine);
+      out.code_bytes += code->bytes;
+    }
+    out.keep_alive = std::move(set);
+    out.compiled = int64_t(missing.size());
+    out.origin = !missing.empty() ? CodeOrigin::compiled : read_disk ? CodeOrigin::disk_cache : CodeOrigin::in_memory;
+    return out;
   }
 
   std::string description() const { return fmt::format("{} ({})", cpu_, features_); }
@@ -215,11 +209,11 @@ class NativeJit {
   }
 
   /**
-   * The routine library, holding only what `entries` reach: the bitcode is read lazily and the
-   * linker materializes the functions the entries need (reading all of it cost about 15 ms per
-   * compile, for a library most of which a kernel does not use).
+   * The routine library, holding only what `entry` reaches: the bitcode is read lazily and the
+   * linker materializes the functions the entry needs (reading all of it cost about 15 ms per
+   * compile, for a library most of which a template does not use).
    */
-  std::unique_ptr<llvm::Module> library(llvm::LLVMContext& context, const std::vector<std::string>& entries) {
+  std::unique_ptr<llvm::Module> library(llvm::LLVMContext& context, const char* entry) {
     llvm::MemoryBufferRef buffer(
         llvm::StringRef(reinterpret_cast<const char*>(nikki_native_bitcode), nikki_native_bitcode_size),
         "nikki_native_kernels");
@@ -230,37 +224,34 @@ class NativeJit {
     auto m = std::make_unique<llvm::Module>("nikki_native_templates", context);
     m->setDataLayout(jit_->getDataLayout());
     m->setTargetTriple(target_machine_->getTargetTriple().str());
-    for (const std::string& entry : entries) {
-      llvm::Function* f = lazy->getFunction(entry);
-      internal_check(f != nullptr, "native template names a missing library entry");
-      m->getOrInsertFunction(entry, f->getFunctionType());
-    }
+    llvm::Function* f = lazy->getFunction(entry);
+    internal_check(f != nullptr, "native template names a missing library entry");
+    m->getOrInsertFunction(entry, f->getFunctionType());
     internal_check(!llvm::Linker::linkModules(*m, std::move(lazy), llvm::Linker::Flags::LinkOnlyNeeded),
                    "linking the kernel library");
     return m;
   }
 
-  static std::string add_wrapper(llvm::Module& m, const NativeTemplate& t, const std::string& prefix, size_t index) {
+  /** Adds routine `name`: the template's entry called with its constant descriptor. */
+  static void add_wrapper(llvm::Module& m, const NativeTemplate& t, const std::string& name) {
     llvm::LLVMContext& ctx = m.getContext();
     llvm::Function* entry = m.getFunction(t.entry);
     internal_check(entry != nullptr, "native template names a missing library entry");
     const auto* bytes = reinterpret_cast<const uint8_t*>(&t.desc);
     auto* init = llvm::ConstantDataArray::get(ctx, llvm::ArrayRef<uint8_t>(bytes, sizeof(native::OpDesc)));
     auto* desc = new llvm::GlobalVariable(m, init->getType(), /*isConstant=*/true, llvm::GlobalValue::PrivateLinkage,
-                                          init, fmt::format("nikki_desc_{}", index));
+                                          init, "nikki_desc");
     desc->setAlignment(llvm::Align(8));
-    const std::string name = fmt::format("{}_t{}", prefix, index);
     auto* ptr = llvm::PointerType::getUnqual(ctx);
     auto* fn = llvm::Function::Create(llvm::FunctionType::get(llvm::Type::getVoidTy(ctx), {ptr}, false),
                                       llvm::GlobalValue::ExternalLinkage, name, m);
     llvm::IRBuilder<> b(llvm::BasicBlock::Create(ctx, "entry", fn));
     b.CreateCall(entry, {desc, fn->getArg(0)});
     b.CreateRetVoid();
-    return name;
   }
 
   /** Internalizes and always-inlines the library, and targets every function at the host CPU. */
-  void prepare(llvm::Module& m, const std::vector<std::string>& wrappers) {
+  void prepare(llvm::Module& m, const std::string& wrapper) {
     for (llvm::Function& f : m) {
       f.removeFnAttr("target-cpu");
       f.removeFnAttr("target-features");
@@ -268,8 +259,7 @@ class NativeJit {
       f.addFnAttr("target-cpu", cpu_);
       f.addFnAttr("target-features", features_);
       if (f.isDeclaration()) continue;
-      const bool wrapper = std::find(wrappers.begin(), wrappers.end(), f.getName().str()) != wrappers.end();
-      if (wrapper) continue;
+      if (f.getName() == wrapper) continue;
       f.setComdat(nullptr);
       f.setLinkage(llvm::GlobalValue::InternalLinkage);
       f.removeFnAttr(llvm::Attribute::NoInline);
@@ -309,10 +299,10 @@ class NativeJit {
     mpm.run(m, mam);
   }
 
-  /** Object code kept loaded while any kernel uses it. */
+  /** A template's object code, kept loaded while any kernel uses it. */
   struct Loaded {
     llvm::orc::ResourceTrackerSP tracker;
-    std::vector<native::Routine> routines;
+    native::Routine routine = nullptr;
     int64_t bytes = 0;  // of the loaded code: each object's sections occupy whole pages
     ~Loaded() {
       if (tracker)
@@ -320,49 +310,61 @@ class NativeJit {
     }
   };
 
-  /** Loads object files and looks up routines `<prefix>_t0` ... `<prefix>_t<count-1>`; throws
-   * InternalError, with nothing left loaded, when that fails. */
-  std::shared_ptr<Loaded> load(const std::vector<std::vector<uint8_t>>& objects, size_t count, const std::string& prefix) {
+  /** Loads an object file and looks up its routine `name`; throws InternalError, with nothing left
+   * loaded, when that fails. */
+  std::shared_ptr<Loaded> load(const std::vector<uint8_t>& object, const std::string& name) {
     auto code = std::make_shared<Loaded>();
     code->tracker = jit_->getMainJITDylib().createResourceTracker();
-    for (const std::vector<uint8_t>& object : objects) {
-      auto buffer = llvm::MemoryBuffer::getMemBufferCopy(
-          llvm::StringRef(reinterpret_cast<const char*>(object.data()), object.size()), prefix);
-      if (llvm::Error err = jit_->addObjectFile(code->tracker, std::move(buffer)))
-        llvm_failure("loading native code", std::move(err));
-      // Code, read-only data and data each start a page: an estimate of what loading costs.
-      constexpr int64_t kSegmentsPerObject = 3;
-      code->bytes += int64_t(object.size()) + kSegmentsPerObject * int64_t(::sysconf(_SC_PAGESIZE));
-    }
-    for (size_t i = 0; i < count; ++i) {
-      llvm::orc::ExecutorAddr addr = check(jit_->lookup(fmt::format("{}_t{}", prefix, i)), "looking up a routine");
-      code->routines.push_back(addr.toPtr<native::Routine>());
-    }
+    auto buffer = llvm::MemoryBuffer::getMemBufferCopy(
+        llvm::StringRef(reinterpret_cast<const char*>(object.data()), object.size()), name);
+    if (llvm::Error err = jit_->addObjectFile(code->tracker, std::move(buffer)))
+      llvm_failure("loading native code", std::move(err));
+    // Code, read-only data and data each start a page: an estimate of what loading costs.
+    constexpr int64_t kSegmentsPerObject = 3;
+    code->bytes = int64_t(object.size()) + kSegmentsPerObject * int64_t(::sysconf(_SC_PAGESIZE));
+    code->routine = check(jit_->lookup(name), "looking up a routine").toPtr<native::Routine>();
     return code;
   }
 
-  /** Everything the object code depends on: the templates, the host CPU, the nikki build. */
-  CacheKey key_of(const std::vector<NativeTemplate>& templates) const {
+  /** The code of routine `name` from its disk-cache entry, or null when there is none it can use
+   * (an entry that passes the cache's checks can still fail to load, written by a build with a
+   * colliding id or edited by hand: it is compiled again and rewritten, never trusted). */
+  std::shared_ptr<Loaded> load_cached(const DiskCache& cache, const CacheKey& key, const std::string& name) {
+    std::optional<std::vector<uint8_t>> object = cache.load("native", key);
+    if (!object) return nullptr;
+    try {
+      return load(*object, name);
+    } catch (const InternalError& e) {
+      log_rejected_entry(cache.path("native", key), fmt::format("not loadable ({})", e.what()));
+      return nullptr;
+    }
+  }
+
+  /** Everything a template's object code depends on: the template, the host CPU, the code generator. */
+  CacheKey key_of(const NativeTemplate& t) const {
     CacheKey key;
-    key.str("native").bytes(&build_id(), sizeof(Hash128)).str(cpu_).str(features_);
-    for (const NativeTemplate& t : templates) key.bytes(&t.desc, sizeof(t.desc)).str(t.entry);
+    key.str("native").bytes(&codegen_id(), sizeof(Hash128)).str(cpu_).str(features_);
+    key.bytes(&t.desc, sizeof(t.desc)).str(t.entry);
     return key;
   }
 
   /**
-   * Specializes the library for the templates and compiles it to relocatable objects: the
-   * templates are split into groups of about equal cost, one per usable core, each compiled in
-   * its own LLVM context with its own target machine (neither is thread-safe), in parallel.
+   * Specializes the library for the templates `indices` and compiles each to a relocatable object
+   * (in `indices` order): the templates are split into groups of about equal cost, one per usable
+   * core, each compiled with its own target machine (not thread-safe), in parallel.
    */
-  std::vector<std::vector<uint8_t>> emit_objects(const std::vector<NativeTemplate>& templates, const std::string& prefix) {
-    const std::vector<std::vector<size_t>> groups = balanced_groups(templates, compile_threads());
+  std::vector<std::vector<uint8_t>> emit_objects(const std::vector<NativeTemplate>& templates,
+                                                 const std::vector<size_t>& indices, const std::vector<std::string>& names) {
+    if (indices.empty()) return {};
+    const std::vector<std::vector<size_t>> groups = balanced_groups(templates, indices, compile_threads());
     std::vector<std::unique_ptr<llvm::TargetMachine>> machines(groups.size());
     for (size_t g = 1; g < groups.size(); ++g) machines[g] = check(host_->createTargetMachine(), "creating a target machine");
-    std::vector<std::vector<uint8_t>> objects(groups.size());
+    std::vector<std::vector<uint8_t>> objects(indices.size());
     std::vector<std::exception_ptr> errors(groups.size());
     auto compile_group = [&](size_t g) {
       try {
-        objects[g] = emit_object(templates, groups[g], prefix, g == 0 ? *target_machine_ : *machines[g]);
+        for (size_t p : groups[g])
+          objects[p] = emit_object(templates[indices[p]], names[indices[p]], g == 0 ? *target_machine_ : *machines[g]);
       } catch (...) {
         errors[g] = std::current_exception();
       }
@@ -383,9 +385,9 @@ class NativeJit {
     return objects;
   }
 
-  /** Compiles the templates `indices` (wrappers keep their index in `templates` in their names). */
-  std::vector<uint8_t> emit_object(const std::vector<NativeTemplate>& templates, const std::vector<size_t>& indices,
-                                   const std::string& prefix, llvm::TargetMachine& machine) {
+  /** Compiles template `t` to an object file defining routine `name`. Each compile has its own
+   * LLVM context (contexts are not thread-safe). */
+  std::vector<uint8_t> emit_object(const NativeTemplate& t, const std::string& name, llvm::TargetMachine& machine) {
     llvm::LLVMContext context;
     // The library asks LLVM to vectorize the loops it declares independent (kernels.cpp); where
     // one cannot be (its body calls libm: erf, sin, ...) LLVM would print a warning and remarks to
@@ -400,13 +402,9 @@ class NativeJit {
           info->print(printer);
         },
         &llvm_error);
-    std::vector<std::string> entries;
-    for (size_t i : indices)
-      if (std::find(entries.begin(), entries.end(), templates[i].entry) == entries.end()) entries.push_back(templates[i].entry);
-    std::unique_ptr<llvm::Module> module = library(context, entries);
-    std::vector<std::string> names;
-    for (size_t i : indices) names.push_back(add_wrapper(*module, templates[i], prefix, i));
-    prepare(*module, names);
+    std::unique_ptr<llvm::Module> module = library(context, t.entry);
+    add_wrapper(*module, t, name);
+    prepare(*module, name);
     optimize(*module, machine);
     llvm::SmallVector<char, 0> buffer;
     llvm::raw_svector_ostream os(buffer);
@@ -424,7 +422,7 @@ class NativeJit {
   std::unique_ptr<llvm::orc::LLJIT> jit_;
   std::string cpu_, features_;
   std::mutex mutex_;
-  std::map<std::string, std::weak_ptr<Loaded>> loaded_;
+  std::unordered_map<std::string, std::weak_ptr<Loaded>> loaded_;  // by routine name
 };
 
 }  // namespace

@@ -168,6 +168,7 @@ std::shared_ptr<const NativeCode> compile_native(const DeviceProgram& program, c
       ++stats.instructions;
     }
   stats.origin = code.origin;
+  stats.compiled = code.compiled;
   stats.code_bytes = code.code_bytes;
   stats.fallbacks = plan->fallbacks;
   stats.templates = int64_t(plan->templates.size());

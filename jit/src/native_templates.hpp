@@ -56,6 +56,7 @@ struct GeneratedRoutines {
   std::vector<native::Routine> routines;
   std::shared_ptr<void> keep_alive;
   CodeOrigin origin = CodeOrigin::none;
+  int64_t compiled = 0;    // templates LLVM generated code for
   int64_t code_bytes = 0;  // estimated memory of the loaded code
 };
 

@@ -285,7 +285,7 @@ TEST_CASE("compile cache: a loaded plan binds runtime offsets to the loaded prog
   }
 }
 
-TEST_CASE("compile cache: native code compiled on several threads is stored, reloaded and rebuilt whole") {
+TEST_CASE("compile cache: native code compiled on several threads is stored per template, reloaded, and rebuilt where damaged") {
   TempCacheDir dir;
   ScopedEnv threads("NIKKI_COMPILE_THREADS", "3");
   Kernel k = axpb({128, 64}, DType::float32);
@@ -294,40 +294,47 @@ TEST_CASE("compile cache: native code compiled on several threads is stored, rel
     jit::Program first = jit::compile(k, native_options());
     templates = first.native->stats().templates;
     CHECK(first.native->stats().origin == jit::CodeOrigin::compiled);
+    CHECK(first.native->stats().compiled == templates);
     check_axpb_result(first);
     jit::Program shared = jit::compile(k, native_options());  // while the first is alive
     CHECK(shared.native->stats().origin == jit::CodeOrigin::in_memory);
+    CHECK(shared.native->stats().compiled == 0);
   }  // the last user of the loaded code is gone: the next compile reads the disk cache
   REQUIRE(templates >= 3);  // so that each thread has a template of its own
-  std::vector<fs::path> entries;
-  for (const auto& e : fs::directory_iterator(dir.path() / "native")) entries.push_back(e.path());
-  REQUIRE(entries.size() == 1);
+  const std::set<fs::path> entries = entries_of(dir.path(), "native");
+  REQUIRE(entries.size() == size_t(templates));  // one entry per template
   jit::CodeOrigin expected = jit::CodeOrigin::disk_cache;
+  int64_t recompiled = 0;
   SUBCASE("reloaded") {}
-  SUBCASE("a payload that is not object files is compiled again") {
-    std::optional<jit::CacheKey> key = jit::DiskCache().stored_key("native", hash_of_entry(entries[0]));
+  SUBCASE("a payload that is not object code is compiled again, alone") {
+    std::optional<jit::CacheKey> key = jit::DiskCache().stored_key("native", hash_of_entry(*entries.begin()));
     REQUIRE(key);
     jit::DiskCache().store("native", *key, std::vector<uint8_t>(40, 0x07));
     expected = jit::CodeOrigin::compiled;
+    recompiled = 1;
   }
   jit::Program again = jit::compile(k, native_options());
   CHECK(again.native->stats().templates == templates);
   CHECK(again.native->stats().origin == expected);
+  CHECK(again.native->stats().compiled == recompiled);
+  CHECK(entries_of(dir.path(), "native") == entries);
   check_axpb_result(again);
 }
 
 TEST_CASE("compile cache: a damaged or foreign native entry is compiled again and rewritten") {
   TempCacheDir dir;
-  // Two kernels whose native code differs (their operators do), each with one native entry.
+  // Two kernels whose native code differs in one template (their operators do).
   Kernel k = axpb({128, 64}, DType::float32);
   Kernel other = axpb({128, 64}, DType::float32, TargetId::trn2, nl::subtract);
   jit::compile(k, native_options());  // the programs and their loaded code go at once
   const std::set<fs::path> before = entries_of(dir.path(), "native");
-  REQUIRE(before.size() == 1);
+  REQUIRE(!before.empty());
   const fs::path entry = *before.begin();
-  jit::compile(other, native_options());
+  jit::Program shares = jit::compile(other, native_options());
+  CHECK(shares.native->stats().compiled == 1);  // the other templates are k's
+  shares = {};
   std::set<fs::path> after = entries_of(dir.path(), "native");
-  after.erase(entry);
+  for (const fs::path& p : before) after.erase(p);
   REQUIRE(after.size() == 1);
   const fs::path other_entry = *after.begin();
   const auto full_size = fs::file_size(entry);
@@ -351,6 +358,7 @@ TEST_CASE("compile cache: a damaged or foreign native entry is compiled again an
   }
   jit::Program rebuilt = jit::compile(k, native_options());
   CHECK(rebuilt.native->stats().origin == jit::CodeOrigin::compiled);
+  CHECK(rebuilt.native->stats().compiled == 1);
   check_axpb_result(rebuilt);
   rebuilt = {};
   // The entry was rewritten: the next process (here: the next compile, with nothing loaded) uses it.

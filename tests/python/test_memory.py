@@ -247,16 +247,24 @@ def _run_kernels(cache_dir, *names, log=False):
     return result.stdout.split("\n"), result.stderr
 
 
+def _native_entries(cache_dir):
+    return {entry.name for entry in (cache_dir / "native").iterdir()}
+
+
 @pytest.fixture(scope="module")
 def two_native_entries(tmp_path_factory):
     """A disk cache holding the native code of the "add" and of the "sub" specialization, with the
-    file names of both entries."""
+    file names of the one entry each has of its own: native code is cached per template, and the
+    two share every template but their operator's."""
     cache_dir = tmp_path_factory.mktemp("pristine") / "cache"
     _run_kernels(cache_dir, "add")
-    (add_entry,) = (cache_dir / "native").iterdir()
+    add_entries = _native_entries(cache_dir)
     _run_kernels(cache_dir, "sub")
-    (sub_entry,) = set((cache_dir / "native").iterdir()) - {add_entry}
-    return cache_dir, add_entry.name, sub_entry.name
+    (sub_name,) = _native_entries(cache_dir) - add_entries
+    sub_alone = tmp_path_factory.mktemp("sub") / "cache"
+    _run_kernels(sub_alone, "sub")
+    (add_name,) = add_entries - _native_entries(sub_alone)
+    return cache_dir, add_name, sub_name
 
 
 def _damage_swap(entry, other):
