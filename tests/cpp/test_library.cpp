@@ -142,6 +142,30 @@ TEST_CASE("library registry: an incomplete registration is reported by what it l
         "'tile' as an integer whose default 0 means 'choose', backward (or a gradient note)");
 }
 
+TEST_CASE("library registry: a case generator that gives inputs of the wrong count or shape is an internal error") {
+  KernelInfo k = kernels::find_kernel("softmax");
+  const kernels::ExampleCase c = k.examples.at(0);
+  kernels::CaseRng rng(7);
+  std::vector<kernels::RefTensor> made;
+  k.make_inputs = [&](const kernels::ExampleCase&, kernels::CaseRng&) { return made; };
+  const std::string expected = "kernel 'softmax': make_inputs does not give one tensor of each input's shape";
+  SUBCASE("too few") {}
+  SUBCASE("too many") { made = {kernels::RefTensor(c.inputs[0].shape), kernels::RefTensor(c.inputs[0].shape)}; }
+  SUBCASE("another shape") {
+    Shape other = c.inputs[0].shape;
+    other[0] += 1;
+    made = {kernels::RefTensor(other)};
+  }
+  try {
+    k.inputs_for(c, rng);
+    FAIL("no error");
+  } catch (const InternalError& e) {
+    CHECK(std::string(e.what()).find(expected) != std::string::npos);
+  }
+  made = {kernels::RefTensor(c.inputs[0].shape)};  // the right one is taken as made
+  CHECK(k.inputs_for(c, rng).at(0).shape == c.inputs[0].shape);
+}
+
 TEST_CASE("library registry: backward kernels follow the naming contract") {
   for (const KernelInfo& k : kernels::registry()) {
     if (k.backward.empty()) continue;

@@ -105,18 +105,18 @@ class Autotuned:
 
     def _estimate(self, args, kwargs) -> tuple:
         table: list[tuple[dict, float | None, str | None]] = []
-        errors: list[KernelError] = []
+        first_error: KernelError | None = None
         for config in self.configs:
             try:
                 us = profiling.estimate(self.kernel, *args, target=self.target, **kwargs, **config).total_us
                 table.append((config, us, None))
             except KernelError as err:
-                errors.append(err)
+                first_error = first_error or err
                 table.append((config, None, err.summary if hasattr(err, "summary") else str(err)))
         timed = {i: us for i, (_, us, _) in enumerate(table) if us is not None}
         if not timed:
-            if len({e for _, _, e in table}) == 1:
-                raise errors[0]  # the arguments are wrong whatever the configuration: say it as the kernel does
+            if first_error is not None and len({e for _, _, e in table}) == 1:
+                raise first_error  # the arguments are wrong whatever the configuration: say it as the kernel does
             reasons = "; ".join(f"{json.dumps(c, sort_keys=True)}: {e}" for c, _, e in table)
             raise KernelError(f"autotune {self.__name__}: no configuration compiles for these arguments ({reasons})")
         best = min(timed, key=timed.__getitem__)
