@@ -397,8 +397,8 @@ class Verifier {
            "per-partition operands have one element per partition",
            fmt::format("pass an immediate or a [{}, 1] tile", d.partitions));
     if (require_fp32 && o.dtype() != DType::float32)
-      fail(inst, fmt::format("{} has dtype {}; vector operands of arithmetic operators must be float32",
-                             slot_name(inst, slot), dtype_name(o.dtype())),
+      fail(inst, fmt::format("{} has dtype {}; a vector {} must be float32", slot_name(inst, slot),
+                             dtype_name(o.dtype()), slot_name(inst, slot)),
            {}, "keep per-partition scalars in a float32 [P, 1] tile");
   }
   void not_both_psum(const Instruction& inst, int a, int b) const {
@@ -592,7 +592,9 @@ class Verifier {
       AluOp op = slot == 2 ? a.op0 : a.op1;
       if (slot == 3 && !two_ops) continue;
       unary_operand_is_zero(inst, op, slot);
-      per_partition(inst, slot, 1, !is_bitvec_op(op));
+      // Any dtype: the engine casts inputs to fp32 for arithmetic (NKI's own kernels pass bf16
+      // [P, 1] vectors) and reads bit patterns for bitvec operators.
+      per_partition(inst, slot, 1, false);
     }
     same_tile(inst, 0, 1);
   }
@@ -607,7 +609,8 @@ class Verifier {
                              alu_op_name(a.op1)),
            "scalar_tensor_tensor takes arithmetic operators only",
            "use tensor_scalar and tensor_tensor for bitwise operators");
-    per_partition(inst, 2, 1, true);
+    // NKI documents every input as any dtype (cast to fp32 on the way in), operand0 included.
+    per_partition(inst, 2, 1, false);
     same_tile(inst, 0, 1);
     same_tile(inst, 1, 3);
     not_both_psum(inst, 1, 3);
@@ -691,7 +694,7 @@ class Verifier {
       fail(inst, "reverse0=True is not supported by tensor_scalar_reduce",
            "NKI documents reverse0 as not supported yet",
            "use tensor_scalar with reverse0=True, then tensor_reduce");
-    per_partition(inst, 2, 1, true);
+    per_partition(inst, 2, 1, false);  // as tensor_scalar's operand0
     same_tile(inst, 0, 1);
     if (inst.operands[3].is_tensor()) per_partition(inst, 3, 1, false);
   }

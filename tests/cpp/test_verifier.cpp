@@ -535,21 +535,25 @@ TEST_CASE("verify: scalar-or-vector operands are [P, 1]") {
   check_compiles(kernel_error(k(1), X));
 }
 
-TEST_CASE("verify: vector operands of arithmetic operators are float32") {
+TEST_CASE("verify: a vector activation scale is float32; tensor_scalar vectors may be of any dtype") {
   int line = 0;
-  auto k = [&](DType dtype) {
-    return [&, dtype](Tensor x) {
+  auto k = [&](DType dtype, bool activation) {
+    return [&, dtype, activation](Tensor x) {
       Tensor a = filled({128, 512}, nl::float32, "a");
       Tensor s = filled({128, 1}, dtype, "s");
       Tensor d = sb({128, 512}, nl::float32, "d");
-      line = __LINE__; isa::tensor_scalar(d, a, nl::multiply, s);
+      if (activation) {
+        line = __LINE__; isa::activation(d, nl::exp, a, {.scale = s});
+      } else {
+        isa::tensor_scalar(d, a, nl::multiply, s);
+      }
       return store(d);
     };
   };
-  CHECK_ERROR(kernel_error(k(nl::bfloat16), X), line,
-              "operand0 has dtype bfloat16; vector operands of arithmetic operators must be float32",
+  CHECK_ERROR(kernel_error(k(nl::bfloat16, true), X), line, "scale has dtype bfloat16; a vector scale must be float32",
               "float32 [P, 1] tile");
-  check_compiles(kernel_error(k(nl::float32), X));
+  check_compiles(kernel_error(k(nl::float32, true), X));
+  check_compiles(kernel_error(k(nl::bfloat16, false), X));
 }
 
 TEST_CASE("verify: at most one input is read from PSUM") {

@@ -250,6 +250,34 @@ def test_scalar_tensor_tensor(rng, style):
     np.testing.assert_array_equal(r, b - (np.float32(1.0) - a))
 
 
+@pytest.mark.parametrize("executor", ["interp", "native"])
+def test_vector_operands_of_any_dtype(rng, executor, monkeypatch):
+    """NKI casts every input of tensor_scalar, tensor_scalar_reduce and scalar_tensor_tensor to
+    fp32 ("All input tiles can be any supported NKI data type"): bf16 [P, 1] vectors, as the MoE
+    kernels of NKI's library pass them, give the fp32 computation's values."""
+    monkeypatch.setenv("NIKKI_EXECUTOR", executor)
+
+    @nki.jit
+    def k(a, s, b):
+        x, v, y = load(a), load(s), load(b)
+        d = nl.ndarray(a.shape, nl.bfloat16, buffer=nl.sbuf)
+        nisa.scalar_tensor_tensor(dst=d, data=x, op0=nl.multiply, operand0=v, op1=nl.add, operand1=y)
+        e = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar(dst=e, data=x, op0=nl.subtract, operand0=v, op1=nl.multiply, operand1=v)
+        f = nl.ndarray(a.shape, nl.float32, buffer=nl.sbuf)
+        total = nl.ndarray((a.shape[0], 1), nl.float32, buffer=nl.sbuf)
+        nisa.tensor_scalar_reduce(dst=f, data=x, op0=nl.add, operand0=v, reduce_op=nl.add, reduce_res=total)
+        return store(d), store(e), store(total)
+
+    a, s, b = (f32(rng, *shape).astype(BF16) for shape in ((96, 40), (96, 1), (96, 40)))
+    x, v, y = a.astype(np.float32), s.astype(np.float32), b.astype(np.float32)
+    d, e, total = k(a, s, b)
+    np.testing.assert_array_equal(d, (x * v + y).astype(BF16))
+    np.testing.assert_array_equal(e, (x - v) * v)
+    # the reduction's order is the engine's: fp32 sums of 40 terms of size < 4 agree to 1e-5
+    np.testing.assert_allclose(total[:, 0], (x + v).astype(np.float64).sum(axis=1), rtol=0, atol=1e-4)
+
+
 def _np_act(name, x):
     x = x.astype(np.float64)
     sig = lambda v: 1.0 / (1.0 + np.exp(-v))  # noqa: E731
