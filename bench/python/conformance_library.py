@@ -270,6 +270,9 @@ def _moe_cte(implementation: str, block: int):
                 "gate_up_proj_weight": 0.05 * _normal(rng, (experts, hidden, 2, intermediate), BF16),
                 "down_proj_weight": 0.05 * _normal(rng, (experts, intermediate, hidden), BF16),
                 "token_position_to_id": position_to_token, "block_to_expert": block_to_expert, "block_size": block,
+                # top-1 routing: no token's rows are summed over experts, so no cross-core sum
+                # (the library's own tests pass top_k != 1)
+                "is_tensor_update_accumulating": False,
                 "spec": cte.MoECTESpec(implementation=getattr(cte.MoECTEImplementation, implementation))}
     return inputs
 
