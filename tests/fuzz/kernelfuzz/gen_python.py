@@ -41,6 +41,8 @@ NUMERIC_FLOATS = ("float32", "bfloat16", "float16", "float8_e4m3", "float8_e4m3f
 TILE_DTYPES = (["float32"] * 8 + ["bfloat16"] * 3 + ["float16"] * 2 + ["float8_e4m3", "float8_e4m3fn",
                "float8_e5m2", "tfloat32", "int32", "int32", "int8", "int16", "uint8", "uint16", "uint32"])
 MATMUL_NARROW = ("bfloat16", "float16", "float8_e4m3", "float8_e5m2")
+# [P, 1] vectors of tensor_scalar and scalar_tensor_tensor: any dtype, read as fp32 (NKI)
+VECTOR_OPERAND_DTYPES = ("float32", "float32", "bfloat16", "float16", "float8_e4m3")
 SIZES = (1, 2, 3, 5, 7, 8, 13, 16, 17, 31, 32, 33, 64, 100, 127, 128, 129, 255, 256, 512)
 WIDE_SIZES = (1000, 2048, 4096)
 ACT_FUNCS = tuple(ref.ACTIVATIONS)
@@ -495,10 +497,11 @@ class PythonKernelGen:
         b = self.source_view(partitions, free, buffers=("sbuf",) if a.tile.buffer == "psum" else ("sbuf", "psum"))
         return a, b
 
-    def scalar_operand(self, partitions: int, immediates, exclude=(), vector_chance: float = 0.3):
-        """A per-partition operand: a float32 [P, 1] SBUF tile or an immediate; (source, Val)."""
+    def scalar_operand(self, partitions: int, immediates, exclude=(), vector_chance: float = 0.3,
+                       dtypes=("float32",)):
+        """A per-partition operand: a [P, 1] SBUF tile of one of `dtypes` or an immediate; (source, Val)."""
         if self.chance(vector_chance):
-            v = self.source_view(partitions, 1, dtypes=["float32"], buffers=("sbuf",), exclude=exclude)
+            v = self.source_view(partitions, 1, dtypes=dtypes, buffers=("sbuf",), exclude=exclude)
             return v.expr, v.read()
         k = self.rng.choice(immediates)
         return fmt_num(k), scalar_val(k, partitions)
@@ -683,7 +686,7 @@ class PythonKernelGen:
                 k = float(self.rng.randint(0, 5) if "shift" in op else self.rng.randint(0, 255))
                 operands.append((str(int(k)), k))
             elif self.chance(0.35):
-                vec = self.source_view(p, 1, dtypes=["float32"], buffers=("sbuf",), exclude=(dst.tile,))
+                vec = self.source_view(p, 1, dtypes=VECTOR_OPERAND_DTYPES, buffers=("sbuf",), exclude=(dst.tile,))
                 operands.append((vec.expr, vec.read()))
             else:
                 k = self.rng.choice([0.5, 2.0, -3.0, 1.0, 0.0, 4.0, -1.5])
@@ -722,7 +725,7 @@ class PythonKernelGen:
         p, f = self.partitions(), self.free_size()
         data, other = self.two_sources(p, f)
         op0, op1 = self.rng.choice(ref.ARITH_OPS), self.rng.choice(ref.ARITH_OPS)
-        s_expr, s = self.scalar_operand(p, [2.0, -1.0, 0.5, 3.0])
+        s_expr, s = self.scalar_operand(p, [2.0, -1.0, 0.5, 3.0], dtypes=VECTOR_OPERAND_DTYPES)
         dst = self.dest(p, f, exclude=(data.tile, other.tile))
         rev0, rev1 = self.chance(0.3), self.chance(0.3)
         self.emit(f"nisa.scalar_tensor_tensor(dst={dst.expr}, data={data.expr}, op0=nl.{op0}, operand0={s_expr}, "
