@@ -113,6 +113,30 @@ def test_binary_ops_where_and_legacy_tensor_tensor_broadcast_like_numpy(rng):
     np.testing.assert_array_equal(scaled, a.reshape(8, 12) * s)
 
 
+def test_operands_of_as_many_elements_per_partition_are_used_as_they_are(rng):
+    """(8, 2, 1) and (8, 1, 2) broadcast to (8, 2, 2) under numpy's rule; NKI's tensor_tensor and
+    nl.where take any shapes holding as many elements per partition, element by element."""
+    @nki.jit
+    def kernel(a, b, c):
+        t, u, cond = nl.load(a), nl.load(b), nl.load(c)
+        product = nisa.tensor_tensor(t, u, nl.multiply)
+        chosen = nl.where(cond, t.reshape((8, 1, 2)), -1.0)
+        outs = []
+        for value in (product, chosen):
+            out = nl.ndarray(value.shape, nl.float32, buffer=nl.shared_hbm)
+            nl.store(out, nl.copy(value, dtype=nl.float32))
+            outs.append(out)
+        return tuple(outs)
+
+    a = rng.standard_normal((8, 2, 1), dtype=np.float32)
+    b = rng.standard_normal((8, 1, 2), dtype=np.float32)
+    c = rng.integers(0, 2, (8, 2)).astype(np.uint8)
+    product, chosen = kernel(a, b, c)
+    assert product.shape == (8, 2, 1) and chosen.shape == (8, 2)
+    np.testing.assert_array_equal(product.reshape(8, 2), a.reshape(8, 2) * b.reshape(8, 2))
+    np.testing.assert_array_equal(chosen, np.where(c != 0, a.reshape(8, 2), np.float32(-1.0)))
+
+
 def test_par_dim_on_hbm_is_a_number(rng):
     @nki.jit
     def kernel(a):

@@ -538,8 +538,10 @@ def _broadcast_shape(a: tuple, b: tuple):
 
 def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, name=None):
     data1, data2 = _check_tensor(data1, "data1"), _check_tensor(data2, "data2")
-    shape = _broadcast_shape(data1.shape, data2.shape)
-    if shape is not None and data1.shape != data2.shape:  # Beta 1 repeats size-1 dims (e.g. a [P, 1] scale)
+    # Operands of as many elements per partition are used as they are, whatever their shapes;
+    # otherwise Beta 1 repeats size-1 dims (e.g. a [P, 1] scale).
+    shape = _broadcast_shape(data1.shape, data2.shape) if data1.size != data2.size else None
+    if shape is not None:
         data1, data2 = data1.broadcast_to(shape), data2.broadcast_to(shape)
     out = _new_tile(_tile_shape(data1), to_dtype(dtype) if dtype is not None else _wider(data1.dtype, data2.dtype))
     _tensor_tensor(out, data1, data2, op, engine=engine, name=name, mask=mask)

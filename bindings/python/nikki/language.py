@@ -1334,12 +1334,17 @@ def where(condition: NkiTensor, x: TileOrNumber, y: TileOrNumber, dtype: DTypeLi
     condition = _isa._check_tensor(condition, "condition")
     ref = x if isinstance(x, NkiTensor) else y if isinstance(y, NkiTensor) else condition
     dt = to_dtype(dtype) if dtype is not None else (ref.dtype if ref is not condition else float32)
+    # Tiles holding as many elements as the condition are used as they are (any shape, like
+    # tensor_tensor's operands); others broadcast like numpy's (size-1 dims repeat).
     shape = condition.shape
-    for t in (x, y):  # operands broadcast against each other like numpy's (size-1 dims repeat)
-        if isinstance(t, NkiTensor):
+    for t in (x, y):
+        if isinstance(t, NkiTensor) and t.size != condition.size:
             shape = _broadcast_shape(shape, t.shape) or shape
+
     def spread(t):
-        return t.broadcast_to(shape) if isinstance(t, NkiTensor) and t.shape != shape else t
+        size = math.prod(shape)
+        broadcastable = isinstance(t, NkiTensor) and t.size != size and _broadcast_shape(t.shape, shape) == shape
+        return t.broadcast_to(shape) if broadcastable else t
 
     condition, x, y = spread(condition), spread(x), spread(y)
     out = _result_tile(shape, dt)

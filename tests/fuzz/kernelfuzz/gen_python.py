@@ -972,7 +972,10 @@ class PythonKernelGen:
         exact = np.all(av == np.round(av)) and np.all(bv == np.round(bv)) and np.all(mag < 2 ** 24)
         err = np.zeros(r.shape) if exact else k * 2.0 ** -23 * mag
         if a.err.any() or b.err.any():
-            err = err + np.abs(av).T @ b.err + a.err.T @ np.abs(bv) + a.err.T @ b.err
+            with np.errstate(invalid="ignore"):
+                err = err + np.abs(av).T @ b.err + a.err.T @ np.abs(bv) + a.err.T @ b.err
+            # an unknown element (err inf) times an exact 0 gives NaN: the sum stays unknown
+            err = np.where(np.isnan(err), np.inf, err)
         r32 = r.astype(np.float32)
         err = np.where(np.isfinite(r32) & np.isfinite(err), err, np.where(err > 0, np.inf, 0.0))
         if not np.all(np.isfinite(av)) or not np.all(np.isfinite(bv)):
