@@ -5,8 +5,8 @@
 //   build-dir/bench/nikki_kernel_estimates [--target trn1|trn2] [--markdown] [--kernel NAME]
 //
 // First, every registered kernel at the shape its registration names (docs/kernels.md's table;
-// --markdown prints just that table; --kernel NAME just that kernel); then more shapes of matmul,
-// softmax and the norms.
+// --markdown prints just that table; --kernel NAME just that kernel, with more shapes of
+// gated_mlp and moe_decode); then more shapes of matmul, softmax and the norms.
 //
 // matmul:       TensorE FLOP utilization = matmul FLOPs / (total time x the 16-bit PE-array peak).
 // softmax, layernorm, rmsnorm and their backwards: DMA roofline = compulsory HBM traffic (each
@@ -143,6 +143,29 @@ void report_mlp_decode(int64_t T, int64_t H, int64_t I, DType d, TargetId target
               roofline_ns / 1e3, 100 * ratio, goal_text(ratio, goal).c_str());
 }
 
+/** MoE decode with every expert read once (T k >= E): the time to read the E experts' weights
+ *  at peak DMA bandwidth over the estimated time. */
+void report_moe_decode_all(int64_t T, int64_t E, int64_t k, int64_t H, int64_t I, DType d, TargetId target,
+                           double goal) {
+  const kernels::KernelInfo& info = kernels::find_kernel("moe_decode");
+  Kernel traced = kernels::trace_library_kernel(
+      info,
+      {spec({T, H}, d), spec({T, k}, DType::int32), spec({T, k}, DType::float32), spec({E, H, I}, d),
+       spec({E, H, I}, d), spec({E, I, H}, d)},
+      {{"experts", 2.0}}, TraceOptions{.target = target});
+  jit::CompileOptions options;
+  options.native = false;
+  options.disk_cache = false;
+  jit::Program p = jit::compile(std::move(traced), options);
+  const runtime::Profile prof = runtime::estimate(*p.device);
+  const double weights = 3.0 * double(E) * double(H) * double(I) * dtype_size(d);
+  const double roofline_ns = weights / prof.dma_peak_bytes_per_ns, ratio = roofline_ns / prof.total_ns;
+  std::printf("moe_decode all experts T=%lld E=%lld top-%lld H=%lld I=%lld %-8s %9.1f us  experts' HBM roofline "
+              "%8.1f us = %5.1f%%  %s\n",
+              (long long)T, (long long)E, (long long)k, (long long)H, (long long)I, std::string(dtype_name(d)).c_str(),
+              prof.total_ns / 1e3, roofline_ns / 1e3, 100 * ratio, goal_text(ratio, goal).c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -182,6 +205,7 @@ int main(int argc, char** argv) {
       report_mlp_decode(1, 4096, 14336, DType::bfloat16, target, 0.70);
       report_mlp_decode(8, 4096, 14336, DType::bfloat16, target, 0.70);
     }
+    if (only == "moe_decode") report_moe_decode_all(8, 8, 2, 4096, 14336, DType::bfloat16, target, 0.70);
     if (!only.empty()) return rows.empty() ? 2 : 0;
     std::printf("\n");
     report_matmul(4096, 4096, 4096, DType::bfloat16, target, 0.85);

@@ -20,6 +20,7 @@
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/mlp/gated_mlp.hpp"
 #include "nikki/kernels/moe/find_nonzero_indices.hpp"
+#include "nikki/kernels/moe/moe_decode.hpp"
 #include "nikki/kernels/moe/moe_prefill.hpp"
 #include "nikki/kernels/moe/router_topk.hpp"
 #include "nikki/kernels/moe/topk.hpp"
@@ -94,6 +95,7 @@ const std::vector<KernelInfo>& registry() {
       add_qkv_bwd_info(),
       find_nonzero_indices_info(),
       moe_prefill_info(),
+      moe_decode_info(),
   };
   return kernels;
 }

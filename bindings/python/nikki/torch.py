@@ -30,7 +30,7 @@ __all__ = ["nki_op", "library_op", "differentiable", "matmul", "softmax", "topk"
            "cumsum", "cross_entropy", "layer_norm", "rms_norm", "add_rms_norm", "rms_norm_quant", "fp8_matmul", "flash_attention",
            "apply_rotary_pos_emb", "output_projection", "decode_attention", "causal_conv1d", "conv1d", "embedding",
            "gather_rows", "scatter_add_rows", "adamw_", "max_pool2d", "avg_pool2d", "linear_recurrence",
-           "selective_scan", "paged_decode_attention", "find_nonzero_indices", "moe_prefill"]
+           "selective_scan", "paged_decode_attention", "find_nonzero_indices", "moe_prefill", "moe_decode"]
 
 
 # --- nki_op ---------------------------------------------------------------------------------------
@@ -1147,15 +1147,9 @@ def find_nonzero_indices(x: torch.Tensor, chunk_size: int = 0):
     return library_op("find_nonzero_indices")(x.contiguous(), chunk_size=chunk_size)
 
 
-def moe_prefill(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, w_gate: torch.Tensor,
-                w_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu", block_size: int = 0):
-    """The experts of a mixture-of-experts layer with nikki's moe_prefill kernel (dropless,
-    blockwise; the routing metadata is built on the device): for x [..., H], the routing of
-    router_topk (expert_ids [..., k] integers, weights [..., k]) and stacked expert weights
-    w_gate, w_up [E, H, I], w_down [E, I, H], returns [..., H] = the sum over the slots j of
-    weights[..., j] * expert_{expert_ids[..., j]}(x). activation "silu", "gelu" or "gelu_tanh";
-    block_size 128, 256 or 512 tokens (0: the kernel chooses). Forward only (no gradient)."""
-    what = "nikki.torch.moe_prefill"
+def _routed_experts_call(kernel: str, x, expert_ids, weights, w_gate, w_up, w_down, activation: str, **params):
+    """Checks a mixture-of-experts kernel's operands, flattens the tokens and calls the kernel."""
+    what = f"nikki.torch.{kernel}"
     if isinstance(expert_ids, torch.Tensor) and expert_ids.is_floating_point():
         raise argument_error(f"{what}: expert_ids", "an integer tensor", expert_ids, got=str(expert_ids.dtype))
     if isinstance(expert_ids, torch.Tensor):
@@ -1168,13 +1162,38 @@ def moe_prefill(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
     if tuple(weights.shape) != tuple(expert_ids.shape) or tuple(expert_ids.shape[:-1]) != tuple(x.shape[:-1]):
         raise argument_error(f"{what}: weights", "the shape of expert_ids, x's leading dims by k",
                              weights, got=f"weights {tuple(weights.shape)}, expert_ids {tuple(expert_ids.shape)}")
-    block_size = check_int(block_size, f"{what}: block_size", 0)
+    params = {name: check_int(value, f"{what}: {name}", 0) for name, value in params.items()}
     _one_device(what, (("x", x), ("expert_ids", expert_ids), ("weights", weights), ("w_gate", w_gate),
                        ("w_up", w_up), ("w_down", w_down)))
     k = expert_ids.shape[-1]
-    out = library_op("moe_prefill")(x.reshape(-1, x.shape[-1]).contiguous(),
-                                    expert_ids.reshape(-1, k).contiguous(),
-                                    weights.reshape(-1, k).to(torch.float32).contiguous(), w_gate.contiguous(),
-                                    w_up.contiguous(), w_down.contiguous(),
-                                    activation=_GATE_ACTIVATIONS.index(activation), block_size=block_size)
+    out = library_op(kernel)(x.reshape(-1, x.shape[-1]).contiguous(), expert_ids.reshape(-1, k).contiguous(),
+                             weights.reshape(-1, k).to(torch.float32).contiguous(), w_gate.contiguous(),
+                             w_up.contiguous(), w_down.contiguous(),
+                             activation=_GATE_ACTIVATIONS.index(activation), **params)
     return out.reshape(x.shape)
+
+
+def moe_prefill(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, w_gate: torch.Tensor,
+                w_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu", block_size: int = 0):
+    """The experts of a mixture-of-experts layer with nikki's moe_prefill kernel (dropless,
+    blockwise; the routing metadata is built on the device): for x [..., H], the routing of
+    router_topk (expert_ids [..., k] integers, weights [..., k]) and stacked expert weights
+    w_gate, w_up [E, H, I], w_down [E, I, H], returns [..., H] = the sum over the slots j of
+    weights[..., j] * expert_{expert_ids[..., j]}(x). activation "silu", "gelu" or "gelu_tanh";
+    block_size 128, 256 or 512 tokens (0: the kernel chooses). Forward only (no gradient)."""
+    return _routed_experts_call("moe_prefill", x, expert_ids, weights, w_gate, w_up, w_down, activation,
+                                block_size=block_size)
+
+
+def moe_decode(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, w_gate: torch.Tensor,
+               w_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu", experts: str = "auto"):
+    """The experts of a mixture-of-experts layer at decode with nikki's moe_decode kernel: the
+    result of moe_prefill for at most 128 tokens (a decode step's few), scheduled for reading the
+    weights. experts "selective" reads only the experts the slots name (T k passes over one
+    expert each), "all" reads each expert once (E passes over every token), "auto" picks the
+    one that reads fewer bytes. Forward only (inference)."""
+    schedules = ("auto", "selective", "all")
+    if experts not in schedules:
+        raise argument_error("nikki.torch.moe_decode: experts", f"one of {', '.join(map(repr, schedules))}", experts)
+    return _routed_experts_call("moe_decode", x, expert_ids, weights, w_gate, w_up, w_down, activation,
+                                experts=schedules.index(experts))

@@ -446,7 +446,7 @@ def _find_nonzero_indices(x, params):
     return [indices, counts]
 
 
-def _moe_prefill(x, expert_ids, weights, w_gate, w_up, w_down, params):
+def _routed_experts(x, expert_ids, weights, w_gate, w_up, w_down, params):
     """The loop over experts: each expert's gated MLP on the tokens routed to it, scaled by the
     sum of the weights of the slots that name it (ids outside [0, E) route nowhere)."""
     act = _GATE_ACTIVATIONS[int(params["activation"])]
@@ -518,7 +518,8 @@ TORCH = {
         total, w, gamma, beta, cos, sin, mean, rstd, gq, gk, gv, p, grad_sum),
     # mixture of experts
     "find_nonzero_indices": _find_nonzero_indices,
-    "moe_prefill": _moe_prefill,
+    "moe_prefill": _routed_experts,
+    "moe_decode": _routed_experts,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

@@ -38,6 +38,24 @@ inline MatrixBlock static_blocks(const Tensor& m) {
   return [m](int64_t r0, int64_t rows, int64_t c0, int64_t cols) { return m(nl::ds(r0, rows), nl::ds(c0, cols)); };
 }
 
+/** @brief The blocks of expert `expert`'s matrix in stacked expert weights w [E, R, C]. */
+inline MatrixBlock expert_blocks(const Tensor& w, int64_t expert) {
+  const int64_t R = w.shape()[1], C = w.shape()[2];
+  return [w, expert, R, C](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+    return w.ap({{C, rows}, {1, cols}}, ApOptions{.offset = (expert * R + r0) * C + c0});
+  };
+}
+
+/** @brief The blocks of the expert whose index is read at run time from `expert` (an int32
+ *  [1, 1] SBUF element) in stacked expert weights w [E, R, C]. */
+inline MatrixBlock expert_blocks(const Tensor& w, const Tensor& expert) {
+  const int64_t C = w.shape()[2];
+  return [w, expert, C](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+    return w.ap({{C, rows}, {1, cols}},
+                ApOptions{.offset = r0 * C + c0, .scalar_offset_tensor = expert, .indirect_dim = 0});
+  };
+}
+
 /**
  * @brief The on-chip buffers and the schedule of the gated MLP over blocks of up to 512 tokens
  * (see gated_mlp_doc): x^T and h^T of a block resident, weight slabs of `width()` columns (as
@@ -52,8 +70,9 @@ class GatedBlocks {
     MatrixBlock w_gate, w_up, w_down;  // [H, I], [H, I], [I, H]
     /** HBM biases [I], [I], [H], all or none; added as the accumulators leave PSUM. */
     std::optional<Tensor> b_gate, b_up, b_down;
-    /** Without biases: o = the down projection's accumulator `acc` of tile `tile`, as it leaves PSUM. */
-    std::function<void(const Tensor& o, const Tensor& acc, size_t tile)> leave_psum;
+    /** Without biases: o = the down projection's accumulator `acc` of tile `tile` (output
+     *  columns [c0, c0 + acc's width)), as it leaves PSUM. */
+    std::function<void(const Tensor& o, const Tensor& acc, size_t tile, int64_t c0)> leave_psum;
     /** Stores `o` ([p, w]): tile `tile`'s output columns [c0, c0 + w). */
     std::function<void(const Tensor& o, size_t tile, int64_t c0)> store;
   };
@@ -202,7 +221,7 @@ class GatedBlocks {
           const int64_t pt = tiles[i].p, ws = std::min(bank, w - s * bank);
           const Tensor o = o_ring_.next()(first(pt), nl::ds(0, ws)), acc = accs[i * spans + s](first(pt), nl::ds(0, ws));
           if (bd) sch.add([&] { isa::tensor_tensor(o, acc, (*bd)(first(pt), nl::ds(s * bank, ws)), nl::add); });
-          else io.leave_psum(o, acc, i);
+          else io.leave_psum(o, acc, i, c0 + s * bank);
           io.store(o, i, c0 + s * bank);
         }
     }

@@ -14,6 +14,7 @@
 #include "nikki/kernels/mlp/gated_blocks.hpp"
 #include "nikki/kernels/moe/moe_reference.hpp"
 #include "nikki/kernels/moe/nonzero_columns.hpp"
+#include "nikki/kernels/moe/routed_experts.hpp"
 
 namespace nikki::kernels {
 
@@ -65,41 +66,6 @@ inline int64_t default_block_size(int64_t T, int64_t k, int64_t E, int64_t P) {
   return T * std::min(k, E) >= 2 * P * E ? 2 * P : P;
 }
 
-/** Checks the operands; returns {T, H, I, E, k}. */
-inline std::vector<int64_t> check_prefill_operands(const ArgumentCheck& check, const std::vector<Tensor>& in) {
-  const Tensor &x = in[0], &ids = in[1], &wts = in[2], &wg = in[3];
-  check.require(x.ndim() == 2 && is_float(x.dtype()),
-                "expected a 2-D float tensor x [T, H], got " + std::string(dtype_name(x.dtype())) + x.shape().str(),
-                "reshape x to [tokens, hidden]");
-  const int64_t T = x.shape()[0], H = x.shape()[1];
-  check.require(ids.ndim() == 2 && ids.shape()[0] == T && ids.dtype() == DType::int32,
-                "expert_ids must be int32 [T, k] with T = " + std::to_string(T) + ", got " +
-                    std::string(dtype_name(ids.dtype())) + ids.shape().str(),
-                "pass router_topk's expert ids");
-  const int64_t k = ids.shape()[1];
-  if (k > 8) check.fail("expert_ids has k = " + std::to_string(k) + " slots", "top-k up to 8", "route to at most 8 experts");
-  check.require(wts.shape() == ids.shape() && is_float(wts.dtype()),
-                "weights must be a float tensor of expert_ids' shape " + ids.shape().str() + ", got " +
-                    std::string(dtype_name(wts.dtype())) + wts.shape().str(),
-                "pass router_topk's weights");
-  check.require(wg.ndim() == 3 && wg.shape()[1] == H,
-                "w_gate must be [E, H, I] with H = " + std::to_string(H) + " (x's last dim), got " + wg.shape().str(),
-                "stack the experts' gate projections as [experts, hidden, intermediate]");
-  const int64_t E = wg.shape()[0], I = wg.shape()[2];
-  if (E > 128) check.fail("w_gate has " + std::to_string(E) + " experts", "at most 128 experts", "split the experts into groups");
-  const std::vector<std::string> names{"w_gate", "w_up", "w_down"};
-  const std::vector<Shape> want{{E, H, I}, {E, H, I}, {E, I, H}};
-  for (size_t i = 0; i < 3; ++i) {
-    const Tensor& w = in[3 + i];
-    check.require(w.shape() == want[i], "'" + names[i] + "' must have shape " + want[i].str() + ", got " + w.shape().str(),
-                  "w_gate and w_up [E, H, I], w_down [E, I, H]");
-    check.require(w.dtype() == x.dtype(), "'" + names[i] + "' is " + std::string(dtype_name(w.dtype())) + " but x is " +
-                                              std::string(dtype_name(x.dtype())),
-                  "pass x and the expert weights in one dtype");
-  }
-  return {T, H, I, E, k};
-}
-
 }  // namespace moe
 
 /** @brief out [T, H] = the experts' gated MLPs combined with the routing weights; see
@@ -111,7 +77,7 @@ inline Tensor moe_prefill(const std::vector<Tensor>& in, reference::GateActivati
   using toolkit::first;
   const auto all = nl::all;
   const ArgumentCheck check("moe_prefill", in.at(0), loc);
-  const std::vector<int64_t> dims = moe::check_prefill_operands(check, in);
+  const std::vector<int64_t> dims = moe::check_routed_operands(check, in);
   const Tensor &x = in[0], &expert_ids = in[1], &weights = in[2], &w_gate = in[3], &w_up = in[4], &w_down = in[5];
   const int64_t T = dims[0], H = dims[1], I = dims[2], E = dims[3], k = dims[4];
   const int64_t P = nl::tile_size().pmax;
@@ -154,18 +120,7 @@ inline Tensor moe_prefill(const std::vector<Tensor>& in, reference::GateActivati
           sch.add([&] { isa::dma_copy(ids, rt.rows_view(expert_ids, 0, k)); });
           sch.add([&] { isa::dma_copy(wts, rt.rows_view(weights, 0, k)); });
           sch.add([&] { isa::tensor_copy(idf, ids, isa::vector_engine); });
-          for (int64_t j = 0; j < k; ++j) {
-            const Tensor id = idf(all, nl::ds(j, 1)), w = wts(all, nl::ds(j, 1));
-            if (j == 0) {
-              sch.add([&] { isa::tensor_scalar(indicator, iota, nl::equal, id); });
-              sch.add([&] { isa::tensor_scalar(aff, iota, nl::equal, id, {.op1 = nl::multiply, .operand1 = w}); });
-              continue;
-            }
-            const Tensor eq = eq_ring.next()(first(p), all);
-            sch.add([&] { isa::tensor_scalar(eq, iota, nl::equal, id); });
-            sch.add([&] { isa::tensor_tensor(indicator, indicator, eq, nl::maximum); });
-            sch.add([&] { isa::scalar_tensor_tensor(aff, eq, nl::multiply, w, nl::add, aff); });
-          }
+          moe::slot_affinities(sch, aff, &indicator, iota, idf, wts, eq_ring);
           // Row tile rt of a, stored expert-major: element (q, e) at e * T + rt.r0 + q.
           sch.add([&] { isa::dma_copy(affinity.ap({{1, p}, {T, E}}, ApOptions{.offset = rt.r0}), aff); });
         },
@@ -235,13 +190,6 @@ inline Tensor moe_prefill(const std::vector<Tensor>& in, reference::GateActivati
   toolkit::Ring tok_ring = expert_budget.sbuf_ring({P, 1}, nl::int32, 2 * tiles_per_block, "block_tokens");
   toolkit::Ring aff_ring = expert_budget.sbuf_ring({P, 1}, nl::float32, 2 * tiles_per_block, "block_affinities");
   const std::vector<toolkit::RowTile> tiles = toolkit::row_tiles(B, P);
-  auto expert_matrix = [&](const Tensor& w, const Tensor& expert) -> mlp::MatrixBlock {
-    const int64_t cols_total = w.shape()[2];
-    return [w, expert, cols_total](int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
-      return w.ap({{cols_total, rows}, {1, cols}},
-                  ApOptions{.offset = r0 * cols_total + c0, .scalar_offset_tensor = expert, .indirect_dim = 0});
-    };
-  };
   for (int64_t b = 0; b < N; ++b) {
     auto field = [&](int64_t f) { return meta(nl::ds(b % P, 1), nl::ds(b / P, 1), nl::ds(f, 1)); };
     const Tensor tok_offset = field(0), expert = field(1), expert_T = field(2);
@@ -268,14 +216,14 @@ inline Tensor moe_prefill(const std::vector<Tensor>& in, reference::GateActivati
                               {.oob_skip = true});
               });
             },
-        .w_gate = expert_matrix(w_gate, expert),
-        .w_up = expert_matrix(w_up, expert),
-        .w_down = expert_matrix(w_down, expert),
+        .w_gate = mlp::expert_blocks(w_gate, expert),
+        .w_up = mlp::expert_blocks(w_up, expert),
+        .w_down = mlp::expert_blocks(w_down, expert),
         .b_gate = std::nullopt,
         .b_up = std::nullopt,
         .b_down = std::nullopt,
         .leave_psum =
-            [&](const Tensor& o, const Tensor& acc, size_t i) {
+            [&](const Tensor& o, const Tensor& acc, size_t i, int64_t) {
               sch.add([&] { isa::tensor_scalar(o, acc, nl::multiply, affs[i], {.engine = isa::vector_engine}); });
             },
         .store = [&](const Tensor& o, size_t i, int64_t c0) { sch.add([&] { gather::scatter_add(out, toks[i], o, c0); }); },
@@ -286,55 +234,9 @@ inline Tensor moe_prefill(const std::vector<Tensor>& in, reference::GateActivati
   return out;
 }
 
-namespace moe {
-
-inline ExampleCase prefill_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, DType d,
-                                reference::GateActivation act, int64_t block, std::string label) {
-  return ExampleCase{{spec({T, H}, d), spec({T, k}, DType::int32), spec({T, k}, DType::float32), spec({E, H, I}, d),
-                      spec({E, H, I}, d), spec({E, I, H}, d)},
-                     Params{{"activation", double(int(act))}, {"block_size", double(block)}},
-                     std::move(label)};
-}
-
-/** How a case's tokens are routed: the way a trained router spreads them, or degenerate. */
-enum class Routing { balanced = 0, skewed = 1, one_expert = 2, some_unrouted = 3, repeated = 4 };
-
-/** Expert ids and routing weights as a router makes them (k distinct experts of random tokens,
- *  positive weights), or skewed toward expert 0, all on one expert (the others get no token),
- *  with slots that route nowhere (-1, E), or with an expert named twice by a token. */
-inline void draw_routing(RefTensor& ids, RefTensor& wts, int64_t E, Routing routing, CaseRng& r) {
-  const int64_t T = ids.shape[0], k = ids.shape[1];
-  std::vector<int64_t> order(static_cast<size_t>(E));
-  for (int64_t t = 0; t < T; ++t) {
-    for (int64_t e = 0; e < E; ++e) order[size_t(e)] = e;
-    for (int64_t e = E - 1; e > 0; --e) std::swap(order[size_t(e)], order[size_t(r.uniform(0, e))]);
-    for (int64_t j = 0; j < k; ++j) {
-      int64_t e = order[size_t(j % E)];
-      if (routing == Routing::skewed && r.coin(0.7)) e = j % E;
-      if (routing == Routing::one_expert) e = E - 1;
-      if (routing == Routing::some_unrouted && r.coin(0.3)) e = r.coin() ? -1 : E;
-      if (routing == Routing::repeated && j > 0 && r.coin(0.3)) e = int64_t(ids[t * k]);
-      ids[t * k + j] = double(e);
-      wts[t * k + j] = round_to(DType::float32, 0.05 + std::abs(r.normal()) / double(k));
-    }
-  }
-}
-
-/** Inputs at the scale of a trained layer (see mlp_inputs) and a routing of a randomly drawn kind. */
-inline std::vector<RefTensor> prefill_inputs(const ExampleCase& c, CaseRng& r) {
-  const int64_t H = c.inputs[0].shape[1], E = c.inputs[3].shape[0], I = c.inputs[3].shape[2];
-  std::vector<RefTensor> in{random_input(c.inputs[0], r), RefTensor(c.inputs[1].shape), RefTensor(c.inputs[2].shape)};
-  draw_routing(in[1], in[2], E, Routing(r.uniform(0, 4)), r);
-  in.push_back(random_input(c.inputs[3], r, 1 / std::sqrt(double(H))));
-  in.push_back(random_input(c.inputs[4], r, 1 / std::sqrt(double(H))));
-  in.push_back(random_input(c.inputs[5], r, 1 / std::sqrt(double(I))));
-  return in;
-}
-
-}  // namespace moe
 
 inline KernelInfo moe_prefill_info() {
-  using moe::prefill_case;
+  using moe::routed_case;
   using reference::GateActivation;
   const DType f32 = DType::float32, bf16 = DType::bfloat16, f16 = DType::float16;
   const GateActivation silu = GateActivation::silu;
@@ -356,21 +258,17 @@ inline KernelInfo moe_prefill_info() {
             return std::vector<Tensor>{
                 moe_prefill(c.inputs, GateActivation(c.integer("activation")), c.integer("block_size"))};
           },
-      .reference =
-          [](const std::vector<RefTensor>& in, const ParamValues& p) {
-            return std::vector<RefTensor>{reference::moe(in[0], in[1], in[2], reference::ExpertWeights{in[3], in[4], in[5]},
-                                                         GateActivation(p.integer("activation")))};
-          },
-      .make_inputs = moe::prefill_inputs,
-      .examples = {prefill_case(1, 8, 16, 1, 1, f32, silu, 0, "one token, one expert"),
-                   prefill_case(130, 72, 200, 8, 2, bf16, silu, 128, "Mixtral's 8 experts top-2, tails"),
-                   prefill_case(300, 64, 96, 6, 3, f32, GateActivation::gelu, 128, "three blocks per expert, gelu"),
-                   prefill_case(200, 40, 48, 5, 4, f16, GateActivation::gelu_tanh, 256, "top-4, blocks of 256"),
-                   prefill_case(260, 32, 64, 4, 2, f32, silu, 0, "the kernel's block size")},
+      .reference = moe::routed_reference,
+      .make_inputs = moe::routed_inputs,
+      .examples = {routed_case(1, 8, 16, 1, 1, f32, silu, 0, "one token, one expert"),
+                   routed_case(130, 72, 200, 8, 2, bf16, silu, 128, "Mixtral's 8 experts top-2, tails"),
+                   routed_case(300, 64, 96, 6, 3, f32, GateActivation::gelu, 128, "three blocks per expert, gelu"),
+                   routed_case(200, 40, 48, 5, 4, f16, GateActivation::gelu_tanh, 256, "top-4, blocks of 256"),
+                   routed_case(260, 32, 64, 4, 2, f32, silu, 0, "the kernel's block size")},
       .draw =
           [](CaseRng& r) {
             const int64_t E = r.uniform(1, 12), k = r.uniform(1, std::min<int64_t>(E, 8));
-            return prefill_case(r.size(1, 600), r.size(1, 200), r.size(1, 300), E, k, r.pick({f32, bf16, f16}),
+            return routed_case(r.size(1, 600), r.size(1, 200), r.size(1, 300), E, k, r.pick({f32, bf16, f16}),
                                 r.pick({silu, GateActivation::gelu, GateActivation::gelu_tanh}),
                                 r.pick<int64_t>({0, 128, 256}), "drawn");
           },
@@ -382,7 +280,7 @@ inline KernelInfo moe_prefill_info() {
             const Tolerance t = dtype_tolerance(d);
             return Tolerance{t.rtol * 2, t.atol * double(c.inputs[1].shape[1] + 1)};
           },
-      .benchmark = Benchmark{prefill_case(4096, 4096, 14336, 8, 2, bf16, silu, 0,
+      .benchmark = Benchmark{routed_case(4096, 4096, 14336, 8, 2, bf16, silu, 0,
                                           "T=4096 E=8 top-2 H=4096 I=14336 bf16, balanced"),
                              Bound::tensor_engine,
                              [](const ExampleCase& c) {

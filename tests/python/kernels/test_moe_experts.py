@@ -1,8 +1,9 @@
-"""moe_prefill against a float64 PyTorch loop over experts: Mixtral-like routing (top-2 of 8),
-unbalanced and degenerate routing (every token on one expert, experts with no token, slots that
-route nowhere, an expert named twice by a token), every block size and the kernel's choice,
-token counts crossing block boundaries, the three gate activations, 16-bit dtypes, and the
-argument errors of the kernel and of nikki.torch.moe_prefill."""
+"""moe_prefill and moe_decode against a float64 PyTorch loop over experts: Mixtral-like routing
+(top-2 of 8), unbalanced and degenerate routing (every token on one expert, experts with no
+token, slots that route nowhere, an expert named twice by a token), every block size and the
+kernel's choice, token counts crossing block boundaries, decode's selective and all-experts
+schedules, the three gate activations, 16-bit dtypes, and the argument errors of the kernels and
+of nikki.torch.moe_prefill / moe_decode."""
 
 import numpy as np
 import pytest
@@ -44,8 +45,17 @@ def _operands(t, h, i, e, k, seed, dtype=torch.float32):
     return x, ids, weights, w_gate, w_up, w_down
 
 
-def _check(x, ids, weights, w_gate, w_up, w_down, act="silu", block_size=0, tol=(1e-4, 1e-4)):
-    got = nt.moe_prefill(x, ids, weights, w_gate, w_up, w_down, activation=act, block_size=block_size)
+def _specs(t, k, e, h=16, i=32, dtype="float32"):
+    """Operand specs for nikki.estimate: x, expert_ids, weights and the stacked expert weights."""
+    return (nikki.spec((t, h), dtype), nikki.spec((t, k), "int32"), nikki.spec((t, k), "float32"),
+            nikki.spec((e, h, i), dtype), nikki.spec((e, h, i), dtype), nikki.spec((e, i, h), dtype))
+
+
+def _check(x, ids, weights, w_gate, w_up, w_down, act="silu", block_size=0, tol=(1e-4, 1e-4), experts=None):
+    if experts is None:
+        got = nt.moe_prefill(x, ids, weights, w_gate, w_up, w_down, activation=act, block_size=block_size)
+    else:
+        got = nt.moe_decode(x, ids, weights, w_gate, w_up, w_down, activation=act, experts=experts)
     assert got.dtype == x.dtype and got.shape == x.shape
     want = _want(x, ids, weights, w_gate, w_up, w_down, act)
     torch.testing.assert_close(got.double(), want, rtol=tol[0], atol=tol[1])
@@ -105,14 +115,10 @@ def test_kernel_argument_errors_name_the_argument_and_the_limit():
     with pytest.raises(nikki.KernelError, match=r"moe_prefill: 'w_up' is float16 but x is float32"):
         K.moe_prefill(x, ids, weights, wg, wu.astype(np.float16), wd)
     with pytest.raises(nikki.KernelError, match=r"moe_prefill: expert_ids has k = 9 slots") as err:
-        nikki.estimate(K.moe_prefill, nikki.spec((8, 16), "float32"), nikki.spec((8, 9), "int32"),
-                       nikki.spec((8, 9), "float32"), nikki.spec((16, 16, 32), "float32"),
-                       nikki.spec((16, 16, 32), "float32"), nikki.spec((16, 32, 16), "float32"))
+        nikki.estimate(K.moe_prefill, *_specs(8, 9, 16))
     assert "top-k up to 8" in str(err.value)
     with pytest.raises(nikki.KernelError, match=r"moe_prefill: w_gate has 129 experts") as err:
-        nikki.estimate(K.moe_prefill, nikki.spec((8, 16), "float32"), nikki.spec((8, 2), "int32"),
-                       nikki.spec((8, 2), "float32"), nikki.spec((129, 16, 32), "float32"),
-                       nikki.spec((129, 16, 32), "float32"), nikki.spec((129, 32, 16), "float32"))
+        nikki.estimate(K.moe_prefill, *_specs(8, 2, 129))
     assert "at most 128 experts" in str(err.value)
 
 
@@ -124,3 +130,52 @@ def test_torch_wrapper_argument_errors():
         nt.moe_prefill(x, ids.float(), weights, wg, wu, wd)
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.moe_prefill: weights"):
         nt.moe_prefill(x, ids, weights[:, :1], wg, wu, wd)
+
+
+@pytest.mark.parametrize("t,h,i,e,k,experts", [(1, 8, 16, 1, 1, "auto"), (1, 72, 200, 8, 2, "auto"),
+                                               (8, 64, 96, 8, 2, "auto"), (4, 40, 48, 16, 4, "selective"),
+                                               (3, 130, 140, 5, 3, "all"), (128, 16, 24, 4, 2, "all"),
+                                               (5, 24, 2100, 3, 2, "selective")])
+def test_decode_matches_a_loop_over_experts(t, h, i, e, k, experts):
+    _check(*_operands(t, h, i, e, k, seed=10 * t + e), experts=experts)
+
+
+@pytest.mark.parametrize("experts", ["selective", "all"])
+def test_decode_with_slots_that_route_nowhere_and_an_expert_named_twice(experts):
+    x, ids, weights, wg, wu, wd = _operands(6, 24, 40, 4, 3, seed=11)
+    ids[0, 1], ids[1, 2], ids[2, 2], ids[3, :] = -1, 4, ids[2, 0], -7  # token 3 routes nowhere: zeros
+    _check(x, ids, weights, wg, wu, wd, experts=experts)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, (3e-2, 5e-2)), (torch.float16, (4e-3, 6e-3))])
+@pytest.mark.parametrize("experts", ["selective", "all"])
+def test_decode_16_bit_dtypes(dtype, tol, experts):
+    _check(*_operands(8, 64, 128, 8, 2, seed=12, dtype=dtype), tol=tol, experts=experts)
+
+
+def test_decode_reads_only_the_chosen_experts_or_each_expert_once():
+    """The estimate's DMA traffic: selective reads k experts' weights for one token, all-experts
+    reads each of the E experts once for eight tokens."""
+    h, i, e, k = 256, 512, 8, 2
+    expert_bytes = 3 * h * i * 4
+    selective = nikki.estimate(K.moe_decode, *_specs(1, k, e, h, i))
+    everyone = nikki.estimate(K.moe_decode, *_specs(8, k, e, h, i))
+    assert k * expert_bytes <= selective.dma_bytes < 1.1 * k * expert_bytes
+    assert e * expert_bytes <= everyone.dma_bytes < 1.1 * e * expert_bytes
+
+
+def test_decode_argument_errors_name_the_argument_and_the_limit():
+    x, ids, weights, wg, wu, wd = (a.numpy() for a in _operands(8, 16, 32, 4, 2, seed=13))
+    with pytest.raises(nikki.KernelError, match=r"moe_decode: experts is 3") as err:
+        K.moe_decode(x, ids, weights, wg, wu, wd, experts=3)
+    assert "0 (choose), 1 (selective) or 2 (all experts)" in str(err.value)
+    with pytest.raises(nikki.KernelError, match=r"moe_decode: x has 129 tokens") as err:
+        nikki.estimate(K.moe_decode, *_specs(129, 2, 4))
+    assert "use moe_prefill" in str(err.value)
+    with pytest.raises(nikki.KernelError, match=r"moe_decode: 'w_up' is float16 but x is float32"):
+        K.moe_decode(x, ids, weights, wg, wu.astype(np.float16), wd)
+    xt, idt, wt, wgt, wut, wdt = _operands(2, 16, 32, 4, 2, seed=14)
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.moe_decode: experts"):
+        nt.moe_decode(xt, idt, wt, wgt, wut, wdt, experts="some")
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.moe_decode: expert_ids must be an integer tensor"):
+        nt.moe_decode(xt, idt.float(), wt, wgt, wut, wdt)
