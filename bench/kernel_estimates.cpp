@@ -6,7 +6,7 @@
 //
 // First, every registered kernel at the shape its registration names (docs/kernels.md's table;
 // --markdown prints just that table; --kernel NAME just that kernel, with more shapes of
-// gated_mlp and moe_decode); then more shapes of matmul, softmax and the norms.
+// gated_mlp, moe_decode and qkv at decode); then more shapes of matmul, softmax and the norms.
 //
 // matmul:       TensorE FLOP utilization = matmul FLOPs / (total time x the 16-bit PE-array peak).
 // softmax, layernorm, rmsnorm and their backwards: DMA roofline = compulsory HBM traffic (each
@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "nikki/jit/compile.hpp"
+#include "nikki/kernels/attention/qkv_common.hpp"
 #include "nikki/kernels/registry.hpp"
 #include "nikki/runtime/profile.hpp"
 
@@ -187,6 +188,14 @@ int main(int argc, char** argv) {
           std::fprintf(stderr, "%s: %s\n", k.name.c_str(), e.what());
         }
       }
+    if (only == "qkv") {  // decode: one new token for each of 8 sequences, the weights' read dominates
+      kernels::KernelInfo decode = kernels::find_kernel("qkv");
+      decode.benchmark = kernels::Benchmark{
+          kernels::attention::qkv_case(kernels::attention::qkv_benchmark_problem(8, 1), false, false,
+                                       "decode B=8 S=1 H=4096 Hq=32 Hkv=8 D=128 bf16, rmsnorm, rope"),
+          kernels::Bound::hbm, {}, 0.70};
+      rows.push_back(estimate_registered(decode, target));
+    }
     if (markdown) {
       std::printf("| kernel | shape | metric | estimate | goal |\n|--------|-------|--------|----------|------|\n");
       for (const Registered& r : rows)
