@@ -19,6 +19,7 @@
 
 #include "nikki/jit/compile.hpp"
 #include "nikki/kernels/attention/qkv_common.hpp"
+#include "nikki/kernels/moe/routed_experts.hpp"
 #include "nikki/kernels/registry.hpp"
 #include "nikki/runtime/profile.hpp"
 
@@ -144,29 +145,6 @@ void report_mlp_decode(int64_t T, int64_t H, int64_t I, DType d, TargetId target
               roofline_ns / 1e3, 100 * ratio, goal_text(ratio, goal).c_str());
 }
 
-/** MoE decode with every expert read once (T k >= E): the time to read the E experts' weights
- *  at peak DMA bandwidth over the estimated time. */
-void report_moe_decode_all(int64_t T, int64_t E, int64_t k, int64_t H, int64_t I, DType d, TargetId target,
-                           double goal) {
-  const kernels::KernelInfo& info = kernels::find_kernel("moe_decode");
-  Kernel traced = kernels::trace_library_kernel(
-      info,
-      {spec({T, H}, d), spec({T, k}, DType::int32), spec({T, k}, DType::float32), spec({E, H, I}, d),
-       spec({E, H, I}, d), spec({E, I, H}, d)},
-      {{"experts", 2.0}}, TraceOptions{.target = target});
-  jit::CompileOptions options;
-  options.native = false;
-  options.disk_cache = false;
-  jit::Program p = jit::compile(std::move(traced), options);
-  const runtime::Profile prof = runtime::estimate(*p.device);
-  const double weights = 3.0 * double(E) * double(H) * double(I) * dtype_size(d);
-  const double roofline_ns = weights / prof.dma_peak_bytes_per_ns, ratio = roofline_ns / prof.total_ns;
-  std::printf("moe_decode all experts T=%lld E=%lld top-%lld H=%lld I=%lld %-8s %9.1f us  experts' HBM roofline "
-              "%8.1f us = %5.1f%%  %s\n",
-              (long long)T, (long long)E, (long long)k, (long long)H, (long long)I, std::string(dtype_name(d)).c_str(),
-              prof.total_ns / 1e3, roofline_ns / 1e3, 100 * ratio, goal_text(ratio, goal).c_str());
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -196,6 +174,19 @@ int main(int argc, char** argv) {
           kernels::Bound::hbm, {}, 0.70};
       rows.push_back(estimate_registered(decode, target));
     }
+    if (only == "moe_decode") {  // 8 tokens, top-2 of 8: every expert read once
+      kernels::KernelInfo all = kernels::find_kernel("moe_decode");
+      all.benchmark = kernels::Benchmark{
+          kernels::moe::routed_case(8, 4096, 14336, 8, 2, DType::bfloat16, kernels::reference::GateActivation::silu,
+                                    {"experts", 2}, "T=8 E=8 top-2 H=4096 I=14336 bf16 (all experts)"),
+          kernels::Bound::hbm, {}, 0.70,
+          [](const kernels::ExampleCase& c) {  // the E experts' weights, x and out
+            const Shape& w = c.inputs[3].shape;
+            const double es = double(dtype_size(c.inputs[0].dtype));
+            return 3.0 * double(w.num_elements()) * es + 2.0 * double(c.inputs[0].shape.num_elements()) * es;
+          }};
+      rows.push_back(estimate_registered(all, target));
+    }
     if (markdown) {
       std::printf("| kernel | shape | metric | estimate | goal |\n|--------|-------|--------|----------|------|\n");
       for (const Registered& r : rows)
@@ -214,7 +205,6 @@ int main(int argc, char** argv) {
       report_mlp_decode(1, 4096, 14336, DType::bfloat16, target, 0.70);
       report_mlp_decode(8, 4096, 14336, DType::bfloat16, target, 0.70);
     }
-    if (only == "moe_decode") report_moe_decode_all(8, 8, 2, 4096, 14336, DType::bfloat16, target, 0.70);
     if (!only.empty()) return rows.empty() ? 2 : 0;
     std::printf("\n");
     report_matmul(4096, 4096, 4096, DType::bfloat16, target, 0.85);

@@ -1340,9 +1340,9 @@ def where(condition: NkiTensor, x: TileOrNumber, y: TileOrNumber, dtype: DTypeLi
     for t in (x, y):
         if isinstance(t, NkiTensor) and t.size != condition.size:
             shape = _broadcast_shape(shape, t.shape) or shape
+    size = math.prod(shape)
 
     def spread(t):
-        size = math.prod(shape)
         broadcastable = isinstance(t, NkiTensor) and t.size != size and _broadcast_shape(t.shape, shape) == shape
         return t.broadcast_to(shape) if broadcastable else t
 

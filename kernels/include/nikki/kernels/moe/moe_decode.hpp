@@ -173,12 +173,7 @@ inline KernelInfo moe_decode_info() {
   using reference::GateActivation;
   const DType f32 = DType::float32, bf16 = DType::bfloat16, f16 = DType::float16;
   const GateActivation silu = GateActivation::silu;
-  auto decode_case = [](int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, DType d, GateActivation act,
-                        int64_t experts, std::string label) {
-    ExampleCase c = moe::routed_case(T, H, I, E, k, d, act, 0, std::move(label));
-    c.params = Params{{"activation", double(int(act))}, {"experts", double(experts)}};
-    return c;
-  };
+  using moe::routed_case;
   return KernelInfo{
       .name = "moe_decode",
       .summary = "mixture-of-experts decode: a few tokens through the experts they chose, reading only those "
@@ -199,17 +194,17 @@ inline KernelInfo moe_decode_info() {
           },
       .reference = moe::routed_reference,
       .make_inputs = moe::routed_inputs,
-      .examples = {decode_case(1, 8, 16, 1, 1, f32, silu, 0, "one token, one expert"),
-                   decode_case(1, 72, 200, 8, 2, bf16, silu, 0, "one token, top-2 of 8 (selective), tails"),
-                   decode_case(8, 64, 96, 8, 2, f32, GateActivation::gelu, 0, "Mixtral's decode: 8 tokens, all experts"),
-                   decode_case(4, 40, 48, 16, 4, f16, GateActivation::gelu_tanh, 1, "top-4 of 16, selective"),
-                   decode_case(3, 130, 140, 5, 3, f32, silu, 2, "all experts forced, H and I tails")},
+      .examples = {routed_case(1, 8, 16, 1, 1, f32, silu, {"experts", 0}, "one token, one expert"),
+                   routed_case(1, 72, 200, 8, 2, bf16, silu, {"experts", 0}, "one token, top-2 of 8 (selective), tails"),
+                   routed_case(8, 64, 96, 8, 2, f32, GateActivation::gelu, {"experts", 0}, "Mixtral's decode: 8 tokens, all experts"),
+                   routed_case(4, 40, 48, 16, 4, f16, GateActivation::gelu_tanh, {"experts", 1}, "top-4 of 16, selective"),
+                   routed_case(3, 130, 140, 5, 3, f32, silu, {"experts", 2}, "all experts forced, H and I tails")},
       .draw =
-          [decode_case](CaseRng& r) {
+          [](CaseRng& r) {
             const int64_t E = r.uniform(1, 16), k = r.uniform(1, std::min<int64_t>(E, 8));
-            return decode_case(r.size(1, 9), r.size(1, 200), r.size(1, 300), E, k, r.pick({f32, bf16, f16}),
+            return routed_case(r.size(1, 9), r.size(1, 200), r.size(1, 300), E, k, r.pick({f32, bf16, f16}),
                                r.pick({silu, GateActivation::gelu, GateActivation::gelu_tanh}),
-                               r.pick<int64_t>({0, 1, 2}), "drawn");
+                               {"experts", double(r.pick<int64_t>({0, 1, 2}))}, "drawn");
           },
       .tolerance =
           [](const ExampleCase& c) {
@@ -220,7 +215,7 @@ inline KernelInfo moe_decode_info() {
             return Tolerance{t.rtol * 2, t.atol * 2};
           },
       .benchmark =
-          Benchmark{decode_case(1, 4096, 14336, 8, 2, bf16, silu, 0, "T=1 E=8 top-2 H=4096 I=14336 bf16 (selective)"),
+          Benchmark{routed_case(1, 4096, 14336, 8, 2, bf16, silu, {"experts", 0}, "T=1 E=8 top-2 H=4096 I=14336 bf16 (selective)"),
                     Bound::hbm,
                     {},
                     0.70,

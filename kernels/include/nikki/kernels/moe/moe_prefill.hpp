@@ -260,17 +260,17 @@ inline KernelInfo moe_prefill_info() {
           },
       .reference = moe::routed_reference,
       .make_inputs = moe::routed_inputs,
-      .examples = {routed_case(1, 8, 16, 1, 1, f32, silu, 0, "one token, one expert"),
-                   routed_case(130, 72, 200, 8, 2, bf16, silu, 128, "Mixtral's 8 experts top-2, tails"),
-                   routed_case(300, 64, 96, 6, 3, f32, GateActivation::gelu, 128, "three blocks per expert, gelu"),
-                   routed_case(200, 40, 48, 5, 4, f16, GateActivation::gelu_tanh, 256, "top-4, blocks of 256"),
-                   routed_case(260, 32, 64, 4, 2, f32, silu, 0, "the kernel's block size")},
+      .examples = {routed_case(1, 8, 16, 1, 1, f32, silu, {"block_size", 0}, "one token, one expert"),
+                   routed_case(130, 72, 200, 8, 2, bf16, silu, {"block_size", 128}, "Mixtral's 8 experts top-2, tails"),
+                   routed_case(300, 64, 96, 6, 3, f32, GateActivation::gelu, {"block_size", 128}, "three blocks per expert, gelu"),
+                   routed_case(200, 40, 48, 5, 4, f16, GateActivation::gelu_tanh, {"block_size", 256}, "top-4, blocks of 256"),
+                   routed_case(260, 32, 64, 4, 2, f32, silu, {"block_size", 0}, "the kernel's block size")},
       .draw =
           [](CaseRng& r) {
             const int64_t E = r.uniform(1, 12), k = r.uniform(1, std::min<int64_t>(E, 8));
             return routed_case(r.size(1, 600), r.size(1, 200), r.size(1, 300), E, k, r.pick({f32, bf16, f16}),
                                 r.pick({silu, GateActivation::gelu, GateActivation::gelu_tanh}),
-                                r.pick<int64_t>({0, 128, 256}), "drawn");
+                                {"block_size", double(r.pick<int64_t>({0, 128, 256}))}, "drawn");
           },
       .tolerance =
           [](const ExampleCase& c) {
@@ -280,7 +280,7 @@ inline KernelInfo moe_prefill_info() {
             const Tolerance t = dtype_tolerance(d);
             return Tolerance{t.rtol * 2, t.atol * double(c.inputs[1].shape[1] + 1)};
           },
-      .benchmark = Benchmark{routed_case(4096, 4096, 14336, 8, 2, bf16, silu, 0,
+      .benchmark = Benchmark{routed_case(4096, 4096, 14336, 8, 2, bf16, silu, {"block_size", 0},
                                           "T=4096 E=8 top-2 H=4096 I=14336 bf16, balanced"),
                              Bound::tensor_engine,
                              [](const ExampleCase& c) {

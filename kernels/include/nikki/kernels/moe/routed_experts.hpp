@@ -81,11 +81,14 @@ inline void slot_affinities(toolkit::TaskScheduler& sch, const Tensor& aff, cons
   }
 }
 
+/** @brief A case of T tokens, top-k of E experts (H, I), with the gate's activation and the
+ *  kernel's own schedule parameter (prefill's block_size, decode's experts). */
 inline ExampleCase routed_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, DType d,
-                                reference::GateActivation act, int64_t block, std::string label) {
+                                reference::GateActivation act, const std::pair<std::string, double>& schedule,
+                                std::string label) {
   return ExampleCase{{spec({T, H}, d), spec({T, k}, DType::int32), spec({T, k}, DType::float32), spec({E, H, I}, d),
                       spec({E, H, I}, d), spec({E, I, H}, d)},
-                     Params{{"activation", double(int(act))}, {"block_size", double(block)}},
+                     Params{{"activation", double(int(act))}, schedule},
                      std::move(label)};
 }
 
