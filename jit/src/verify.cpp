@@ -520,6 +520,7 @@ class Verifier {
       case Opcode::nc_match_replace8: return check_match_replace8(inst);
       case Opcode::range_select: return check_range_select(inst);
       case Opcode::nc_n_gather: return check_n_gather(inst);
+      case Opcode::local_gather: return check_local_gather(inst);
       case Opcode::nonzero_with_count: return check_nonzero_with_count(inst);
       case Opcode::dma_compute: return check_dma_compute(inst);
       case Opcode::register_move:
@@ -1077,6 +1078,38 @@ class Verifier {
       fail(inst, fmt::format("dst is {} but data is {}", dtype_name(view(0).dtype),
                              dtype_name(view(1).dtype)),
            "nc_n_gather copies elements: dst has data's dtype", {});
+  }
+
+  void check_local_gather(const Instruction& inst) const {
+    constexpr int64_t group = 16;  // partitions of one GpSimd core
+    engine_in(inst, {Engine::gpsimd});
+    same_partitions(inst, 0, 1);
+    same_partitions(inst, 1, 2);
+    const TileGeometry src = geom(inst, 1), index = geom(inst, 2);
+    if (src.partitions % group != 0 || src.first_partition % group != 0)
+      fail(inst, fmt::format("src_buffer spans {} partitions from partition {}", src.partitions, src.first_partition),
+           "local_gather works on whole groups of 16 partitions (one per GpSimd core): a multiple of 16 partitions "
+           "starting at a multiple of 16",
+           "pad the tiles to a multiple of 16 partitions");
+    if (view(2).dtype != DType::uint16)
+      fail(inst, fmt::format("index has dtype {}", dtype_name(view(2).dtype)), "local_gather indices are uint16",
+           "copy the indices into a nl.uint16 tile (nisa.tensor_copy converts)");
+    if (view(0).dtype != view(1).dtype)
+      fail(inst, fmt::format("dst is {} but src_buffer is {}", dtype_name(view(0).dtype), dtype_name(view(1).dtype)),
+           "local_gather copies elements: dst has src_buffer's dtype", {});
+    const RareAttributes& a = k_.rare(inst);
+    const int64_t per_index = a.step, valid = a.offset, slice = index.free_elements * group;
+    if (per_index != 1 && per_index != 2 && per_index != 4 && per_index != 8 && per_index != 16 && per_index != 32)
+      fail(inst, fmt::format("num_elem_per_idx={}", per_index), "num_elem_per_idx is one of 1, 2, 4, 8, 16, 32", {});
+    if (valid < 1 || valid > slice || valid > 4096)
+      fail(inst, fmt::format("num_valid_indices={} for {} indices per GpSimd core", valid, slice),
+           "between 1 and the indices of a core's 16 partitions of index, and at most 4096",
+           fmt::format("pass num_valid_indices <= {}", std::min<int64_t>(slice, 4096)));
+    if (geom(inst, 0).free_elements != valid * per_index)
+      fail(inst, fmt::format("dst has {} elements per partition", geom(inst, 0).free_elements),
+           "dst holds num_valid_indices * num_elem_per_idx elements per partition",
+           fmt::format("allocate dst with {} elements per partition ({} indices x {})", valid * per_index, valid,
+                       per_index));
   }
 
   void check_nonzero_with_count(const Instruction& inst) const {

@@ -175,6 +175,28 @@ void exec_n_gather(Machine& m, const Instruction& inst) {
     }
 }
 
+/** Per GpSimd core of 16 partitions: its indices, flattened partition first, each the start of a
+ *  run of num_elem_per_idx elements that every partition of the core copies from its own row. */
+void exec_local_gather(Machine& m, const Instruction& inst) {
+  constexpr int64_t group = 16;
+  Elements dst = m.operand(inst, 0), src = m.operand(inst, 1), index = m.operand(inst, 2);
+  const RareAttributes& a = m.kernel().rare(inst);
+  const int64_t per_index = a.step, valid = a.offset;
+  for (int64_t core = 0; core < src.partitions / group; ++core)
+    for (int64_t j = 0; j < valid; ++j) {
+      const int64_t from_partition = core * group + j % group;
+      const int64_t start = index.get_int(from_partition, j / group);
+      if (start + per_index > src.free)
+        m.runtime_fault(inst, fmt::format("index {} (partition {}, position {}) reads elements {}..{} of the {} "
+                                          "elements of a src_buffer partition", start, from_partition, j / group,
+                                          start, start + per_index - 1, src.free),
+                        "local_gather indices address the flattened free elements of each src_buffer partition");
+      for (int64_t p = core * group; p < (core + 1) * group; ++p)
+        for (int64_t e = 0; e < per_index; ++e)
+          numerics::copy_element(dst.dtype, dst.at(p, j * per_index + e), src.dtype, src.at(p, start + e));
+    }
+}
+
 // --- element-wise arithmetic: ALU operators and activation functions -----------------------------
 
 void exec_tensor_tensor(Machine& m, const Instruction& inst) {
@@ -636,6 +658,7 @@ void execute(Machine& m, const Instruction& inst, size_t& pc) {
     case Opcode::nc_match_replace8: return exec_match_replace8(m, inst);
     case Opcode::range_select: return exec_range_select(m, inst);
     case Opcode::nc_n_gather: return exec_n_gather(m, inst);
+    case Opcode::local_gather: return exec_local_gather(m, inst);
     case Opcode::nonzero_with_count: return exec_nonzero_with_count(m, inst);
     case Opcode::dma_compute: return exec_dma_compute(m, inst);
     case Opcode::register_move:

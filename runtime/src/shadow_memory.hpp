@@ -436,6 +436,14 @@ class ShadowMemory {
       case Opcode::nc_n_gather:  // any element of the partition may be the one gathered
         each([&](int64_t p, int64_t f) { return v[2].at(p, f) && v[1].row(p); });
         break;
+      case Opcode::local_gather: {  // any element of the row, by the valid indices of the core
+        const int64_t group = 16, per_index = m.kernel().rare(inst).step;
+        each([&](int64_t p, int64_t f) {
+          const int64_t j = f / per_index;
+          return v[1].row(p) && v[2].at(p / group * group + j % group, j / group);
+        });
+        break;
+      }
       case Opcode::dma_compute:
         for (int64_t i = 0; i < dst.e.size(); ++i)
           for (int slot = 1; slot < kMaxSlots && v[slot].present(); ++slot) out[i] = out[i] && v[slot].valid[i];

@@ -1870,6 +1870,23 @@ TEST_CASE("instr: max8 (ties kept) and nc_find_index8 (duplicates matched to suc
             [&](int64_t i) { return want_i4[i]; });
 }
 
+TEST_CASE("instr: local_gather takes runs from each partition by its GpSimd core's indices") {
+  HostTensor x = uniform(DType::float32, {32, 20}, 190);
+  HostTensor idx = integers(DType::uint16, {32, 3}, 191, 0, 18);  // runs of 2 stay inside the row
+  auto outs = run(
+      [](Tensor x, Tensor idx) {
+        Tensor gathered = nl::ndarray({32, 48 * 2}, nl::float32, nl::sbuf);
+        isa::local_gather(gathered, to_sbuf(x), to_sbuf(idx), 2);  // every index of the core: 16 x 3
+        return std::vector<Tensor>{to_hbm(gathered)};
+      },
+      x, idx);
+  check_all("local_gather", 32 * 96, [&](int64_t i) { return f32_at(outs[0], i); }, [&](int64_t i) {
+    const int64_t p = i / 96, j = i % 96 / 2, e = i % 2;
+    const int64_t from = p / 16 * 16 + j % 16;  // the core's indices, partition dimension first
+    return f32_at(x, p * 20 + int_at(idx, from * 3 + j / 16) + e);
+  });
+}
+
 TEST_CASE("instr: nc_stream_shuffle, nc_match_replace8, nc_n_gather, nonzero_with_count, range_select, dma_compute") {
   HostTensor x = uniform(DType::float32, {64, 20}, 180);
   HostTensor sparse = integers(DType::int32, {32, 24}, 181, -2, 2);  // about 1 in 5 zero... and negatives

@@ -1,7 +1,7 @@
 """The data-movement and selection instructions of NKI 0.2+ against numpy: dma_transpose,
 dma_compute (and Beta 1's dma_copy(dst_rmw_op=)), dma_copy(oob_mode=skip), nc_stream_shuffle,
-nc_match_replace8, range_select, nc_n_gather / nl.gather_flattened, nonzero_with_count, and
-nc_matmul(perf_mode=double_row).
+nc_match_replace8, range_select, nc_n_gather / nl.gather_flattened, local_gather, nonzero_with_count,
+and nc_matmul(perf_mode=double_row).
 
 Tolerances: the movement, selection and gather instructions copy bits, so they are compared
 exactly; dma_compute adds in fp32 (one rounding per add, as numpy's float32 adds in the same
@@ -324,6 +324,85 @@ def test_nc_n_gather_and_gather_flattened_take_along_each_partition(rng):
     expected = np.take_along_axis(data.reshape(16, 40), indices.astype(np.int64), axis=1)
     np.testing.assert_array_equal(direct, expected)
     np.testing.assert_array_equal(cast, expected.astype(ml_dtypes.bfloat16))
+
+
+def local_gather_reference(src, index, per_index, valid):
+    """NKI's documented semantics, written out: each GpSimd core's 16 partitions share the core's
+    indices (flattened partition-major) and take runs of `per_index` elements from their own rows."""
+    rows = src.reshape(src.shape[0], -1)
+    out = np.empty((src.shape[0], valid, per_index), src.dtype)
+    for core in range(src.shape[0] // 16):
+        part = slice(16 * core, 16 * core + 16)
+        starts = index[part].reshape(16, -1).flatten(order="F")[:valid].astype(np.int64)
+        for j, start in enumerate(starts):
+            out[part, j] = rows[part, start:start + per_index]
+    return out
+
+
+@pytest.mark.parametrize("partitions, index_cols, per_index, valid, dtype", [
+    (128, 4, 4, 64, np.float32),             # NKI's documented example
+    (32, 3, 1, None, np.float32),            # every index of the core's slice (48)
+    (16, 16, 2, 37, ml_dtypes.bfloat16),     # a count that is not a multiple of 16
+    (64, 2, 32, 5, np.int32),
+])
+def test_local_gather_takes_runs_from_each_partition_by_its_cores_indices(rng, partitions, index_cols, per_index,
+                                                                           valid, dtype):
+    row = 96
+
+    @nki.jit
+    def kernel(src, index):
+        n = valid if valid is not None else index.shape[1] * 16
+        dst = nl.ndarray((src.shape[0], n * per_index), src.dtype, buffer=nl.sbuf)
+        nisa.local_gather(dst=dst, src_buffer=load(src), index=load(index), num_elem_per_idx=per_index,
+                          num_valid_indices=valid)
+        legacy = nisa.local_gather(load(src), load(index), per_index, valid)
+        return store(dst), store(legacy)
+
+    src = (rng.standard_normal((partitions, row // 4, 4)) * 100).astype(dtype)
+    index = rng.integers(0, row - per_index + 1, (partitions, index_cols)).astype(np.uint16)  # cores differ
+    got, legacy = kernel(src, index)
+    expected = local_gather_reference(src, index, per_index, valid or index_cols * 16)
+    np.testing.assert_array_equal(got.reshape(expected.shape), expected)
+    assert legacy.shape == expected.shape
+    np.testing.assert_array_equal(legacy, expected)
+
+
+@pytest.mark.parametrize("options, message, field, advice", [
+    ({"index_dtype": nl.int32}, "local_gather: index has dtype int32", "limit", "uint16"),
+    ({"partitions": 8}, "src_buffer spans 8 partitions", "limit", "multiple of 16"),
+    ({"per_index": 3}, "num_elem_per_idx=3", "limit", "1, 2, 4, 8, 16, 32"),
+    ({"valid": 33}, "num_valid_indices=33 for 32 indices per GpSimd core", "hint", "num_valid_indices <= 32"),
+    ({"dst_elems": 31}, "dst has 31 elements per partition", "hint", "allocate dst with 32 elements"),
+])
+def test_local_gather_rejects_what_the_gpsimd_cores_cannot_do(options, message, field, advice):
+    partitions = options.get("partitions", 32)
+    per_index, valid = options.get("per_index", 1), options.get("valid")
+
+    @nki.jit
+    def kernel(src):
+        index = nl.ndarray((partitions, 2), options.get("index_dtype", nl.uint16), buffer=nl.sbuf)
+        nisa.memset(index, 0)
+        dst = nl.ndarray((partitions, options.get("dst_elems", (valid or 32) * per_index)), src.dtype,
+                         buffer=nl.sbuf)
+        nisa.local_gather(dst, load(src), index, num_elem_per_idx=per_index, num_valid_indices=valid)
+        return store(dst)
+
+    with pytest.raises(nki.KernelError, match=message) as info:
+        kernel(np.zeros((partitions, 40), np.float32))
+    assert info.value.line > 0 and advice in getattr(info.value, field)
+
+
+def test_local_gather_reports_an_index_past_the_row_at_run_time():
+    @nki.jit
+    def kernel(src, index):
+        dst = nl.ndarray((16, 4), src.dtype, buffer=nl.sbuf)
+        nisa.local_gather(dst, load(src), load(index), num_elem_per_idx=2, num_valid_indices=2)
+        return store(dst)
+
+    index = np.zeros((16, 1), np.uint16)
+    index[1, 0] = 9  # elements 9..10 of a 10-element row
+    with pytest.raises(nki.KernelError, match=r"index 9 \(partition 1, position 0\) reads elements 9..10 of the 10"):
+        kernel(np.zeros((16, 10), np.float32), index)
 
 
 def test_nonzero_with_count_on_the_first_partition_of_each_gpsimd_core(rng):

@@ -628,3 +628,29 @@ def test_gather_from_a_partly_written_tile_is_caught(rng, line_of, at):
     err = caught(k, f32(rng, 128, 16), idx)
     assert err.line == line_of("gather_read")
     assert "nc_n_gather reads uninitialized memory" in str(err) and at("gather_alloc") in str(err)
+
+
+def test_local_gather_reads_only_the_valid_indices_and_whole_rows(rng, line_of, at):
+    @nki.jit(sanitize=True)
+    def k(x, idx, write_all_of_x):
+        out = nl.ndarray((32, 20), x.dtype, buffer=nl.shared_hbm)
+        data = nl.ndarray(x.shape, x.dtype, buffer=nl.sbuf)  # E:local_gather_alloc
+        i = nl.ndarray((32, 4), idx.dtype, buffer=nl.sbuf)
+        nisa.dma_copy(dst=data[:, 0:8], src=x[:, 0:8])
+        if write_all_of_x:
+            nisa.dma_copy(dst=data[:, 8:16], src=x[:, 8:16])
+        nisa.dma_copy(dst=i[:, 0:2], src=idx)  # indices 0..31 of each core; 20 of them are used
+        g = nl.ndarray((32, 20), x.dtype, buffer=nl.sbuf)
+        nisa.local_gather(dst=g, src_buffer=data, index=i, num_valid_indices=20)  # E:local_gather_read
+        nisa.dma_copy(dst=out, src=g)
+        return out
+
+    idx = rng.integers(0, 8, (32, 2)).astype(np.uint16)
+    x = f32(rng, 32, 16)
+    got = k(x, idx, True)
+    for core in range(2):
+        starts = idx[16 * core:16 * core + 16].flatten(order="F")[:20]
+        np.testing.assert_array_equal(got[16 * core:16 * core + 16], x[16 * core:16 * core + 16][:, starts])
+    err = caught(k, x, idx, False)  # the gathered columns were written, but the instruction reads whole rows
+    assert err.line == line_of("local_gather_read")
+    assert "local_gather reads uninitialized memory" in str(err) and at("local_gather_alloc") in str(err)

@@ -41,7 +41,7 @@ __all__ = [
     "tensor_copy_predicated", "select_reduce", "max8", "nc_find_index8", "tensor_partition_reduce",
     "register_alloc", "register_move", "register_load", "register_store", "get_nc_version",
     "get_nc_sub_version", "dma_transpose", "dma_compute", "nc_stream_shuffle", "nc_match_replace8", "range_select",
-    "nc_n_gather", "nonzero_with_count", "core_barrier", "sendrecv",
+    "nc_n_gather", "local_gather", "nonzero_with_count", "core_barrier", "sendrecv",
 ]
 
 
@@ -535,14 +535,36 @@ def _broadcast_shape(a: tuple, b: tuple):
     return tuple(max(m, n) for m, n in zip(a, b))
 
 
+def _same_elements(a: NkiTensor, shape: tuple) -> bool:
+    """Whether tile `a` spans the partitions of `shape` with as many elements per partition."""
+    return (a.shape[0] if a.shape else 1) == (shape[0] if shape else 1) and a.size == math.prod(shape)
+
+
+def _operand_shape(ref: NkiTensor, *others) -> tuple:
+    """The shape the tile operands of one operation are used at, by NKI's rule: a tile with ref's
+    partitions and as many elements per partition is used as it is, whatever its shape; any other
+    broadcasts with ref like numpy (size-1 dims repeat, as Beta 1 repeats a [P, 1] scale). Numbers
+    among `others` are skipped; shapes that do not broadcast leave ref's shape (the instruction's
+    own check then reports them)."""
+    shape = tuple(ref.shape)
+    for t in others:
+        if isinstance(t, NkiTensor) and not _same_elements(t, tuple(ref.shape)):
+            shape = _broadcast_shape(shape, tuple(t.shape)) or shape
+    return shape
+
+
+def _spread(t, shape: tuple):
+    """`t` broadcast to `shape` (from _operand_shape) where it is not used as it is: a number, or
+    a tile of shape's elements or not broadcasting there, is returned unchanged."""
+    if isinstance(t, NkiTensor) and not _same_elements(t, shape) and _broadcast_shape(tuple(t.shape), shape) == shape:
+        return t.broadcast_to(shape)
+    return t
+
 
 def _legacy_tensor_tensor(data1, data2, op, *, dtype=None, mask=None, engine=engine.unknown, name=None):
     data1, data2 = _check_tensor(data1, "data1"), _check_tensor(data2, "data2")
-    # Operands of as many elements per partition are used as they are, whatever their shapes;
-    # otherwise Beta 1 repeats size-1 dims (e.g. a [P, 1] scale).
-    shape = _broadcast_shape(data1.shape, data2.shape) if data1.size != data2.size else None
-    if shape is not None:
-        data1, data2 = data1.broadcast_to(shape), data2.broadcast_to(shape)
+    shape = _operand_shape(data1, data2)
+    data1, data2 = _spread(data1, shape), _spread(data2, shape)
     out = _new_tile(_tile_shape(data1), to_dtype(dtype) if dtype is not None else _wider(data1.dtype, data2.dtype))
     _tensor_tensor(out, data1, data2, op, engine=engine, name=name, mask=mask)
     return out
@@ -1863,12 +1885,62 @@ def rand_get_state(dst: NkiTensor, engine: engine = engine.gpsimd, name: str | N
     _not_implemented("nki.isa.rand_get_state")
 
 
+@overload
 def local_gather(dst: NkiTensor, src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx: int = 1,
-                 num_valid_indices: int | None = None, name: str | None = None) -> None:
-    """A gather within each group of 16 partitions by uint16 indices (GpSimd engine; cost ``150 + num_valid_indices * num_elem_per_idx / C``).
+                 num_valid_indices: int | None = None, name: str | None = None) -> None: ...
 
-    Not supported by nikki yet: calling it raises NotImplementedError (see docs/api-coverage.md)."""
-    _not_implemented("nki.isa.local_gather")
+
+@overload
+def local_gather(src_buffer: NkiTensor, index: NkiTensor, num_elem_per_idx: int = 1,
+                 num_valid_indices: int | None = None, *, mask: LegacyMask = None) -> NkiTensor: ...
+
+
+def local_gather(*args: Any, **kwargs: Any) -> NkiTensor | None:
+    """A gather within each GpSimd core's 16 partitions.
+
+    Each core (partitions 0-15, 16-31, ...) flattens its 16 partitions of ``index`` partition
+    dimension first (``index[c*16:(c+1)*16].flatten(order="F")``) and takes the first
+    ``num_valid_indices`` (default: all of them, ``index.size / (index.shape[0] / 16)``). Every
+    partition ``p`` of the core then copies, for each of those indices ``i_j``, the
+    ``num_elem_per_idx`` elements starting at element ``i_j`` of its own flattened row of
+    ``src_buffer``: ``dst[p, j * n + e] = src_buffer[p, i_j + e]``.
+
+    Limits: ``index`` is uint16; ``src_buffer``, ``index`` and ``dst`` span the same partitions, a
+    multiple of 16; ``num_elem_per_idx`` in 1, 2, 4, 8, 16, 32; at most 4096 indices per core; dst
+    has src_buffer's dtype and ``num_valid_indices * num_elem_per_idx`` elements per partition. An
+    index whose run leaves the row is a run-time error (undefined on the device).
+    The legacy form ``local_gather(src_buffer, index, ...)`` returns a new
+    ``[P, num_valid_indices, num_elem_per_idx]`` tile.
+    Engine: GpSimd. Cost: not published (nikki charges the GpSimd start-up plus one cycle per
+    element written per partition)."""
+    if _legacy(kwargs, len(args) < 3 or not isinstance(args[2], NkiTensor), args, "src_buffer"):
+        return _legacy_local_gather(*args, **kwargs)
+    return _local_gather(*args, **kwargs)
+
+
+def _gather_indices_per_core(index: NkiTensor, num_valid_indices) -> int:
+    if num_valid_indices is not None:
+        return check_int(num_valid_indices, "nisa.local_gather: num_valid_indices")
+    partitions = index.shape[0] if index.shape else 1
+    return index.size // max(1, partitions) * 16
+
+
+def _local_gather(dst, src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, name=None):
+    index = _check_tensor(index, "index")
+    _emit(_core.Opcode.local_gather, (_check_tensor(dst, "dst"), _check_tensor(src_buffer, "src_buffer"), index),
+          engine.gpsimd, name, step=check_int(num_elem_per_idx, "nisa.local_gather: num_elem_per_idx"),
+          offset=_gather_indices_per_core(index, num_valid_indices))
+
+
+def _legacy_local_gather(src_buffer, index, num_elem_per_idx=1, num_valid_indices=None, *, mask=None, name=None):
+    if mask is not None:
+        _not_implemented("nki.isa.local_gather(mask=...)")
+    src_buffer, index = _check_tensor(src_buffer, "src_buffer"), _check_tensor(index, "index")
+    per_index = check_int(num_elem_per_idx, "nisa.local_gather: num_elem_per_idx")
+    valid = _gather_indices_per_core(index, num_valid_indices)
+    out = _new_tile((src_buffer.shape[0], valid, per_index), src_buffer.dtype)
+    _local_gather(out, src_buffer, index, per_index, valid, name)
+    return out
 
 
 def sequence_bounds(dst: NkiTensor, segment_ids: NkiTensor, name: str | None = None) -> None:
@@ -1914,7 +1986,7 @@ def builtin_custom_op(function_name: str, lib_file_name: str, ulib_to_ucode_vers
 # AttributeError; they are deliberately not in __all__ (docs/api-coverage.md lists them).
 UNSUPPORTED = (
     "nc_matmul_mx", "activate2", "tensor_scalar_cumulative", "exponential", "quantize_mx", "dropout", "rng", "rand2",
-    "set_rng_seed", "rand_set_state", "rand_get_state", "local_gather", "sequence_bounds", "topk",
+    "set_rng_seed", "rand_set_state", "rand_get_state", "sequence_bounds", "topk",
     "tensor_copy_dynamic_src", "tensor_copy_dynamic_dst", "builtin_custom_op",
 )
 

@@ -428,14 +428,10 @@ def _binary_tile(op: str, x, y, dtype=None, mask=None):
             out = _result_tile(y.shape, _out_dtype(dtype, comparison, x, y))
             _isa._tensor_scalar(out, y, fn, _scalar_operand(x, op), reverse0=True, mask=mask)
             return out
-        if x.size == y.size and x.shape[0] == y.shape[0]:
-            out = _result_tile(x.shape, _out_dtype(dtype, comparison, x, y))
-            _isa._tensor_tensor(out, x, y, fn, mask=mask)
-            return out
-        shape = _broadcast_shape(x.shape, y.shape)
-        if shape is not None:  # size-1 dims repeat as stride-0 views (Beta 1 broadcast like numpy)
+        if _isa._same_elements(y, x.shape) or _broadcast_shape(x.shape, y.shape) is not None:
+            shape = _isa._operand_shape(x, y)
             out = _result_tile(shape, _out_dtype(dtype, comparison, x, y))
-            _isa._tensor_tensor(out, x.broadcast_to(shape), y.broadcast_to(shape), fn, mask=mask)
+            _isa._tensor_tensor(out, _isa._spread(x, shape), _isa._spread(y, shape), fn, mask=mask)
             return out
         raise kernel_error_at(user_frame(3), f"nl.{op}: shapes {x.shape} and {y.shape} do not broadcast",
                               limit="binary tile ops take equal shapes, or a [P, 1] tile against a [P, F] tile",
@@ -1334,19 +1330,8 @@ def where(condition: NkiTensor, x: TileOrNumber, y: TileOrNumber, dtype: DTypeLi
     condition = _isa._check_tensor(condition, "condition")
     ref = x if isinstance(x, NkiTensor) else y if isinstance(y, NkiTensor) else condition
     dt = to_dtype(dtype) if dtype is not None else (ref.dtype if ref is not condition else float32)
-    # Tiles holding as many elements as the condition are used as they are (any shape, like
-    # tensor_tensor's operands); others broadcast like numpy's (size-1 dims repeat).
-    shape = condition.shape
-    for t in (x, y):
-        if isinstance(t, NkiTensor) and t.size != condition.size:
-            shape = _broadcast_shape(shape, t.shape) or shape
-    size = math.prod(shape)
-
-    def spread(t):
-        broadcastable = isinstance(t, NkiTensor) and t.size != size and _broadcast_shape(t.shape, shape) == shape
-        return t.broadcast_to(shape) if broadcastable else t
-
-    condition, x, y = spread(condition), spread(x), spread(y)
+    shape = _isa._operand_shape(condition, x, y)
+    condition, x, y = _isa._spread(condition, shape), _isa._spread(x, shape), _isa._spread(y, shape)
     out = _result_tile(shape, dt)
     if isinstance(y, NkiTensor):
         _isa._tensor_copy(out, y, mask=mask)

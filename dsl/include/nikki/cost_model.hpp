@@ -200,6 +200,7 @@ inline double formula_cycles(const Kernel& k, const Instruction& inst) {
     case Opcode::affine_select:
     // No published formulas: like iota, the GpSimd start-up plus one element per cycle.
     case Opcode::nc_n_gather:
+    case Opcode::local_gather:
     case Opcode::nonzero_with_count: return gpsimd_start + n;
     // nc_match_replace8 scans each row once per value, like nc_find_index8 ("N cycles").
     case Opcode::nc_match_replace8: return n;

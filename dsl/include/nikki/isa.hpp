@@ -443,6 +443,31 @@ inline void nc_n_gather(const Tensor& dst, const Tensor& data, const Tensor& ind
   detail::Emitter(Opcode::nc_n_gather, dst, loc).tensor(0, dst).tensor(1, data).tensor(2, indices).emit();
 }
 
+/** @brief Number of SBUF partitions one GpSimd core reads and writes (local_gather's groups). */
+inline constexpr int64_t kPartitionsPerGpsimdCore = 16;
+
+/**
+ * @brief A gather within each GpSimd core's 16 partitions: the core flattens its 16 partitions of
+ * `index` (uint16, partition dimension first), takes the first `num_valid_indices` of them, and
+ * for every partition p of the core writes dst[p, j, e] = src_buffer[p, index_j + e] for
+ * e < num_elem_per_idx (index_j counts elements of p's flattened free dims). dst has
+ * num_valid_indices * num_elem_per_idx elements per partition; by default num_valid_indices is
+ * every index of the core's slice.
+ */
+inline void local_gather(const Tensor& dst, const Tensor& src_buffer, const Tensor& index,
+                         int64_t num_elem_per_idx = 1, std::optional<int64_t> num_valid_indices = std::nullopt,
+                         Loc loc = Loc::current()) {
+  detail::Emitter e(Opcode::local_gather, dst, loc);
+  e.rare().step = num_elem_per_idx;
+  if (!num_valid_indices) {
+    const Shape s = index.shape();
+    const int64_t partitions = s.empty() || s[0] == 0 ? 1 : s[0];
+    num_valid_indices = index.size() / partitions * kPartitionsPerGpsimdCore;
+  }
+  e.rare().offset = *num_valid_indices;
+  e.tensor(0, dst).tensor(1, src_buffer).tensor(2, index).emit();
+}
+
 /** @brief On partitions 0, 16, ..., 112: the positions (+ index_offset) of src's nonzero elements,
  * padding_val for the rest, and the count last (GpSimd, NeuronCore-v3+). */
 inline void nonzero_with_count(const Tensor& dst, const Tensor& src, int64_t index_offset = 0,

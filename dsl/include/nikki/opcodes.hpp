@@ -61,8 +61,9 @@ enum class Opcode : uint8_t {
   device_print,
   core_barrier,
   sendrecv,
+  local_gather,
 };
-inline constexpr int kNumOpcodes = static_cast<int>(Opcode::sendrecv) + 1;
+inline constexpr int kNumOpcodes = static_cast<int>(Opcode::local_gather) + 1;
 
 /** @brief How an instruction uses an operand slot. */
 enum class Access : uint8_t { read, write, read_write };
@@ -295,6 +296,8 @@ inline constexpr std::array<OpcodeSpec, kNumOpcodes> kOpcodeSpecs = [] {
   set(Opcode::core_barrier, {"core_barrier", Engine::sync, 1, {RO("data")}, true}, {A(lanes, "cores")});
   set(Opcode::sendrecv, {"sendrecv", Engine::sync, 2, {W("dst"), R("src")}, true},
       {Each(lanes, "send_to_rank,recv_from_rank,pipe_id")});
+  set(Opcode::local_gather, {"local_gather", Engine::gpsimd, 3, {W("dst"), R("src_buffer"), R("index")}},
+      {A(step, "num_elem_per_idx"), A(offset, "num_valid_indices")});
   return t;
 }();
 
