@@ -55,6 +55,7 @@ const std::vector<KernelInfo>& registry() {
       adamw_info(),
       topk_info(),
       gated_mlp_info(),
+      gated_mlp_fp8_info(),
       router_topk_info(),
       cumsum_info(),
       cumsum_bwd_info(),

@@ -462,11 +462,18 @@ def topk(x: torch.Tensor, k: int, dim: int = -1):
 
 def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down: torch.Tensor,
               b_gate: torch.Tensor | None = None, b_up: torch.Tensor | None = None,
-              b_down: torch.Tensor | None = None, activation: str = "silu") -> torch.Tensor:
+              b_down: torch.Tensor | None = None, activation: str = "silu", *,
+              gate_scale: torch.Tensor | None = None, up_scale: torch.Tensor | None = None,
+              down_scale: torch.Tensor | None = None) -> torch.Tensor:
     """``(act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down`` with nikki's gated_mlp
     kernel: x [..., H], w_gate and w_up [H, I], w_down [I, H] (torch Linear weights transposed),
     optional biases, activation "silu" (SwiGLU), "gelu" or "gelu_tanh". Differentiable in every
-    tensor (the backward's products run on nikki's matmul kernel)."""
+    tensor (the backward's products run on nikki's matmul kernel).
+
+    fp8 weights (``torch.float8_e4m3fn`` within +-240, or ``float8_e5m2``, all three of one
+    format) run the gated_mlp_fp8 kernel and need their float32 per-column dequantization scales
+    (``w = w_fp8 * scale``): gate_scale and up_scale [I], down_scale [H]; each product is scaled
+    before its bias. x is then bfloat16 or float16. Inference only: not differentiable."""
     what = "nikki.torch.gated_mlp"
     for name, t in (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down)):
         _tensor(t, f"{what}: {name}")
@@ -478,15 +485,30 @@ def gated_mlp(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, w_down:
     b_gate = _optional_tensor(b_gate, f"{what}: b_gate", (i,), "w_gate's columns")
     b_up = _optional_tensor(b_up, f"{what}: b_up", (i,), "w_up's columns")
     b_down = _optional_tensor(b_down, f"{what}: b_down", (h,), "w_down's columns")
+    scales = {"gate_scale": _optional_tensor(gate_scale, f"{what}: gate_scale", (i,), "w_gate's columns"),
+              "up_scale": _optional_tensor(up_scale, f"{what}: up_scale", (i,), "w_up's columns"),
+              "down_scale": _optional_tensor(down_scale, f"{what}: down_scale", (h,), "w_down's columns")}
     _one_device(what, (("x", x), ("w_gate", w_gate), ("w_up", w_up), ("w_down", w_down), ("b_gate", b_gate),
-                       ("b_up", b_up), ("b_down", b_down)))
+                       ("b_up", b_up), ("b_down", b_down), *scales.items()))
+    fp8 = w_gate.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    for name, scale in scales.items():
+        if fp8 and scale is None:
+            raise argument_error(f"{what}: {name}", "the float32 dequantization scales of fp8 weights' columns", scale)
+        if not fp8 and scale is not None:
+            raise argument_error(f"{what}: {name}", f"None: the weights are {w_gate.dtype}, not fp8", scale,
+                                 got="a tensor")
     zeros = lambda n: torch.zeros(n, dtype=x.dtype)  # noqa: E731
     b_gate = zeros(i) if b_gate is None else b_gate
     b_up = zeros(i) if b_up is None else b_up
     b_down = zeros(h) if b_down is None else b_down
-    out = library_op("gated_mlp")(x.reshape(-1, x.shape[-1]).contiguous(), w_gate.contiguous(), w_up.contiguous(),
-                                  w_down.contiguous(), b_gate, b_up, b_down,
-                                  activation=_GATE_ACTIVATIONS.index(activation))
+    rows, weights = x.reshape(-1, x.shape[-1]).contiguous(), (w_gate.contiguous(), w_up.contiguous(),
+                                                               w_down.contiguous())
+    act = _GATE_ACTIVATIONS.index(activation)
+    if fp8:
+        sg, su, sd = (t.to(torch.float32).contiguous() for t in scales.values())
+        out = library_op("gated_mlp_fp8")(rows, *weights, sg, su, sd, b_gate, b_up, b_down, activation=act)
+    else:
+        out = library_op("gated_mlp")(rows, *weights, b_gate, b_up, b_down, activation=act)
     return out.reshape(*x.shape[:-1], h)
 
 

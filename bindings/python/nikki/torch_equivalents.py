@@ -119,6 +119,12 @@ def _gated_mlp(x, w_gate, w_up, w_down, b_gate, b_up, b_down, params):
     return [(act(x @ w_gate + b_gate) * (x @ w_up + b_up)) @ w_down + b_down]
 
 
+def _gated_mlp_fp8(x, w_gate, w_up, w_down, s_gate, s_up, s_down, b_gate, b_up, b_down, params):
+    act = _GATE_ACTIVATIONS[int(params["activation"])]
+    h = act((x @ w_gate) * s_gate + b_gate) * ((x @ w_up) * s_up + b_up)
+    return [(h @ w_down) * s_down + b_down]
+
+
 def _router_topk(x, w_router, bias, params):
     """A router as MoE models write it: scores, the top k (ties by the stable sort's order), the
     optional activation over the selected and renormalization."""
@@ -477,6 +483,7 @@ TORCH = {
     "adamw": _adamw,
     "topk": _topk,
     "gated_mlp": _gated_mlp,
+    "gated_mlp_fp8": _gated_mlp_fp8,
     "router_topk": _router_topk,
     "cumsum": lambda x, p: [_cumsum(x, p)],
     "cumsum_bwd": _cumsum_bwd,

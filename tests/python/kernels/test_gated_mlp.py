@@ -1,10 +1,14 @@
 """nikki.kernels.gated_mlp and nikki.torch.gated_mlp against the same block in PyTorch: forward
 for every activation, with and without biases, decode and prefill token counts, tails of every
 dim; the gradients of x and of every weight and bias; torch.compile; errors at the caller's line.
+fp8 weights with per-column scales (gated_mlp_fp8) against the same block on the dequantized
+weights, and the HBM bytes they save.
 
 Tolerances: fp32 results within 1e-4 of the output's scale (sums over H and I of fp32 products,
 the activation in fp32, h rounded to fp32); bf16 within 2e-2 (h is rounded to bf16 before the
-down projection, and the output once more)."""
+down projection, and the output once more). With fp8 weights the reference uses the same fp8
+values (dequantized exactly in float64), so the bf16 tolerance holds: the fp8 products are exact
+and sum in fp32."""
 
 import linecache
 
@@ -112,3 +116,63 @@ def test_torch_wrapper_rejects_an_unknown_activation():
     x, ws, _ = _operands(2, 8, 8, torch.float32, 1)
     with pytest.raises(nikki.KernelError, match="activation"):
         nt.gated_mlp(x, *ws, activation="relu")
+
+
+# --- fp8 weights with per-column scales ------------------------------------------------------------
+
+def _quantized(w, fp8):
+    """w as fp8 values and float32 scales of its columns (amax / 240: inside e4m3's range)."""
+    scale = (w.abs().amax(0).double() / 240).clamp_min(1e-12).float()
+    return (w.double() / scale.double()).to(fp8), scale
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("T,H,I,activation,dtype", [(1, 64, 96, "silu", torch.bfloat16),
+                                                    (8, 130, 257, "gelu", torch.float16),
+                                                    (300, 200, 520, "gelu_tanh", torch.bfloat16)])
+def test_fp8_weights_match_the_block_on_their_dequantized_values(fp8, T, H, I, activation, dtype):
+    x, ws, bs = _operands(T, H, I, torch.float32, T + H)
+    quantized = [_quantized(w, fp8) for w in ws]
+    x, bs = x.to(dtype), [b.to(dtype) for b in bs]
+    got = nt.gated_mlp(x, *(q for q, _ in quantized), *bs, activation=activation,
+                       gate_scale=quantized[0][1], up_scale=quantized[1][1], down_scale=quantized[2][1])
+    assert got.dtype == dtype and got.shape == (T, H)
+    dequantized = [q.double() * s.double() for q, s in quantized]
+    _close(got, _torch_mlp(x.double(), dequantized, [b.double() for b in bs], activation), 2e-2,
+           f"{fp8} weights, {activation}, T={T}")
+
+
+def test_fp8_weights_stream_half_the_bytes_of_bf16_ones():
+    """At decode the MLP reads its weights once: 1 byte per weight in fp8, 2 in bf16."""
+    t, h, i = 8, 512, 1024
+    weights = 3 * h * i
+    f8, bf = "float8_e4m3fn", "bfloat16"
+    fp8 = nikki.estimate(K.gated_mlp_fp8, nikki.spec((t, h), bf), nikki.spec((h, i), f8), nikki.spec((h, i), f8),
+                         nikki.spec((i, h), f8), nikki.spec((i,), "float32"), nikki.spec((i,), "float32"),
+                         nikki.spec((h,), "float32"), nikki.spec((i,), bf), nikki.spec((i,), bf), nikki.spec((h,), bf))
+    bf16 = nikki.estimate(K.gated_mlp, nikki.spec((t, h), bf), nikki.spec((h, i), bf), nikki.spec((h, i), bf),
+                          nikki.spec((i, h), bf), nikki.spec((i,), bf), nikki.spec((i,), bf), nikki.spec((h,), bf))
+    assert weights <= fp8.dma_bytes < 1.15 * weights
+    assert 2 * weights <= bf16.dma_bytes < 1.15 * 2 * weights
+
+
+def test_fp8_operand_errors_name_the_operand():
+    x, ws, _ = _operands(4, 16, 32, torch.float32, 2)
+    quantized = [_quantized(w, torch.float8_e4m3fn) for w in ws]
+    q = [w for w, _ in quantized]
+    scales = {"gate_scale": quantized[0][1], "up_scale": quantized[1][1], "down_scale": quantized[2][1]}
+    with pytest.raises(nikki.KernelError, match="down_scale") as err:
+        nt.gated_mlp(x.bfloat16(), *q, gate_scale=scales["gate_scale"], up_scale=scales["up_scale"])
+    assert "dequantization scales" in str(err.value)
+    with pytest.raises(nikki.KernelError, match=r"gate_scale.*not fp8"):
+        nt.gated_mlp(x, *ws, gate_scale=scales["gate_scale"])
+    with pytest.raises(nikki.KernelError, match=r"gated_mlp_fp8: x is float32: TensorE multiplies fp8 weights with "
+                                                r"bfloat16 or float16") as err:
+        nt.gated_mlp(x, *q, **scales)
+    assert "cast x to bfloat16" in str(err.value)
+    with pytest.raises(nikki.KernelError, match=r"gated_mlp_fp8: 'w_down' is float8_e5m2; the weights are fp8 of one "
+                                                r"format \(w_gate is float8_e4m3fn\)"):
+        nt.gated_mlp(x.bfloat16(), q[0], q[1], ws[2].to(torch.float8_e5m2), **scales)
+    with pytest.raises(nikki.KernelError, match=r"kernel 'gated_mlp': input 'w_up' has dtype float8_e4m3fn") as err:
+        K.gated_mlp(x.numpy(), ws[0].numpy(), q[1], ws[2].numpy(), *(np.zeros(n, np.float32) for n in (32, 32, 16)))
+    assert "float32, bfloat16, float16" in err.value.limit
