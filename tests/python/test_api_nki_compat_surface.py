@@ -195,31 +195,35 @@ def test_tensors_placed_at_the_same_psum_banks_share_them(rng):
         _overlaid_psum_kernel(1)(a, w)  # placed apart, the two no longer fit
 
 
-def test_accumulating_into_psum_shared_by_placement_is_refused():
-    """Where a sum starts in PSUM two tensors share is the compiler's accumulation groups on the
-    device; nikki cannot tell, so '+=' of a matmul there is a KernelError naming the fix."""
+def test_a_sum_in_psum_reallocated_at_the_same_banks_starts_at_its_first_accumulation(rng):
+    """A mod_alloc at the placement of an earlier one takes over its memory; on the device a sum
+    (an accumulation group) into the new tensor starts at its first '+=' since that allocation,
+    not on what the previous occupant left: a tensor allocated in a loop body sums afresh in each
+    iteration, as Beta 1's fused RMSNorm + QKV kernel relies on."""
     import nikki.compiler as ncc
 
     @nki.jit
-    def kernel(a):
-        out = nl.ndarray((128, 512), nl.float32, buffer=nl.shared_hbm)
+    def kernel(a, w):
+        out = nl.ndarray((3, 128, 512), nl.float32, buffer=nl.shared_hbm)
         first = nl.ndarray((1, nl.par_dim(128), 512), nl.float32,
                            buffer=ncc.psum.mod_alloc(base_bank=0, num_bank_tiles=(1,)))
-        second = nl.ndarray((1, nl.par_dim(128), 512), nl.float32,
-                            buffer=ncc.psum.mod_alloc(base_bank=0, num_bank_tiles=(1,)))
-        at = nl.load(a)
-        first[0] = nisa.nc_matmul(at, at)
-        nl.store(out[:, 0:128], nl.copy(first[0][:, 0:128]))
-        second[0] += nisa.nc_matmul(at, at)
+        first[0] = nisa.nc_matmul(nl.load(a[0, :, 0:128]), nl.load(w))
+        nl.store(out[0], nl.copy(first[0]))
+        for i in nl.affine_range(2):
+            acc = nl.ndarray((1, nl.par_dim(128), 512), nl.float32,
+                             buffer=ncc.psum.mod_alloc(base_bank=0, num_bank_tiles=(1,)))
+            for k in nl.affine_range(3):
+                acc[0] += nisa.nc_matmul(nl.load(a[1 + i, :, 128 * k:128 * (k + 1)]), nl.load(w))
+            nl.store(out[1 + i], nl.copy(acc[0]))
         return out
 
-    with pytest.raises(nki.KernelError, match=r"'\+= nc_matmul\(...\)' accumulates into PSUM that tensors placed "
-                                              r"at the same banks share \('first' is the first of them\)") as err:
-        kernel(np.ones((128, 128), np.float32))
-    import linecache
-
-    assert "another base_bank" in str(err.value)
-    assert "second[0] += nisa.nc_matmul" in linecache.getline(err.value.file, err.value.line)
+    a = rng.standard_normal((3, 128, 384), dtype=np.float32)
+    w = rng.standard_normal((128, 512), dtype=np.float32)
+    got = kernel(a, w)
+    np.testing.assert_allclose(got[0], a[0, :, :128].T.astype(np.float64) @ w, rtol=1e-5, atol=1e-3)
+    for i in range(2):
+        want = sum(a[1 + i, :, 128 * k:128 * (k + 1)].T.astype(np.float64) @ w for k in range(3))
+        np.testing.assert_allclose(got[1 + i], want, rtol=1e-5, atol=1e-3)
 
 
 def test_no_reorder_directive_keeps_results(rng):

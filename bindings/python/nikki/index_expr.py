@@ -1073,6 +1073,7 @@ def block_tensor(shape, dtype, buffer, name):
     shared = _same_placement(buffer, storage_shape, dtype)
     if shared is not None:
         shared._ctx.shared_placements.add(shared._view.storage)
+        shared._ctx.started_sums[shared._view.storage] = []  # a new allocation: no sum has started in it
         return BlockTensor(shared._ctx, shared._view, nb, blocks)
     t = nl.ndarray(storage_shape, dtype, buffer=region, name=name)
     placement = getattr(buffer, "placement", None)

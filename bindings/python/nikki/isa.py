@@ -2052,16 +2052,14 @@ def _accumulate_into(dst: NkiTensor, other) -> None:
         if (index is not None and index == ctx.builder.num_instructions - 1
                 and ctx.builder.instruction_operand(index, 0).same_as(other._view)):
             if dst._view.storage in ctx.shared_placements:
-                # nikki starts a sum at the first matmul into a location since its allocation;
-                # the tensors sharing this memory were allocated once, so that would add onto
-                # what another one left there.
-                raise kernel_error_at(user_frame(), "'+= nc_matmul(...)' accumulates into PSUM that tensors placed at "
-                                      f"the same banks share ('{dst.name}' is the first of them): nikki cannot tell "
-                                      "where this sum starts",
-                                      limit="'+=' of a matmul adds onto whatever a matmul last wrote there since "
-                                            "the memory was allocated",
-                                      hint="accumulate in a tensor with a placement of its own (another base_bank) "
-                                           "or one nikki allocates (buffer=nl.psum)")
+                # Memory that an allocation at the same placement took over: the sum (the device
+                # compiler's accumulation group) starts at the first '+=' into this region since
+                # that allocation, so that matmul writes rather than adds onto the last occupant.
+                started = ctx.started_sums.setdefault(dst._view.storage, [])
+                if not any(view.same_as(dst._view) for view in started):
+                    started.append(dst._view)
+                    ctx.builder.retarget(index, 0, dst._view)
+                    return
             ctx.builder.retarget_accumulate(index, dst._view)
             return
     _update_in_place(dst, other, "add")

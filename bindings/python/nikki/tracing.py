@@ -39,6 +39,8 @@ class TraceContext:
         self.placed: dict = {}
         # storages that more than one such tensor shares
         self.shared_placements: set = set()
+        # shared storage -> the regions a '+=' sum has started in since its latest allocation
+        self.started_sums: dict = {}
 
     def location(self, depth: int = 2) -> int:
         """Interned location of the user's line that is calling into nikki."""
