@@ -97,6 +97,7 @@ const std::vector<KernelInfo>& registry() {
       find_nonzero_indices_info(),
       moe_prefill_info(),
       moe_decode_info(),
+      moe_decode_fp8_info(),
   };
   return kernels;
 }

@@ -1169,7 +1169,8 @@ def find_nonzero_indices(x: torch.Tensor, chunk_size: int = 0):
     return library_op("find_nonzero_indices")(x.contiguous(), chunk_size=chunk_size)
 
 
-def _routed_experts_call(kernel: str, x, expert_ids, weights, w_gate, w_up, w_down, activation: str, **params):
+def _routed_experts_call(kernel: str, x, expert_ids, weights, w_gate, w_up, w_down, activation: str, *scales,
+                         **params):
     """Checks a mixture-of-experts kernel's operands, flattens the tokens and calls the kernel."""
     what = f"nikki.torch.{kernel}"
     if isinstance(expert_ids, torch.Tensor) and expert_ids.is_floating_point():
@@ -1190,7 +1191,7 @@ def _routed_experts_call(kernel: str, x, expert_ids, weights, w_gate, w_up, w_do
     k = expert_ids.shape[-1]
     out = library_op(kernel)(x.reshape(-1, x.shape[-1]).contiguous(), expert_ids.reshape(-1, k).contiguous(),
                              weights.reshape(-1, k).to(torch.float32).contiguous(), w_gate.contiguous(),
-                             w_up.contiguous(), w_down.contiguous(),
+                             w_up.contiguous(), w_down.contiguous(), *scales,
                              activation=_GATE_ACTIVATIONS.index(activation), **params)
     return out.reshape(x.shape)
 
@@ -1208,14 +1209,31 @@ def moe_prefill(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
 
 
 def moe_decode(x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor, w_gate: torch.Tensor,
-               w_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu", experts: str = "auto"):
+               w_up: torch.Tensor, w_down: torch.Tensor, activation: str = "silu", experts: str = "auto", *,
+               gate_scale: torch.Tensor | None = None, up_scale: torch.Tensor | None = None,
+               down_scale: torch.Tensor | None = None):
     """The experts of a mixture-of-experts layer at decode with nikki's moe_decode kernel: the
     result of moe_prefill for at most 128 tokens (a decode step's few), scheduled for reading the
     weights. experts "selective" reads only the experts the slots name (T k passes over one
     expert each), "all" reads each expert once (E passes over every token), "auto" picks the
-    one that reads fewer bytes. Forward only (inference)."""
+    one that reads fewer bytes. Forward only (inference).
+
+    fp8 expert weights (``torch.float8_e4m3fn`` within +-240, or ``float8_e5m2``) run the
+    moe_decode_fp8 kernel and need their float32 per-column scales: gate_scale and up_scale
+    [E, I], down_scale [E, H] (``w[e] = w_fp8[e] * scale[e]``); x is then bfloat16 or float16."""
+    what = "nikki.torch.moe_decode"
     schedules = ("auto", "selective", "all")
     if experts not in schedules:
-        raise argument_error("nikki.torch.moe_decode: experts", f"one of {', '.join(map(repr, schedules))}", experts)
-    return _routed_experts_call("moe_decode", x, expert_ids, weights, w_gate, w_up, w_down, activation,
-                                experts=schedules.index(experts))
+        raise argument_error(f"{what}: experts", f"one of {', '.join(map(repr, schedules))}", experts)
+    scales = {"gate_scale": gate_scale, "up_scale": up_scale, "down_scale": down_scale}
+    fp8 = isinstance(w_gate, torch.Tensor) and w_gate.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    for name, scale in scales.items():
+        if fp8 and scale is None:
+            raise argument_error(f"{what}: {name}", "the float32 dequantization scales of fp8 weights' columns", scale)
+        if not fp8 and scale is not None:
+            raise argument_error(f"{what}: {name}", "None: the weights are not fp8", scale, got="a tensor")
+        if scale is not None:
+            _tensor(scale, f"{what}: {name}")
+    extra = tuple(t.to(torch.float32).contiguous() for t in scales.values() if t is not None)
+    return _routed_experts_call("moe_decode_fp8" if fp8 else "moe_decode", x, expert_ids, weights, w_gate, w_up,
+                                w_down, activation, *extra, experts=schedules.index(experts))

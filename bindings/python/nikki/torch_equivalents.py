@@ -470,6 +470,12 @@ def _routed_experts(x, expert_ids, weights, w_gate, w_up, w_down, params):
     return [out]
 
 
+def _routed_experts_fp8(x, expert_ids, weights, w_gate, w_up, w_down, s_gate, s_up, s_down, params):
+    """_routed_experts on the dequantized expert weights (each column times its scale)."""
+    return _routed_experts(x, expert_ids, weights, w_gate * s_gate[:, None, :], w_up * s_up[:, None, :],
+                           w_down * s_down[:, None, :], params)
+
+
 TORCH = {
     "matmul": lambda a, b, p: [a @ b],
     "softmax": lambda x, p: [torch.softmax(x, -1)],
@@ -527,6 +533,7 @@ TORCH = {
     "find_nonzero_indices": _find_nonzero_indices,
     "moe_prefill": _routed_experts,
     "moe_decode": _routed_experts,
+    "moe_decode_fp8": _routed_experts_fp8,
 }
 # Kernels PyTorch has no implementation of, with the reason; every other kernel must be in TORCH.
 NO_TORCH_EQUIVALENT: dict = {}

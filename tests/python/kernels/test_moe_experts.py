@@ -3,7 +3,8 @@
 token, slots that route nowhere, an expert named twice by a token), every block size and the
 kernel's choice, token counts crossing block boundaries, decode's selective and all-experts
 schedules, the three gate activations, 16-bit dtypes, and the argument errors of the kernels and
-of nikki.torch.moe_prefill / moe_decode."""
+of nikki.torch.moe_prefill / moe_decode; moe_decode with fp8 expert weights and their scales
+(moe_decode_fp8) against the same loop on the dequantized weights."""
 
 import numpy as np
 import pytest
@@ -179,3 +180,40 @@ def test_decode_argument_errors_name_the_argument_and_the_limit():
         nt.moe_decode(xt, idt, wt, wgt, wut, wdt, experts="some")
     with pytest.raises(nikki.KernelError, match=r"nikki.torch.moe_decode: expert_ids must be an integer tensor"):
         nt.moe_decode(xt, idt.float(), wt, wgt, wut, wdt)
+
+
+# --- moe_decode with fp8 expert weights ---------------------------------------------------------
+
+def _quantized_experts(w, fp8):
+    """Stacked expert weights [E, R, C] as fp8 values and float32 scales of each expert's columns."""
+    scale = (w.abs().amax(1).double() / 240).clamp_min(1e-12).float()
+    return (w.double() / scale[:, None, :].double()).to(fp8), scale
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("experts", ["selective", "all"])
+def test_decode_with_fp8_experts_matches_the_loop_on_their_dequantized_weights(fp8, experts):
+    x, ids, weights, wg, wu, wd = _operands(8, 64, 128, 8, 2, seed=21)
+    q = [_quantized_experts(w, fp8) for w in (wg, wu, wd)]
+    x = x.bfloat16()
+    got = nt.moe_decode(x, ids, weights, *(w for w, _ in q), experts=experts, gate_scale=q[0][1],
+                        up_scale=q[1][1], down_scale=q[2][1])
+    dequantized = [w.double() * s.double()[:, None, :] for w, s in q]
+    want = _want(x, ids, weights, *dequantized)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    torch.testing.assert_close(got.double(), want, rtol=3e-2, atol=5e-2)  # test_decode_16_bit_dtypes' bf16 bound
+
+
+def test_decode_with_fp8_experts_argument_errors_name_the_argument():
+    x, ids, weights, wg, wu, wd = _operands(2, 16, 32, 4, 2, seed=22)
+    q = [_quantized_experts(w, torch.float8_e4m3fn) for w in (wg, wu, wd)]
+    fp8 = [w for w, _ in q]
+    with pytest.raises(nikki.KernelError, match="nikki.torch.moe_decode: up_scale"):
+        nt.moe_decode(x.bfloat16(), ids, weights, *fp8, gate_scale=q[0][1], down_scale=q[2][1])
+    with pytest.raises(nikki.KernelError, match=r"nikki.torch.moe_decode: gate_scale.*not fp8"):
+        nt.moe_decode(x, ids, weights, wg, wu, wd, gate_scale=q[0][1])
+    with pytest.raises(nikki.KernelError, match=r"moe_decode_fp8: x is float32: TensorE multiplies fp8 weights"):
+        nt.moe_decode(x, ids, weights, *fp8, gate_scale=q[0][1], up_scale=q[1][1], down_scale=q[2][1])
+    with pytest.raises(nikki.KernelError, match=r"moe_decode_fp8: 'down_scale' must be float32 \[4, 16\], got "
+                                                r"float32\[4, 32\]"):
+        nt.moe_decode(x.bfloat16(), ids, weights, *fp8, gate_scale=q[0][1], up_scale=q[1][1], down_scale=q[1][1])

@@ -60,16 +60,33 @@ inline DecodeExperts decode_schedule(DecodeExperts requested, int64_t T, int64_t
 
 }  // namespace moe
 
-/** @brief out [T, H] = the chosen experts' gated MLPs of a few tokens combined with the routing
- *  weights; see moe_decode_doc. Operands: x, expert_ids, weights, w_gate, w_up, w_down. */
-inline Tensor moe_decode(const std::vector<Tensor>& in, reference::GateActivation act, int64_t experts = 0,
-                         Loc loc = Loc::current()) {
+inline constexpr const char* moe_decode_fp8_doc = R"(Mixture-of-experts decode with fp8 expert weights and per-column scales.
+
+Dimensions: x [T, H], expert_ids [T, k], weights [T, k], w_gate [E, H, I], w_up [E, H, I],
+            w_down [E, I, H], gate_scale [E, I], up_scale [E, I], down_scale [E, H] -> out [T, H];
+            the limits of moe_decode.
+Args:       x: bfloat16 or float16 (TensorE pairs fp8 with 16-bit operands only). expert_ids,
+            weights, activation, experts: as moe_decode. w_gate, w_up, w_down: fp8 of one
+            format, float8_e4m3fn (within +-240), float8_e4m3 or float8_e5m2. gate_scale,
+            up_scale, down_scale: float32 scales of each expert's weight columns
+            (w[e] = w_fp8[e] * scale[e]).
+Returns:    out, x's dtype.
+Notes:      moe_decode's schedules with the expert weights streamed as fp8 (half the HBM bytes
+            of bf16); a pass scales each accumulator by its expert's column scales (the row of
+            the expert, addressed at run time in the selective schedule) as it leaves PSUM, as
+            gated_mlp_fp8 does. Inference only.
+Pseudocode: as moe_decode, with gated_mlp_fp8(x[t], w_gate[e], ..., gate_scale[e], ...) per expert)";
+
+namespace moe {
+
+/** @brief moe_decode's body; with `fp8`, in[6..8] are the fp8 weights' column scales. */
+inline Tensor decode(const ArgumentCheck& check, const std::vector<Tensor>& in, reference::GateActivation act,
+                     int64_t experts, bool fp8) {
   namespace nl = nikki::nl;
   namespace isa = nikki::isa;
   using toolkit::first;
   const auto all = nl::all;
-  const ArgumentCheck check("moe_decode", in.at(0), loc);
-  const std::vector<int64_t> dims = moe::check_routed_operands(check, in);
+  const std::vector<int64_t> dims = moe::check_routed_operands(check, in, fp8);
   const Tensor &x = in[0], &expert_ids = in[1], &weights = in[2], &w_gate = in[3], &w_up = in[4], &w_down = in[5];
   const int64_t T = dims[0], H = dims[1], I = dims[2], E = dims[3], k = dims[4];
   const int64_t P = nl::tile_size().pmax;
@@ -115,16 +132,25 @@ inline Tensor moe_decode(const std::vector<Tensor>& in, reference::GateActivatio
     };
   };
   // A pass over one expert's weights (its index static, or read at run time from an SBUF element).
+  // fp8 weights stream as TensorE reads them (e4m3fn's bits as e4m3), with their experts' scales.
+  const DType wdt = mlp::tensor_engine_weight_dtype(w_gate.dtype());
+  auto weight = [&](const Tensor& w) { return w.dtype() == wdt ? w : w.view(wdt); };
+  auto columns = [&](size_t i, const auto& expert) {
+    return fp8 ? std::optional<mlp::ColumnBlock>(mlp::expert_columns(in[i], expert)) : std::nullopt;
+  };
   auto pass = [&](const auto& expert, std::function<void(const Tensor&, size_t)> load_rows, const Tensor& sum,
                   const Tensor& scale, bool first_term) {
     return mlp::GatedBlocks::Io{
         .load_rows = std::move(load_rows),
-        .w_gate = mlp::expert_blocks(w_gate, expert),
-        .w_up = mlp::expert_blocks(w_up, expert),
-        .w_down = mlp::expert_blocks(w_down, expert),
+        .w_gate = mlp::expert_blocks(weight(w_gate), expert),
+        .w_up = mlp::expert_blocks(weight(w_up), expert),
+        .w_down = mlp::expert_blocks(weight(w_down), expert),
         .b_gate = std::nullopt,
         .b_up = std::nullopt,
         .b_down = std::nullopt,
+        .s_gate = columns(6, expert),
+        .s_up = columns(7, expert),
+        .s_down = columns(8, expert),
         .leave_psum = accumulate(sum, scale, first_term),
         .store = [](const Tensor&, size_t, int64_t) {},
     };
@@ -139,7 +165,7 @@ inline Tensor moe_decode(const std::vector<Tensor>& in, reference::GateActivatio
     sch.add([&] { isa::tensor_tensor(wts, wts, in_range, nl::multiply); });
     sch.add([&] { isa::tensor_scalar(idf, idf, nl::maximum, 0.0, {.op1 = nl::minimum, .operand1 = double(E - 1)}); });
     sch.add([&] { isa::tensor_copy(ids, idf, isa::vector_engine); });
-    mlp::GatedBlocks blocks(budget, check, H, I, dt, act, P, P, false);
+    mlp::GatedBlocks blocks(budget, check, H, I, dt, act, P, P, false, wdt);
     const std::vector<toolkit::RowTile> one_token = toolkit::row_tiles(1, P);
     for (int64_t t = 0; t < T; ++t) {
       const Tensor sum = sums.next();
@@ -156,7 +182,7 @@ inline Tensor moe_decode(const std::vector<Tensor>& in, reference::GateActivatio
     toolkit::Ring eq_ring = budget.sbuf_ring({T, E}, nl::float32, 2, "slot_hits");
     sch.add([&] { isa::iota(iota, {{1, E}}); });
     moe::slot_affinities(sch, aff, nullptr, iota, idf, wts, eq_ring);
-    mlp::GatedBlocks blocks(budget, check, H, I, dt, act, P, P, false);
+    mlp::GatedBlocks blocks(budget, check, H, I, dt, act, P, P, false, wdt);
     const std::vector<toolkit::RowTile> tokens = toolkit::row_tiles(T, P);
     const Tensor sum = sums.next();
     for (int64_t e = 0; e < E; ++e) {
@@ -167,6 +193,22 @@ inline Tensor moe_decode(const std::vector<Tensor>& in, reference::GateActivatio
   }
   sch.run();
   return out;
+}
+
+}  // namespace moe
+
+/** @brief out [T, H] = the chosen experts' gated MLPs of a few tokens combined with the routing
+ *  weights; see moe_decode_doc. Operands: x, expert_ids, weights, w_gate, w_up, w_down. */
+inline Tensor moe_decode(const std::vector<Tensor>& in, reference::GateActivation act, int64_t experts = 0,
+                         Loc loc = Loc::current()) {
+  return moe::decode(ArgumentCheck("moe_decode", in.at(0), loc), in, act, experts, false);
+}
+
+/** @brief moe_decode with fp8 expert weights; see moe_decode_fp8_doc. Operands: x, expert_ids,
+ *  weights, w_gate, w_up, w_down, gate_scale, up_scale, down_scale. */
+inline Tensor moe_decode_fp8(const std::vector<Tensor>& in, reference::GateActivation act, int64_t experts = 0,
+                             Loc loc = Loc::current()) {
+  return moe::decode(ArgumentCheck("moe_decode_fp8", in.at(0), loc), in, act, experts, true);
 }
 
 inline KernelInfo moe_decode_info() {
@@ -226,6 +268,48 @@ inline KernelInfo moe_decode_info() {
                       return double(T * k) * 3.0 * double(H) * double(I) * es + 2.0 * double(T * H) * es;
                     }},
   };
+}
+
+inline KernelInfo moe_decode_fp8_info() {
+  using reference::GateActivation;
+  const DType bf16 = DType::bfloat16, f16 = DType::float16, e4m3fn = DType::float8_e4m3fn;
+  const GateActivation silu = GateActivation::silu;
+  using moe::routed_fp8_case;
+  KernelInfo info = moe_decode_info();
+  info.name = "moe_decode_fp8";
+  info.summary = "mixture-of-experts decode with fp8 expert weights and per-column scales (selective or all experts)";
+  info.doc = moe_decode_fp8_doc;
+  info.inputs = {"x", "expert_ids", "weights", "w_gate", "w_up", "w_down", "gate_scale", "up_scale", "down_scale"};
+  info.dtypes = {bf16, f16, DType::float8_e4m3fn, DType::float8_e4m3, DType::float8_e5m2, DType::float32,
+                 DType::int32};
+  info.gradient = "not differentiable (inference: token generation with fp8 weights)";
+  info.body = [](const KernelCall& c) {
+    return std::vector<Tensor>{moe_decode_fp8(c.inputs, GateActivation(c.integer("activation")), c.integer("experts"))};
+  };
+  info.reference = moe::routed_fp8_reference;
+  info.make_inputs = moe::routed_fp8_inputs;
+  info.examples = {
+      routed_fp8_case(1, 72, 200, 8, 2, bf16, DType::float8_e4m3, silu, {"experts", 0},
+                      "one token, top-2 of 8 (selective), tails, Neuron's e4m3"),
+      routed_fp8_case(8, 64, 96, 8, 2, bf16, e4m3fn, GateActivation::gelu, {"experts", 0},
+                      "Mixtral's decode: 8 tokens, all experts"),
+      routed_fp8_case(3, 130, 140, 5, 3, f16, DType::float8_e5m2, GateActivation::gelu_tanh, {"experts", 1},
+                      "e5m2, selective forced, H and I tails")};
+  info.draw = [](CaseRng& r) {
+    const int64_t E = r.uniform(1, 16), k = r.uniform(1, std::min<int64_t>(E, 8));
+    return routed_fp8_case(r.size(1, 9), r.size(1, 200), r.size(1, 300), E, k, r.pick({DType::bfloat16, DType::float16}),
+                           r.pick({DType::float8_e4m3fn, DType::float8_e4m3, DType::float8_e5m2}),
+                           r.pick({GateActivation::silu, GateActivation::gelu, GateActivation::gelu_tanh}),
+                           {"experts", double(r.pick<int64_t>({0, 1, 2}))}, "drawn");
+  };
+  info.benchmark->shape = routed_fp8_case(1, 4096, 14336, 8, 2, bf16, e4m3fn, silu, {"experts", 0},
+                                          "T=1 E=8 top-2 H=4096 I=14336, bf16 x, e4m3fn weights (selective)");
+  info.benchmark->compulsory_bytes = [](const ExampleCase& c) {  // the two chosen experts' fp8 weights and scales, x and out
+    const double T = double(c.inputs[0].shape[0]), H = double(c.inputs[0].shape[1]), I = double(c.inputs[3].shape[2]),
+                 k = double(c.inputs[1].shape[1]);
+    return T * k * (3 * H * I + 4 * (2 * I + H)) + 2 * 2 * T * H;
+  };
+  return info;
 }
 
 }  // namespace nikki::kernels

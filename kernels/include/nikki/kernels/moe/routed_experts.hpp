@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "nikki/kernels/mlp/gated_blocks.hpp"
 #include "nikki/kernels/mlp/gated_mlp_reference.hpp"
 #include "nikki/kernels/moe/moe_reference.hpp"
 #include "nikki/kernels/toolkit/argument_check.hpp"
@@ -17,8 +18,10 @@
 
 namespace nikki::kernels::moe {
 
-/** Checks the operands; returns {T, H, I, E, k}. */
-inline std::vector<int64_t> check_routed_operands(const ArgumentCheck& check, const std::vector<Tensor>& in) {
+/** Checks the operands (with `fp8`: fp8 expert weights and their scales gate_scale, up_scale
+ *  [E, I] and down_scale [E, H] as in[6..8]); returns {T, H, I, E, k}. */
+inline std::vector<int64_t> check_routed_operands(const ArgumentCheck& check, const std::vector<Tensor>& in,
+                                                  bool fp8 = false) {
   const Tensor &x = in[0], &ids = in[1], &wts = in[2], &wg = in[3];
   check.require(x.ndim() == 2 && is_float(x.dtype()),
                 "expected a 2-D float tensor x [T, H], got " + std::string(dtype_name(x.dtype())) + x.shape().str(),
@@ -45,9 +48,31 @@ inline std::vector<int64_t> check_routed_operands(const ArgumentCheck& check, co
     const Tensor& w = in[3 + i];
     check.require(w.shape() == want[i], "'" + names[i] + "' must have shape " + want[i].str() + ", got " + w.shape().str(),
                   "w_gate and w_up [E, H, I], w_down [E, I, H]");
-    check.require(w.dtype() == x.dtype(), "'" + names[i] + "' is " + std::string(dtype_name(w.dtype())) + " but x is " +
-                                              std::string(dtype_name(x.dtype())),
-                  "pass x and the expert weights in one dtype");
+    if (fp8)
+      check.require(mlp::is_fp8_weight(w.dtype()) && w.dtype() == wg.dtype(),
+                    "'" + names[i] + "' is " + std::string(dtype_name(w.dtype())) +
+                        "; the expert weights are fp8 of one format",
+                    "quantize the weights to float8_e4m3fn, float8_e4m3 or float8_e5m2 with per-column scales");
+    else
+      check.require(w.dtype() == x.dtype(), "'" + names[i] + "' is " + std::string(dtype_name(w.dtype())) +
+                                                " but x is " + std::string(dtype_name(x.dtype())),
+                    "pass x and the expert weights in one dtype");
+  }
+  if (fp8) {
+    check.require(x.dtype() == DType::bfloat16 || x.dtype() == DType::float16,
+                  "x is " + std::string(dtype_name(x.dtype())) +
+                      ": TensorE multiplies fp8 weights with bfloat16 or float16 activations",
+                  "cast x to bfloat16");
+    const std::vector<std::string> scale_names{"gate_scale", "up_scale", "down_scale"};
+    const std::vector<Shape> scale_shapes{{E, I}, {E, I}, {E, H}};
+    for (size_t i = 0; i < 3; ++i) {
+      const Tensor& sc = in[6 + i];
+      check.require(sc.shape() == scale_shapes[i] && sc.dtype() == DType::float32,
+                    "'" + scale_names[i] + "' must be float32 " + scale_shapes[i].str() + ", got " +
+                        std::string(dtype_name(sc.dtype())) + sc.shape().str(),
+                    "pass each expert's per-column dequantization scales: gate_scale and up_scale [E, I], "
+                    "down_scale [E, H]");
+    }
   }
   return {T, H, I, E, k};
 }
@@ -56,6 +81,12 @@ inline std::vector<int64_t> check_routed_operands(const ArgumentCheck& check, co
  *  w_up, w_down and their `activation` parameter. */
 inline std::vector<RefTensor> routed_reference(const std::vector<RefTensor>& in, const ParamValues& p) {
   return {reference::moe(in[0], in[1], in[2], reference::ExpertWeights{in[3], in[4], in[5]},
+                         reference::GateActivation(p.integer("activation")))};
+}
+
+/** @brief routed_reference for fp8 expert weights with their scales (in[6..8]). */
+inline std::vector<RefTensor> routed_fp8_reference(const std::vector<RefTensor>& in, const ParamValues& p) {
+  return {reference::moe(in[0], in[1], in[2], reference::ExpertWeights{in[3], in[4], in[5], &in[6], &in[7], &in[8]},
                          reference::GateActivation(p.integer("activation")))};
 }
 
@@ -92,6 +123,16 @@ inline ExampleCase routed_case(int64_t T, int64_t H, int64_t I, int64_t E, int64
                      std::move(label)};
 }
 
+/** @brief routed_case with fp8 expert weights of dtype `w` and their float32 scales. */
+inline ExampleCase routed_fp8_case(int64_t T, int64_t H, int64_t I, int64_t E, int64_t k, DType d, DType w,
+                                   reference::GateActivation act, const std::pair<std::string, double>& schedule,
+                                   std::string label) {
+  ExampleCase c = routed_case(T, H, I, E, k, d, act, schedule, std::move(label));
+  for (size_t i = 3; i < 6; ++i) c.inputs[i].dtype = w;
+  for (const Shape& s : {Shape{E, I}, Shape{E, I}, Shape{E, H}}) c.inputs.push_back(spec(s, DType::float32));
+  return c;
+}
+
 /** How a case's tokens are routed: the way a trained router spreads them, or degenerate. */
 enum class Routing { balanced = 0, skewed = 1, one_expert = 2, some_unrouted = 3, repeated = 4 };
 
@@ -124,6 +165,22 @@ inline std::vector<RefTensor> routed_inputs(const ExampleCase& c, CaseRng& r) {
   in.push_back(random_input(c.inputs[3], r, 1 / std::sqrt(double(H))));
   in.push_back(random_input(c.inputs[4], r, 1 / std::sqrt(double(H))));
   in.push_back(random_input(c.inputs[5], r, 1 / std::sqrt(double(I))));
+  return in;
+}
+
+/** routed_inputs with quantized expert weights: fp8 values of magnitude up to ~100 and positive
+ *  per-column scales ~1 / (32 sqrt(fan_in)) that restore N(0, 1 / fan_in) weights. */
+inline std::vector<RefTensor> routed_fp8_inputs(const ExampleCase& c, CaseRng& r) {
+  const int64_t H = c.inputs[0].shape[1], E = c.inputs[3].shape[0], I = c.inputs[3].shape[2];
+  std::vector<RefTensor> in{random_input(c.inputs[0], r), RefTensor(c.inputs[1].shape), RefTensor(c.inputs[2].shape)};
+  draw_routing(in[1], in[2], E, Routing(r.uniform(0, 4)), r);
+  for (size_t i = 3; i < 6; ++i) in.push_back(random_input(c.inputs[i], r, 32));
+  for (size_t i = 6; i < 9; ++i) {
+    RefTensor s = random_input(c.inputs[i], r);
+    const double fan_in = double(i == 8 ? I : H);
+    for (double& v : s.data) v = round_to(DType::float32, (0.5 + 0.5 * std::fabs(v)) / (32 * std::sqrt(fan_in)));
+    in.push_back(std::move(s));
+  }
   return in;
 }
 
