@@ -14,6 +14,7 @@
 #include "nikki/kernels/mlp/transposed_rows.hpp"
 #include "nikki/kernels/toolkit/argument_check.hpp"
 #include "nikki/kernels/toolkit/buffers.hpp"
+#include "nikki/kernels/toolkit/fp8.hpp"
 #include "nikki/kernels/toolkit/registration.hpp"
 #include "nikki/kernels/toolkit/task_scheduler.hpp"
 #include "nikki/kernels/toolkit/tiling.hpp"
@@ -54,15 +55,6 @@ inline ColumnBlock expert_columns(const Tensor& v, const Tensor& row) {
     return v.ap({{1, cols}}, ApOptions{.offset = c0, .scalar_offset_tensor = row, .indirect_dim = 0});
   };
 }
-
-/** @brief Whether the gated MLP takes weights of this dtype as fp8 (with per-column scales). */
-inline bool is_fp8_weight(DType d) {
-  return d == DType::float8_e4m3 || d == DType::float8_e4m3fn || d == DType::float8_e5m2;
-}
-
-/** @brief The dtype TensorE reads an fp8 weight as: OCP e4m3fn as Trainium's e4m3 (the same bits
- *  for every value within +-240). */
-inline DType tensor_engine_weight_dtype(DType d) { return d == DType::float8_e4m3fn ? DType::float8_e4m3 : d; }
 
 /** @brief The blocks of a 2-D HBM tensor as static slices. */
 inline MatrixBlock static_blocks(const Tensor& m) {
@@ -124,10 +116,10 @@ class GatedBlocks {
       : H_(H),
         I_(I),
         dt_(dt),
-        wdt_(tensor_engine_weight_dtype(weight_dt.value_or(dt))),
+        wdt_(toolkit::tensor_engine_fp8_dtype(weight_dt.value_or(dt))),
         act_op_(activation_op(act)),
         biases_(biases),
-        scales_(is_fp8_weight(wdt_)) {
+        scales_(is_fp8(wdt_)) {
     const nl::TileSize ts = nl::tile_size();
     P_ = ts.pmax;
     bank_ = ts.psum_bank_fmax;
@@ -173,7 +165,7 @@ class GatedBlocks {
     const DType wdt = weight_dt.value_or(dt);
     const int64_t P = ts.pmax, bank = ts.psum_bank_fmax, es = dtype_size(dt), ws = dtype_size(wdt);
     const int64_t spans = spans_for(block, P), slabs = std::max<int64_t>(4, kSlabBanks / spans);
-    const int64_t scales = is_fp8_weight(wdt) ? kScales * spans * bank * 4 : 0;
+    const int64_t scales = is_fp8(wdt) ? kScales * spans * bank * 4 : 0;
     return (ceil_div(H, P) + ceil_div(I, P)) * block * es + slabs * spans * bank * ws +
            (biases ? kBiases : 0) * spans * bank * es + scales + kRows * H * es + (kGates + kUps) * bank * 4 +
            2 * kWork * bank * es;

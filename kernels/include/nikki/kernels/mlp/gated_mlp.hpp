@@ -124,7 +124,7 @@ inline std::vector<int64_t> check_fp8_operands(const ArgumentCheck& check, const
     const DType d = in[i].dtype();
     const bool weight = i >= 1 && i <= 3, scale = i >= 4 && i <= 6;
     if (weight)
-      check.require(is_fp8_weight(d) && d == in[1].dtype(),
+      check.require(is_fp8(d) && d == in[1].dtype(),
                     "'" + names[i] + "' is " + std::string(dtype_name(d)) + "; the weights are fp8 of one format" +
                         (i > 1 ? " (w_gate is " + std::string(dtype_name(in[1].dtype())) + ")" : std::string()),
                     "quantize the weights to float8_e4m3fn, float8_e4m3 or float8_e5m2 with per-column scales, or "
@@ -155,8 +155,8 @@ inline Tensor dense_gated_mlp(const ArgumentCheck& check, const DenseOperands& o
   const int64_t P = nl::tile_size().pmax;
   Tensor out = nl::ndarray({T, H}, x.dtype(), nl::shared_hbm, "out");
   // fp8 weights stream as TensorE reads them (e4m3fn's bits as e4m3).
-  const DType wdt = tensor_engine_weight_dtype(op.w_gate.dtype());
-  auto weight = [&](const Tensor& w) { return static_blocks(w.dtype() == wdt ? w : w.view(wdt)); };
+  const DType wdt = toolkit::tensor_engine_fp8_dtype(op.w_gate.dtype());
+  auto weight = [](const Tensor& w) { return static_blocks(toolkit::as_tensor_engine_fp8(w)); };
   auto scale = [](const std::optional<Tensor>& s) {
     return s ? std::optional<ColumnBlock>(static_columns(*s)) : std::nullopt;
   };
@@ -255,7 +255,7 @@ inline std::vector<RefTensor> mlp_fp8_inputs(const ExampleCase& c, CaseRng& r) {
   for (size_t i = 0; i < c.inputs.size(); ++i) in.push_back(random_input(c.inputs[i], r, scale[i]));
   for (size_t i : {4, 5, 6}) {
     const double fan_in = double(i == 6 ? I : H);
-    for (double& v : in[i].data) v = round_to(DType::float32, (0.5 + 0.5 * std::fabs(v)) / (32 * std::sqrt(fan_in)));
+    for (double& v : in[i].data) v = round_to(DType::float32, toolkit::drawn_fp8_scale(v, fan_in));
   }
   return in;
 }

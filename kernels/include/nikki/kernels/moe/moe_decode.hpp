@@ -133,8 +133,8 @@ inline Tensor decode(const ArgumentCheck& check, const std::vector<Tensor>& in, 
   };
   // A pass over one expert's weights (its index static, or read at run time from an SBUF element).
   // fp8 weights stream as TensorE reads them (e4m3fn's bits as e4m3), with their experts' scales.
-  const DType wdt = mlp::tensor_engine_weight_dtype(w_gate.dtype());
-  auto weight = [&](const Tensor& w) { return w.dtype() == wdt ? w : w.view(wdt); };
+  const DType wdt = toolkit::tensor_engine_fp8_dtype(w_gate.dtype());
+  const auto weight = toolkit::as_tensor_engine_fp8;
   auto columns = [&](size_t i, const auto& expert) {
     return fp8 ? std::optional<mlp::ColumnBlock>(mlp::expert_columns(in[i], expert)) : std::nullopt;
   };

@@ -49,7 +49,7 @@ inline std::vector<int64_t> check_routed_operands(const ArgumentCheck& check, co
     check.require(w.shape() == want[i], "'" + names[i] + "' must have shape " + want[i].str() + ", got " + w.shape().str(),
                   "w_gate and w_up [E, H, I], w_down [E, I, H]");
     if (fp8)
-      check.require(mlp::is_fp8_weight(w.dtype()) && w.dtype() == wg.dtype(),
+      check.require(is_fp8(w.dtype()) && w.dtype() == wg.dtype(),
                     "'" + names[i] + "' is " + std::string(dtype_name(w.dtype())) +
                         "; the expert weights are fp8 of one format",
                     "quantize the weights to float8_e4m3fn, float8_e4m3 or float8_e5m2 with per-column scales");
@@ -178,7 +178,7 @@ inline std::vector<RefTensor> routed_fp8_inputs(const ExampleCase& c, CaseRng& r
   for (size_t i = 6; i < 9; ++i) {
     RefTensor s = random_input(c.inputs[i], r);
     const double fan_in = double(i == 8 ? I : H);
-    for (double& v : s.data) v = round_to(DType::float32, (0.5 + 0.5 * std::fabs(v)) / (32 * std::sqrt(fan_in)));
+    for (double& v : s.data) v = round_to(DType::float32, toolkit::drawn_fp8_scale(v, fan_in));
     in.push_back(std::move(s));
   }
   return in;

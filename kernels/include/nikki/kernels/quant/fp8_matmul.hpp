@@ -9,6 +9,7 @@
 #include "nikki/kernels/matmul/matmul.hpp"
 #include "nikki/kernels/quant/quant_reference.hpp"
 #include "nikki/kernels/toolkit/argument_check.hpp"
+#include "nikki/kernels/toolkit/fp8.hpp"
 #include "nikki/kernels/toolkit/registration.hpp"
 
 namespace nikki::kernels {
@@ -32,25 +33,10 @@ Notes:      matmul's tiling (a's row blocks transposed on chip once, b streamed,
 Pseudocode: acc = a.float() @ b.float()                        # fp32 PSUM
             out = acc * a_scale[:, None] * b_scale[None, :] + bias)";
 
-namespace quant_detail {
-
-/** @brief Whether fp8_matmul takes operands of this dtype. */
-inline bool is_fp8_operand(DType d) {
-  return d == DType::float8_e4m3 || d == DType::float8_e4m3fn || d == DType::float8_e5m2;
-}
-
-/** @brief The dtype the Tensor engine reads an fp8 operand as on the target: e4m3fn as e4m3. */
-inline Tensor as_tensor_engine_fp8(const Tensor& t) {
-  return t.dtype() == DType::float8_e4m3fn ? t.view(DType::float8_e4m3) : t;
-}
-
-}  // namespace quant_detail
-
 /** @brief out = (a @ b) * a_scale[:, None] * b_scale[None, :] (+ bias); see fp8_matmul_doc. */
 inline Tensor fp8_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& b, const Tensor& b_scale,
                          const std::optional<Tensor>& bias = std::nullopt, DType out_dtype = DType::bfloat16,
                          Loc loc = Loc::current()) {
-  using quant_detail::is_fp8_operand;
   const ArgumentCheck check("fp8_matmul", a, loc);
   check.require(a.ndim() == 2 && b.ndim() == 2, "a and b must be 2-D, got " + a.shape().str() + " and " + b.shape().str(),
                 "reshape to [M, K] and [K, N]");
@@ -58,7 +44,7 @@ inline Tensor fp8_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& b
   check.require(b.shape()[0] == K, "contraction sizes differ: a is " + a.shape().str() + ", b is " + b.shape().str(),
                 "a [M, K] @ b [K, N] needs a.shape[1] == b.shape[0]");
   for (const Tensor* t : {&a, &b})
-    check.require(is_fp8_operand(t->dtype()),
+    check.require(is_fp8(t->dtype()),
                   "'" + t->name() + "' must be fp8 (float8_e4m3fn, float8_e4m3 or float8_e5m2), got " +
                       std::string(dtype_name(t->dtype())),
                   "quantize it first (rmsnorm_quant), or use matmul for 16-bit operands");
@@ -76,7 +62,7 @@ inline Tensor fp8_matmul(const Tensor& a, const Tensor& a_scale, const Tensor& b
   check_vector(b_scale, N, "column of b", false);
   if (bias) check_vector(*bias, N, "column of the output", true);
   check.require(out_dtype == DType::bfloat16 || out_dtype == DType::float32, "the output must be bfloat16 or float32");
-  return matmul(quant_detail::as_tensor_engine_fp8(a), quant_detail::as_tensor_engine_fp8(b),
+  return matmul(toolkit::as_tensor_engine_fp8(a), toolkit::as_tensor_engine_fp8(b),
                 MatmulOptions{.out_dtype = out_dtype, .bias = bias, .row_scale = a_scale, .col_scale = b_scale}, loc);
 }
 
