@@ -27,18 +27,18 @@ std::string join(const std::vector<std::string>& items) {
   return s;
 }
 
-/** Drawn cases per kernel: NIKKI_SWEEP_CASES, 3 by default (`make sweep` runs many more). */
-int64_t drawn_cases() {
-  const char* v = std::getenv("NIKKI_SWEEP_CASES");
-  return v ? std::max<int64_t>(0, std::atoll(v)) : 3;
+/** The integer environment variable `name`, at least `minimum`; `fallback` when unset. */
+int64_t env_int(const char* name, int64_t fallback, int64_t minimum) {
+  const char* v = std::getenv(name);
+  return v ? std::max<int64_t>(minimum, std::atoll(v)) : fallback;
 }
 
-/** The first drawn case's seed: NIKKI_SWEEP_SEED, 1 by default (a long sweep starts past
- *  the seeds the test suite already draws). */
-int64_t first_drawn_seed() {
-  const char* v = std::getenv("NIKKI_SWEEP_SEED");
-  return v ? std::max<int64_t>(1, std::atoll(v)) : 1;
-}
+/** Drawn cases per kernel: NIKKI_SWEEP_CASES, 3 by default (`make sweep` runs many more). */
+int64_t drawn_cases() { return env_int("NIKKI_SWEEP_CASES", 3, 0); }
+
+/** The first drawn case's seed: NIKKI_SWEEP_SEED, 1 by default (a long sweep starts past the
+ *  seeds the test suite already draws). */
+int64_t first_drawn_seed() { return env_int("NIKKI_SWEEP_SEED", 1, 1); }
 
 /** Whether to check kernel `name`: NIKKI_KERNELS (comma-separated names) narrows the checks of
  *  examples and drawn cases to those kernels; unset, every kernel. */

@@ -155,7 +155,6 @@ inline Tensor dense_gated_mlp(const ArgumentCheck& check, const DenseOperands& o
   const int64_t P = nl::tile_size().pmax;
   Tensor out = nl::ndarray({T, H}, x.dtype(), nl::shared_hbm, "out");
   // fp8 weights stream as TensorE reads them (e4m3fn's bits as e4m3).
-  const DType wdt = toolkit::tensor_engine_fp8_dtype(op.w_gate.dtype());
   auto weight = [](const Tensor& w) { return static_blocks(toolkit::as_tensor_engine_fp8(w)); };
   auto scale = [](const std::optional<Tensor>& s) {
     return s ? std::optional<ColumnBlock>(static_columns(*s)) : std::nullopt;
@@ -164,7 +163,8 @@ inline Tensor dense_gated_mlp(const ArgumentCheck& check, const DenseOperands& o
   // The block is the widest (up to four tiles of tokens) whose x^T and h^T fit with the
   // streaming tiles.
   toolkit::Budget budget(check);
-  GatedBlocks blocks(budget, check, H, I, x.dtype(), act, std::min(4 * P, ceil_div(T, P) * P), P, true, wdt);
+  GatedBlocks blocks(budget, check, H, I, x.dtype(), act, std::min(4 * P, ceil_div(T, P) * P), P, true,
+                     op.w_gate.dtype());
   toolkit::TaskScheduler sch;
   const int64_t TB = blocks.block();
   for (int64_t b0 = 0; b0 < T; b0 += TB) {

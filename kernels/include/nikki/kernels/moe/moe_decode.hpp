@@ -133,7 +133,6 @@ inline Tensor decode(const ArgumentCheck& check, const std::vector<Tensor>& in, 
   };
   // A pass over one expert's weights (its index static, or read at run time from an SBUF element).
   // fp8 weights stream as TensorE reads them (e4m3fn's bits as e4m3), with their experts' scales.
-  const DType wdt = toolkit::tensor_engine_fp8_dtype(w_gate.dtype());
   const auto weight = toolkit::as_tensor_engine_fp8;
   auto columns = [&](size_t i, const auto& expert) {
     return fp8 ? std::optional<mlp::ColumnBlock>(mlp::expert_columns(in[i], expert)) : std::nullopt;
@@ -165,7 +164,7 @@ inline Tensor decode(const ArgumentCheck& check, const std::vector<Tensor>& in, 
     sch.add([&] { isa::tensor_tensor(wts, wts, in_range, nl::multiply); });
     sch.add([&] { isa::tensor_scalar(idf, idf, nl::maximum, 0.0, {.op1 = nl::minimum, .operand1 = double(E - 1)}); });
     sch.add([&] { isa::tensor_copy(ids, idf, isa::vector_engine); });
-    mlp::GatedBlocks blocks(budget, check, H, I, dt, act, P, P, false, wdt);
+    mlp::GatedBlocks blocks(budget, check, H, I, dt, act, P, P, false, w_gate.dtype());
     const std::vector<toolkit::RowTile> one_token = toolkit::row_tiles(1, P);
     for (int64_t t = 0; t < T; ++t) {
       const Tensor sum = sums.next();
@@ -182,7 +181,7 @@ inline Tensor decode(const ArgumentCheck& check, const std::vector<Tensor>& in, 
     toolkit::Ring eq_ring = budget.sbuf_ring({T, E}, nl::float32, 2, "slot_hits");
     sch.add([&] { isa::iota(iota, {{1, E}}); });
     moe::slot_affinities(sch, aff, nullptr, iota, idf, wts, eq_ring);
-    mlp::GatedBlocks blocks(budget, check, H, I, dt, act, P, P, false, wdt);
+    mlp::GatedBlocks blocks(budget, check, H, I, dt, act, P, P, false, w_gate.dtype());
     const std::vector<toolkit::RowTile> tokens = toolkit::row_tiles(T, P);
     const Tensor sum = sums.next();
     for (int64_t e = 0; e < E; ++e) {
